@@ -1,0 +1,68 @@
+"""Command line: ``fdattack run [EXPERIMENT.yaml] [key=value ...]``.
+
+The entry point only parses tokens, composes the config and calls :func:`fdattack.experiment.run`.
+A :class:`~fdattack.errors.FdattackError` becomes one line on stderr and exit status 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Sequence
+
+from fdattack.errors import FdattackError
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="fdattack", description="Privacy attacks against federated distillation, round by round.")
+    sub = parser.add_subparsers(dest="command", required=True)
+    run = sub.add_parser(
+        "run",
+        help="run one experiment",
+        description="Run one experiment. Tokens are an optional experiment YAML, then key=value overrides "
+        "(OmegaConf dotlist, e.g. protocol.num_clients=10) or group=name (loads conf/<group>/<name>.yaml).",
+    )
+    run.add_argument("tokens", nargs="*", metavar="[EXPERIMENT.yaml] key=value", help="experiment file and overrides")
+    run.add_argument("--help-config", action="store_true", help="print every config key with its default and meaning")
+    run.add_argument("--print-config", action="store_true", help="print the composed config and exit")
+    return parser
+
+
+def _split_experiment(tokens: list[str]) -> tuple[str | None, list[str]]:
+    if tokens and "=" not in tokens[0]:
+        return tokens[0], tokens[1:]
+    return None, tokens
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``fdattack`` console script and ``python -m fdattack``."""
+    args = _parser().parse_args(argv)
+    try:
+        if args.command == "run":
+            return _run(args)
+    except FdattackError as err:
+        print(f"fdattack: error: {err}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("fdattack: interrupted", file=sys.stderr)
+        return 130
+    return 0
+
+
+def _run(args: argparse.Namespace) -> int:
+    from fdattack.config import compose, help_config
+
+    if args.help_config:
+        print(help_config())
+        return 0
+    experiment, overrides = _split_experiment(list(args.tokens))
+    cfg = compose(experiment, overrides)
+    if args.print_config:
+        from omegaconf import OmegaConf
+
+        print(OmegaConf.to_yaml(cfg))
+        return 0
+    from fdattack.experiment import run
+
+    run(cfg)
+    return 0

@@ -1,0 +1,180 @@
+"""``run(cfg)``: build a run from its config and drive it to the end, with records, W&B and resume.
+
+One run is one directory (DESIGN.md): ``config.yaml``, ``rounds.jsonl`` (one line per completed
+round), ``metrics.json`` (at the end), ``partition.json``, ``images/``, ``checkpoints/`` and the W&B
+files. Under DDP every rank runs the same code; only rank 0 writes files and logs.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from datetime import datetime
+from pathlib import Path
+
+from torchvision.utils import save_image
+from omegaconf import DictConfig, OmegaConf
+
+from fdattack.data.federated import FederatedData
+from fdattack.errors import CheckpointError
+from fdattack.fd.engine import LocalTrainer, make_fabric, seed_everything_quietly
+from fdattack.fd.evaluation import Oracle
+from fdattack.fd.orchestrator import RoundOrchestrator, RoundResult
+from fdattack.fd.protocols import PROTOCOLS
+from fdattack.observers import ConfidenceGapObserver, Observer
+from fdattack.tracking import Progress, RunDirectory, WandbRun, load_checkpoint, rng_state, set_rng_state
+
+log = logging.getLogger("fdattack")
+
+
+def default_output_dir(cfg: DictConfig) -> Path:
+    """``runs/<name>-<YYYYmmdd-HHMMSS>`` under the working directory."""
+    return Path("runs") / f"{cfg.name}-{datetime.now().strftime('%Y%m%d-%H%M%S')}"
+
+
+def build_observers(cfg: DictConfig, oracle: Oracle) -> list[Observer]:
+    """The observers the config asks for (attacks join here in later work)."""
+    observers: list[Observer] = []
+    if cfg.observers.confidence_gap.enabled:
+        observers.append(ConfidenceGapObserver(oracle, cfg.observers.confidence_gap.max_samples))
+    return observers
+
+
+def _flat_config(cfg: DictConfig) -> dict:
+    return OmegaConf.to_container(cfg, resolve=True)  # type: ignore[return-value]
+
+
+class Experiment:
+    """A built run: Fabric, data, protocol, observers. ``Experiment(cfg).run()`` is :func:`run`.
+
+    Building launches the DDP ranks when ``trainer.strategy=ddp`` asks for them, so everything after
+    construction runs on every rank.
+    """
+
+    def __init__(self, cfg: DictConfig) -> None:
+        logging.basicConfig(level=getattr(logging, cfg.logger.level), format="%(message)s")
+        self.cfg = cfg
+        self.started = time.perf_counter()
+        t = cfg.trainer
+        self.fabric = make_fabric(t.accelerator, t.devices, t.strategy, t.num_nodes, t.precision)
+        seed_everything_quietly(cfg.seed)
+        self.data = FederatedData(cfg.data, cfg.protocol.num_clients, cfg.seed)
+        self.data.setup()
+        self.engine = LocalTrainer(self.fabric, batch_size=cfg.protocol.optim.batch_size)
+        self.protocol = PROTOCOLS.get(cfg.protocol.name)(cfg.protocol, cfg.model, self.data.split, self.engine, cfg.seed)
+        self.oracle = Oracle(self.data.split, self.engine, tuple(self.protocol.clients), self.protocol.server)
+        self.observers = build_observers(cfg, self.oracle)
+        output_dir = Path(cfg.output_dir) if cfg.output_dir else default_output_dir(cfg)
+        self.output_dir = Path(self.fabric.broadcast(str(output_dir)))
+        self.run_dir = RunDirectory(self.output_dir, is_writer=self.fabric.is_global_zero, keep_checkpoints=cfg.keep_checkpoints)
+
+    def run(self) -> dict[str, float]:
+        """Run (or resume) every round; write the run directory; return the final metrics."""
+        cfg, fabric, run_dir = self.cfg, self.fabric, self.run_dir
+        self._prepare_run_dir()
+        start_round, elapsed_before, wandb_id = 0, 0.0, None
+        last = run_dir.checkpoints.latest() if cfg.resume else None
+        if last is not None:
+            state = load_checkpoint(last[1])
+            self.protocol.load_state_dict(state["protocol"])
+            for observer in self.observers:
+                observer.load_state_dict(state["observers"].get(observer.name, {}))
+            set_rng_state(state["rng"])
+            start_round, elapsed_before, wandb_id = int(state["round"]), float(state["elapsed_s"]), state["wandb_id"]
+            run_dir.truncate_rounds(start_round)
+            log.info("resuming %s after round %d", self.output_dir, start_round)
+        elif fabric.is_global_zero:
+            self.data.save_partition(self.output_dir / "partition.json")
+        if fabric.is_global_zero:
+            log.info("fdattack: %s", ", ".join(f"{k}={v}" for k, v in self.protocol.describe().items()))
+            log.info("data: %s", ", ".join(f"{k}={v}" for k, v in self.data.split.info.items()))
+
+        rounds = int(cfg.protocol.rounds)
+        progress = Progress(cfg.logger.progress if fabric.is_global_zero else "never", total_rounds=rounds, start_round=start_round)
+        orchestrator = RoundOrchestrator(self.protocol, self.observers, self.oracle, cfg.protocol.on_bad_upload, on_phase=progress.phase)
+        wandb_cfg = cfg.logger.wandb if fabric.is_global_zero else _disabled(cfg)
+        tracker = WandbRun.start(wandb_cfg, self.output_dir, _flat_config(cfg), name=cfg.logger.wandb.name or cfg.name, resume_id=wandb_id)
+        with tracker:
+            if last is None:
+                _record(run_dir, tracker, orchestrator.run_setup())
+                self._checkpoint(0, elapsed_before, tracker)
+            last_result: RoundResult | None = None
+            for round_index in range(start_round + 1, rounds + 1):
+                round_started = time.perf_counter()
+                last_result = orchestrator.run_round(round_index)
+                last_result.metrics["time/round_s"] = time.perf_counter() - round_started
+                _record(run_dir, tracker, last_result)
+                if round_index % cfg.checkpoint_every == 0 or round_index == rounds:
+                    self._checkpoint(round_index, elapsed_before, tracker)
+                progress.advance()
+            progress.close()
+            final = dict(last_result.metrics) if last_result is not None else _last_round_metrics(self.output_dir)
+            final["time/total_s"] = elapsed_before + time.perf_counter() - self.started
+            run_dir.write_metrics(final)
+            tracker.set_summary(final)
+        if fabric.is_global_zero:
+            print(f"fdattack: results in {self.output_dir.resolve()} (metrics.json, rounds.jsonl)")
+        return final
+
+    def _prepare_run_dir(self) -> None:
+        """Rank 0 checks and prepares the run directory; its verdict reaches every rank (no rank waits forever)."""
+        error = None
+        if self.fabric.is_global_zero:
+            try:
+                self.run_dir.prepare(resume=self.cfg.resume)
+                self.run_dir.write_config(self.cfg)
+            except CheckpointError as err:
+                error = str(err)
+        error = self.fabric.broadcast(error)
+        if error is not None:
+            raise CheckpointError(error)
+
+    def _checkpoint(self, round_index: int, elapsed_before: float, tracker: WandbRun) -> None:
+        self.run_dir.checkpoints.save(round_index, {
+            "round": round_index,
+            "protocol": self.protocol.state_dict(),
+            "observers": {o.name: o.state_dict() for o in self.observers},
+            "rng": rng_state(),
+            "elapsed_s": elapsed_before + time.perf_counter() - self.started,
+            "wandb_id": tracker.run_id,
+        })
+
+
+def run(cfg: DictConfig) -> dict[str, float]:
+    """Run the experiment described by ``cfg`` (from :func:`fdattack.config.compose`).
+
+    Returns:
+        The final flat metrics (also written to ``output_dir/metrics.json``).
+
+    Raises:
+        FdattackError: bad data, refused output directory, corrupt checkpoint, NaN upload.
+    """
+    return Experiment(cfg).run()
+
+
+def _last_round_metrics(output_dir: Path) -> dict[str, float]:
+    """Metrics of the last line of ``rounds.jsonl`` (a resumed run that had already finished)."""
+    lines = (output_dir / "rounds.jsonl").read_text().splitlines()
+    row = json.loads(lines[-1]) if lines else {}
+    row.pop("round", None)
+    return row
+
+
+def _disabled(cfg: DictConfig) -> DictConfig:
+    node = OmegaConf.to_container(cfg.logger.wandb)
+    node["mode"] = "disabled"  # type: ignore[index]
+    return OmegaConf.create(node)
+
+
+def _record(run_dir: RunDirectory, tracker: WandbRun, result: RoundResult) -> None:
+    """One line in rounds.jsonl and one W&B step (plus histograms and images) for a finished round."""
+    run_dir.append_round({"round": result.round, **result.metrics})
+    tracker.log_round(result.round, result.metrics)
+    for key, values in result.histograms.items():
+        tracker.log_histogram(key, result.round, values)
+    for key, image in result.images.items():
+        path = run_dir.image_path(key.replace("/", "_"), result.round)
+        if run_dir.is_writer:
+            save_image(image, path)
+        tracker.log_image(key, result.round, image, caption=f"round {result.round}")

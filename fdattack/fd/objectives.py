@@ -1,0 +1,61 @@
+"""Per-phase training objectives of the protocols: ``(logits, batch) -> scalar loss``.
+
+Distillation batches carry the soft target in ``batch["target"]`` (rows aligned with the batch).
+"""
+
+from __future__ import annotations
+
+import torch.nn.functional as F
+from torch import Tensor
+
+from fdattack.data.imageset import IndexedBatch
+from fdattack.lit.classifier import Objective, cross_entropy
+
+
+def l1_to_logits(logits: Tensor, batch: IndexedBatch) -> Tensor:
+    """FedMD digest: mean absolute error to the consensus logits (``nn.L1Loss``; pli.md §5.1, pdafd.md Eq. 1)."""
+    return F.l1_loss(logits, batch["target"])  # type: ignore[typeddict-item]
+
+
+def soft_cross_entropy(logits: Tensor, batch: IndexedBatch) -> Tensor:
+    """DS-FL distillation: -sum_u q_u log softmax(z)_u averaged over the batch (pli.md §5.3)."""
+    target = batch["target"]  # type: ignore[typeddict-item]
+    return -(target * F.log_softmax(logits, dim=-1)).sum(dim=-1).mean()
+
+
+def kl_to_probs(logits: Tensor, batch: IndexedBatch) -> Tensor:
+    """Cronus distillation: KL(p_teacher || softmax(z)), batchmean (pdafd.md §3, A19)."""
+    return F.kl_div(F.log_softmax(logits, dim=-1), batch["target"], reduction="batchmean")  # type: ignore[typeddict-item]
+
+
+def fedgems_client(epsilon: float, kl_mode: str) -> Objective:
+    """FedGEMS client public phase: eps*CE(z, y) + (1 - eps)*KL(server logits, z) (pli.md §5.2 step c).
+
+    ``kl_mode="code"`` reproduces the authors' ``nn.KLDivLoss()(log_softmax(teacher), softmax(z))``
+    (element-wise mean, teacher in the log slot, §13.8); ``"standard"`` is batchmean KL(teacher || student).
+    """
+    from fdattack.fd.aggregation import fedgems_kl
+
+    def objective(logits: Tensor, batch: IndexedBatch) -> Tensor:
+        kl = fedgems_kl(logits, batch["target"], kl_mode)  # type: ignore[typeddict-item]
+        return epsilon * cross_entropy(logits, batch) + (1.0 - epsilon) * kl
+
+    return objective
+
+
+def mixed_ce_kl(logits: Tensor, batch: IndexedBatch) -> Tensor:
+    """Cronus mixed KD: CE on rows with a hard label and no soft target, KL on rows with a soft target.
+
+    Rows with ``target`` summing to 0 are private rows (hard label only).
+    """
+    target = batch["target"]  # type: ignore[typeddict-item]
+    soft = target.sum(dim=-1) > 0
+    loss = logits.new_zeros(())
+    if (~soft).any():
+        loss = loss + F.cross_entropy(logits[~soft], batch["y"][~soft]) * (~soft).float().mean()
+    if soft.any():
+        loss = loss + F.kl_div(F.log_softmax(logits[soft], -1), target[soft], reduction="batchmean") * soft.float().mean()
+    return loss
+
+
+__all__ = ["cross_entropy", "l1_to_logits", "soft_cross_entropy", "kl_to_probs", "fedgems_client", "mixed_ce_kl"]

@@ -1,0 +1,67 @@
+"""DS-FL (Itahara et al. 2021) with entropy-reduction aggregation (pli.md §5.3; pdafd.md §4.2)."""
+
+from __future__ import annotations
+
+import torch
+
+from fdattack.fd.aggregation import era
+from fdattack.fd.objectives import cross_entropy, soft_cross_entropy
+from fdattack.fd.protocols.base import PROTOCOLS, Phase, Protocol, RoundContext
+
+
+@PROTOCOLS.register("dsfl")
+class DSFLProtocol(Protocol):
+    """Per round: local CE, upload on unlabeled public data, ERA, global-model distillation, client distillation.
+
+    Clients upload softmax probabilities (``upload=probs``, PLI) or logits that the server turns into
+    probabilities (``upload=logits``, PDA-FD); ERA is softmax(mean(probs) / T_ERA) either way.
+    """
+
+    name = "dsfl"
+    has_server_model = True
+    threat_model = {
+        "attacker": "server, honest-but-curious",
+        "sees": "every client's outputs (softmax or logits) on every public sample of the round",
+        "public_labels": "unknown (public set unlabeled)",
+    }
+
+    def uses_server_model(self) -> bool:
+        return bool(self.cfg.train_global_model)
+
+    def setup_phases(self) -> list[Phase]:
+        return [Phase("warmup", self._warmup)] if self.cfg.warmup_private_epochs > 0 else []
+
+    def round_phases(self, round: int) -> list[Phase]:
+        phases = [
+            Phase("local_train", self._local_train),
+            Phase("upload", self._upload),
+            Phase("aggregate", self._aggregate, attack_point=self.server is None),
+        ]
+        if self.server is not None:
+            phases.append(Phase("server_train", self._server_train, attack_point=True))
+        if self.num_clients > 1:
+            phases.append(Phase("distill", self._distill))
+        return phases
+
+    def _warmup(self, ctx: RoundContext) -> None:
+        self.train_clients(ctx, "warmup", ctx.participants, lambda k: self.split.private[k], self.cfg.warmup_private_epochs, cross_entropy)
+
+    def _local_train(self, ctx: RoundContext) -> None:
+        self.train_clients(ctx, "local_train", ctx.participants, lambda k: self.split.private[k], self.cfg.private_epochs, cross_entropy)
+
+    def _upload(self, ctx: RoundContext) -> None:
+        self.upload_outputs(ctx, self.cfg.upload)
+
+    def _aggregate(self, ctx: RoundContext) -> None:
+        outputs = self.stacked_uploads(ctx)
+        probs = outputs if self.cfg.upload == "probs" else torch.softmax(outputs, dim=-1)
+        ctx.aggregate = era(probs, self.cfg.era_temperature)
+        ctx.aggregate_kind = "probs"
+
+    def _server_train(self, ctx: RoundContext) -> None:
+        self.train_server(ctx, "server_train", self.public_subset(ctx), self.cfg.server_epochs, soft_cross_entropy, targets=ctx.aggregate)
+        self.record_server_outputs(ctx)
+
+    def _distill(self, ctx: RoundContext) -> None:
+        public = self.public_subset(ctx)
+        self.train_clients(ctx, "distill", ctx.senders, lambda k: public, self.cfg.distill_epochs, soft_cross_entropy, targets=ctx.aggregate)

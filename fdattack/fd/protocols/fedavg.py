@@ -1,0 +1,71 @@
+"""FedAvg with client sampling (fedinverse.md §3.1, Algorithm 1)."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from fdattack.errors import ConfigError
+from fdattack.fd.aggregation import fedavg
+from fdattack.fd.engine import derive_seed
+from fdattack.fd.objectives import cross_entropy
+from fdattack.fd.protocols.base import PROTOCOLS, Phase, Protocol, RoundContext
+from fdattack.fd.record import Upload
+
+
+@PROTOCOLS.register("fedavg")
+class FedAvgProtocol(Protocol):
+    """Per round: sample m = max(floor(C*K), 1) clients, each starts from the global model, runs E local
+    epochs of CE, uploads its weights; the server takes the n_k-weighted mean (float buffers averaged,
+    integer buffers take the max). The server handle holds the global model omega_t.
+    """
+
+    name = "fedavg"
+    has_server_model = True
+    threat_model = {
+        "attacker": "a participating client (white-box access to the global model each round)",
+        "sees": "the global model after every aggregation",
+        "public_labels": "attacker's own prior data only",
+    }
+
+    def __init__(self, *args, **kwargs) -> None:  # type: ignore[no-untyped-def]
+        super().__init__(*args, **kwargs)
+        archs = set(self.client_archs) | {self.model_cfg.server or self.model_cfg.name}
+        if len(archs) > 1:
+            raise ConfigError(f"protocol.name=fedavg needs one architecture for all clients and the server; model.clients/model.server give {sorted(archs)}")
+
+    def participants(self, round: int) -> list[int]:
+        m = max(math.floor(self.cfg.fraction * self.num_clients), 1)
+        rng = np.random.default_rng(derive_seed(self.seed, "participants", round))
+        return sorted(int(k) for k in rng.choice(self.num_clients, size=m, replace=False))
+
+    def public_indices(self, round: int):  # type: ignore[no-untyped-def]
+        return None
+
+    def round_phases(self, round: int) -> list[Phase]:
+        return [
+            Phase("local_train", self._local_train),
+            Phase("upload", self._upload),
+            Phase("aggregate", self._aggregate, attack_point=True),
+        ]
+
+    def _local_train(self, ctx: RoundContext) -> None:
+        assert self.server is not None
+        global_state = self.server.module.state_dict()
+        for k in ctx.participants:
+            self.clients[k].module.load_state_dict(global_state)
+        self.train_clients(ctx, "local_train", ctx.participants, lambda k: self.split.private[k], self.cfg.local_epochs, cross_entropy)
+
+    def _upload(self, ctx: RoundContext) -> None:
+        for k in ctx.participants:
+            state = {name: t.detach().cpu().clone() for name, t in self.clients[k].module.state_dict().items()}
+            ctx.uploads[k] = Upload(client=k, kind="weights", state=state, num_samples=len(self.split.private[k]))
+
+    def _aggregate(self, ctx: RoundContext) -> None:
+        assert self.server is not None
+        senders = ctx.senders
+        states = [dict(ctx.uploads[k].state) for k in senders]  # type: ignore[arg-type]
+        ctx.global_state = fedavg(states, [float(ctx.uploads[k].num_samples) for k in senders])
+        self.server.module.load_state_dict(ctx.global_state)
+        ctx.aggregate_kind = "weights"

@@ -1,0 +1,63 @@
+"""FedMD (Li & Wang 2019) as PLI runs it (pli.md §5.1, §9; pdafd.md §4.1)."""
+
+from __future__ import annotations
+
+from fdattack.fd.aggregation import mean_logits
+from fdattack.fd.objectives import cross_entropy, l1_to_logits
+from fdattack.fd.protocols.base import PROTOCOLS, Phase, Protocol, RoundContext
+
+
+@PROTOCOLS.register("fedmd")
+class FedMDProtocol(Protocol):
+    """Transfer learning, then per round: communicate raw logits, consensus mean, digest (L1), revisit (CE).
+
+    With ``server_model=true`` the attacker adds a server model f_0 trained on the labeled public set
+    (PLI Eq. 1); it takes no part in the protocol.
+    """
+
+    name = "fedmd"
+    threat_model = {
+        "attacker": "server, honest-but-curious",
+        "sees": "raw logits of every client on every public sample of the round",
+        "public_labels": "known",
+    }
+
+    def uses_server_model(self) -> bool:
+        return bool(self.cfg.server_model)
+
+    def setup_phases(self) -> list[Phase]:
+        return [Phase("transfer_public", self._transfer_public), Phase("transfer_private", self._transfer_private)]
+
+    def round_phases(self, round: int) -> list[Phase]:
+        phases = [Phase("upload", self._upload), Phase("aggregate", self._aggregate)]
+        if self.num_clients > 1:  # with K = 1 the digest step is skipped (§13.11)
+            phases.append(Phase("digest", self._digest))
+        phases.append(Phase("revisit", self._revisit, attack_point=self.server is None))
+        if self.server is not None:
+            phases.append(Phase("server_train", self._server_train, attack_point=True))
+        return phases
+
+    def _transfer_public(self, ctx: RoundContext) -> None:
+        public = self.split.public
+        self.train_clients(ctx, "transfer_public", ctx.participants, lambda k: public, self.cfg.transfer_public_epochs, cross_entropy)
+
+    def _transfer_private(self, ctx: RoundContext) -> None:
+        self.train_clients(ctx, "transfer_private", ctx.participants, lambda k: self.split.private[k], self.cfg.transfer_private_epochs, cross_entropy)
+
+    def _upload(self, ctx: RoundContext) -> None:
+        self.upload_outputs(ctx, "logits")
+
+    def _aggregate(self, ctx: RoundContext) -> None:
+        ctx.aggregate = mean_logits(self.stacked_uploads(ctx))
+        ctx.aggregate_kind = "logits"
+
+    def _digest(self, ctx: RoundContext) -> None:
+        public = self.public_subset(ctx)
+        self.train_clients(ctx, "digest", ctx.senders, lambda k: public, self.cfg.digest_epochs, l1_to_logits, targets=ctx.aggregate)
+
+    def _revisit(self, ctx: RoundContext) -> None:
+        self.train_clients(ctx, "revisit", ctx.participants, lambda k: self.split.private[k], self.cfg.revisit_epochs, cross_entropy)
+
+    def _server_train(self, ctx: RoundContext) -> None:
+        self.train_server(ctx, "server_train", self.public_subset(ctx), self.cfg.server_epochs, cross_entropy)
+        self.record_server_outputs(ctx)

@@ -1,0 +1,53 @@
+"""The confidence gap of PLI §3.2 / Fig. 3 (pli.md §6): entropy of client and server outputs.
+
+A client trained on private sensitive-domain images is confident (low entropy) on them; the server
+model, which never saw that domain, is not. This diagnostic measures H(softmax(f(x))) (natural log,
+tau = 1) for the server and every client, on the public set and on the clients' private sets, after
+every round. It reads private data, so it is an evaluation-side diagnostic, not an attack.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from fdattack.fd.evaluation import Oracle
+from fdattack.observers.base import Observer, ObserverOutput
+
+
+def softmax_entropy(logits: Tensor) -> Tensor:
+    """H(softmax(l)) per row, natural log. Shape (N, J) -> (N,)."""
+    logp = torch.log_softmax(logits.float(), dim=-1)
+    return -(logp.exp() * logp).sum(dim=-1)
+
+
+class ConfidenceGapObserver(Observer):
+    """Logs entropy histograms ``diag/confidence_gap/{client,server}_{public,private}_entropy`` and their means.
+
+    Args:
+        oracle: ground-truth access (private sets, models).
+        max_samples: rows per data set used (the first ones, so rounds are comparable).
+    """
+
+    name = "confidence_gap"
+
+    def __init__(self, oracle: Oracle, max_samples: int = 512) -> None:
+        self.oracle = oracle
+        self.max_samples = max_samples
+
+    def on_round_end(self, round: int) -> ObserverOutput:
+        split, cap = self.oracle.split, self.max_samples
+        public = split.public.images[:cap]
+        privates = [p.images[:cap] for p in split.private]
+        client_public = torch.cat([softmax_entropy(self.oracle.predict(h, public)) for h in self.oracle.clients])
+        client_private = torch.cat([softmax_entropy(self.oracle.predict(h, x)) for h, x in zip(self.oracle.clients, privates)])
+        values = {"client_public_entropy": client_public, "client_private_entropy": client_private}
+        if self.oracle.server is not None:
+            values["server_public_entropy"] = softmax_entropy(self.oracle.predict(self.oracle.server, public))
+            values["server_private_entropy"] = softmax_entropy(self.oracle.predict(self.oracle.server, torch.cat(privates)))
+        prefix = f"diag/{self.name}/"
+        out = ObserverOutput(histograms={prefix + k: v for k, v in values.items()})
+        out.metrics = {prefix + k.replace("_entropy", "_mean"): float(v.mean()) for k, v in values.items()}
+        if "server_private_entropy" in values:
+            out.metrics[prefix + "private_gap"] = float(values["server_private_entropy"].mean() - client_private.mean())
+        return out

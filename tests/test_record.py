@@ -1,0 +1,93 @@
+"""The round record carries what crossed the wire and never private data."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from types import MappingProxyType
+
+import pytest
+import torch
+
+from fdattack.config import compose
+from fdattack.experiment import Experiment
+from fdattack.fd.record import PublicQuery, RoundRecord, Upload
+from fdattack.observers.base import Observer
+from tests.conftest import REPO, tiny
+
+
+class Collector(Observer):
+    name = "collector"
+
+    def __init__(self) -> None:
+        self.records: list[RoundRecord] = []
+
+    def on_record(self, record: RoundRecord) -> None:
+        self.records.append(record)
+
+
+def _tensors(obj: object, seen: set[int] | None = None) -> list[torch.Tensor]:
+    """Every tensor reachable from a record's fields (not through the query's closure)."""
+    seen = seen if seen is not None else set()
+    if id(obj) in seen:
+        return []
+    seen.add(id(obj))
+    if torch.is_tensor(obj):
+        return [obj]
+    if isinstance(obj, (dict, MappingProxyType)):
+        return [t for v in obj.values() for t in _tensors(v, seen)]
+    if isinstance(obj, (list, tuple)):
+        return [t for v in obj for t in _tensors(v, seen)]
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        return [t for f in dataclasses.fields(obj) for t in _tensors(getattr(obj, f.name), seen)]
+    return []
+
+
+@pytest.mark.parametrize("protocol", ["fedmd", "fedgems", "dsfl", "cronus"])
+def test_records_hold_no_private_data(tmp_path: Path, protocol: str) -> None:
+    name = {"fedmd": "fedmd_digits", "fedgems": "fedgems_digits", "dsfl": "dsfl_digits", "cronus": "cronus_digits"}[protocol]
+    cfg = compose(REPO / "conf" / "experiment" / f"{name}.yaml", tiny(tmp_path, "protocol.rounds=1"))
+    exp = Experiment(cfg)
+    collector = Collector()
+    exp.observers.append(collector)
+    exp.run()
+    split = exp.data.split
+    private_images = torch.cat([p.images for p in split.private]).flatten(1)
+    assert collector.records, "no record was published"
+    assert any(r.attack_point for r in collector.records)
+    for record in collector.records:
+        allowed = {f.name for f in dataclasses.fields(RoundRecord)}
+        assert set(vars(record)) <= allowed
+        for tensor in _tensors(record):
+            # no private image, in any shape
+            if tensor.numel() % private_images.shape[1] == 0 and tensor.is_floating_point() and tensor.numel():
+                rows = tensor.reshape(-1, private_images.shape[1])
+                assert not (torch.cdist(rows.float(), private_images) < 1e-6).any()
+        for upload in record.uploads.values():
+            assert upload.kind in ("logits", "probs")
+            # outputs refer to public rows only
+            assert upload.public_indices is not None and int(upload.public_indices.max()) < len(split.public)
+            assert upload.outputs is not None and upload.outputs.shape == (len(upload.public_indices), split.num_classes)
+        assert isinstance(record.query, PublicQuery)
+        assert not any(isinstance(v, type(exp.data)) for v in vars(record).values())
+
+
+def test_public_query_answers_public_rows_only(tmp_path: Path) -> None:
+    cfg = compose(None, tiny(tmp_path, "protocol.rounds=1"))
+    exp = Experiment(cfg)
+    query = exp.protocol.public_query()
+    n = len(exp.data.split.public)
+    out = query(0, torch.tensor([0, n - 1]))
+    assert out.shape == (2, exp.data.split.num_classes)
+    with pytest.raises(IndexError):
+        query(0, torch.tensor([n]))
+    with pytest.raises(KeyError):
+        query(7, torch.tensor([0]))
+
+
+def test_uploads_are_copies_observers_cannot_alter() -> None:
+    outputs = torch.zeros(3, 2)
+    upload = Upload(client=0, kind="logits", public_indices=torch.arange(3), outputs=outputs)
+    copy = upload.frozen_copy()
+    copy.outputs.add_(1.0)  # type: ignore[union-attr]
+    assert float(outputs.abs().sum()) == 0.0

@@ -1,0 +1,78 @@
+"""A run killed with SIGKILL after round 2 of 4 and resumed ends exactly like an uninterrupted run."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from fdattack.cli import main
+from tests.conftest import REPO
+
+ARGS = [
+    "protocol.num_clients=3", "protocol.rounds=4", "protocol.transfer_public_epochs=1", "protocol.transfer_private_epochs=1",
+    "protocol.digest_epochs=3", "protocol.revisit_epochs=3", "logger.wandb.mode=disabled", "logger.progress=never",
+]
+
+
+def _launch(out: Path, *extra: str) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "fdattack", "run", *ARGS, f"output_dir={out}", *extra], cwd=REPO,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def _without_times(d: dict) -> dict:
+    return {k: v for k, v in d.items() if not k.startswith("time/")}
+
+
+@pytest.mark.slow
+def test_sigkill_after_round_2_then_resume_matches_uninterrupted(tmp_path: Path) -> None:
+    reference, killed = tmp_path / "reference", tmp_path / "killed"
+    ref_proc = _launch(reference)
+    proc = _launch(killed)
+    checkpoint = killed / "checkpoints" / "round_0002.pt"
+    deadline = time.monotonic() + 240
+    while not checkpoint.exists() and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.01)
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    assert proc.returncode == -signal.SIGKILL, "the run finished before it could be killed"
+    assert not (killed / "metrics.json").exists()
+    assert ref_proc.wait(timeout=240) == 0, ref_proc.stderr.read()  # type: ignore[union-attr]
+
+    resumed = subprocess.run([sys.executable, "-m", "fdattack", "run", *ARGS, f"output_dir={killed}", "resume=true"],
+                             cwd=REPO, capture_output=True, text=True, timeout=240)
+    assert resumed.returncode == 0, resumed.stderr
+    ref_metrics = json.loads((reference / "metrics.json").read_text())
+    res_metrics = json.loads((killed / "metrics.json").read_text())
+    assert _without_times(res_metrics) == _without_times(ref_metrics)
+    ref_rows = [_without_times(json.loads(x)) for x in (reference / "rounds.jsonl").read_text().splitlines()]
+    res_rows = [_without_times(json.loads(x)) for x in (killed / "rounds.jsonl").read_text().splitlines()]
+    assert [r["round"] for r in res_rows] == [0, 1, 2, 3, 4]
+    assert res_rows == ref_rows
+
+
+def test_resume_without_checkpoint_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "empty_run"
+    out.mkdir()
+    (out / "notes.txt").write_text("mine")
+    assert main(["run", *ARGS, f"output_dir={out}", "resume=true"]) == 2
+    assert "checkpoint" in capsys.readouterr().err
+    assert (out / "notes.txt").read_text() == "mine"
+
+
+def test_corrupt_checkpoint_is_named(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "run"
+    assert main(["run", *ARGS, "protocol.rounds=1", f"output_dir={out}"]) == 0
+    ckpt = sorted((out / "checkpoints").glob("round_*.pt"))[-1]
+    data = ckpt.read_bytes()
+    ckpt.write_bytes(data[: len(data) // 2])
+    capsys.readouterr()
+    assert main(["run", *ARGS, "protocol.rounds=1", f"output_dir={out}", "resume=true"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert str(ckpt) in err and len(err.splitlines()) == 1
