@@ -41,6 +41,8 @@ class DataConfig:
     root: Optional[str] = None  # folder of file-based datasets (mnist IDX files, att_faces sN/, image_folder); relative paths are taken from the working directory
     download: bool = False  # let torchvision download cifar10/cifar100/fashion_mnist/celeba/mnist into root (needs internet)
     image_size: Optional[int] = None  # resize images to image_size x image_size; null keeps the native size
+    second_look_subdir: Optional[str] = None  # name=image_folder: subfolder of each identity holding its insensitive look (LAG: y)
+    second_look_root: Optional[str] = None  # name=image_folder: parallel tree with the insensitive look under the same file names (masked LFW)
     max_classes: Optional[int] = None  # keep only the max_classes labels with the most images (image_folder, celeba); null keeps all
     split: str = "pli"  # how public/private/test are formed: pli (target labels private, others public, auxiliary look public) | random (public_fraction of the pool public) | classes (public_classes public, the rest private)
     partition: str = "disjoint_identities"  # how private data is spread over clients: disjoint_identities | dirichlet | shards | iid | two_classes
