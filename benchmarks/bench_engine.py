@@ -108,8 +108,13 @@ def time_plain_loop(k: int, rounds: int, out: Path) -> list[float]:
 
 def trainer_fixed_cost(repeats: int = 20) -> float:
     """Seconds of one ``lightning.Trainer(...).fit`` on a one-batch loader, minus that batch's plain step."""
+    import logging
+    import warnings
+
     import lightning as L
 
+    logging.getLogger("lightning.pytorch").setLevel(logging.ERROR)
+    warnings.filterwarnings("ignore")
     from fdattack.data.imageset import ImageSet
     from fdattack.lit import ClassifierLitModule
     from fdattack.models import build_classifier

@@ -61,7 +61,7 @@ DATASETS: Registry[Callable[[DictConfig], RawDataset]] = Registry("dataset", "da
 
 def to_unit_range(images_uint8: Tensor | np.ndarray, max_value: float = 255.0) -> Tensor:
     """Pixel values in [0, max_value] → float32 in [-1, 1] (ToTensor then Normalize(0.5, 0.5))."""
-    x = torch.as_tensor(np.asarray(images_uint8), dtype=torch.float32) / max_value
+    x = torch.as_tensor(np.array(images_uint8), dtype=torch.float32) / max_value
     return x * 2.0 - 1.0
 
 
@@ -114,7 +114,7 @@ def read_idx(path: Path) -> np.ndarray:
     expected = header + int(np.prod(shape))
     if len(raw) != expected:
         raise DataError(f"{path}: corrupt IDX file ({len(raw)} bytes, expected {expected})")
-    return np.frombuffer(raw, dtype=np.uint8, offset=header).reshape(shape)
+    return np.frombuffer(raw, dtype=np.uint8, offset=header).reshape(shape).copy()
 
 
 def _find(root: Path, stem: str) -> Path | None:

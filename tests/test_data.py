@@ -1,0 +1,180 @@
+"""Datasets, partitions, domain transforms and splits: hand-computed values and invariants."""
+
+from __future__ import annotations
+
+import gzip
+import struct
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from omegaconf import OmegaConf
+from PIL import Image
+
+from fdattack.config import DataConfig
+from fdattack.data import AUXILIARY, SENSITIVE, UNLABELED, box_blur, build_split
+from fdattack.data import partitions
+from fdattack.data.datasets import DATASETS, read_idx
+from fdattack.errors import ConfigError, DataError
+from tests.conftest import SHARED_DATA
+
+
+def data_cfg(**kw: object) -> OmegaConf:
+    return OmegaConf.structured(DataConfig(**kw))  # type: ignore[arg-type]
+
+
+# ----------------------------------------------------------------------------- domain transform
+def test_box_blur_matches_hand_computed_reflect101() -> None:
+    x = torch.arange(16.0).reshape(1, 1, 4, 4)
+    out = box_blur(x, 3)
+    # top-left window with reflect-101 borders: rows (1,0,1) x cols (1,0,1) = (5+4+5+1+0+1+5+4+5)/9
+    assert out[0, 0, 0, 0].item() == pytest.approx(30 / 9)
+    assert out[0, 0, 1, 1].item() == pytest.approx((0 + 1 + 2 + 4 + 5 + 6 + 8 + 9 + 10) / 9)
+    assert torch.equal(box_blur(x, 1), x)
+
+
+# ----------------------------------------------------------------------------- partitions
+def test_dirichlet_is_disjoint_covering_and_more_skewed_for_small_alpha() -> None:
+    labels = np.repeat(np.arange(10), 100)
+
+    def skew(alpha: float) -> float:
+        parts = partitions.dirichlet(labels, 5, alpha, 1, np.random.default_rng(0))
+        partitions.assert_disjoint(parts)
+        assert sorted(np.concatenate(parts).tolist()) == list(range(1000))
+        dists = np.stack([np.bincount(labels[p], minlength=10) / len(p) for p in parts])
+        return float(np.abs(dists - 0.1).sum(axis=1).mean())
+
+    assert skew(0.1) > skew(1.0) > skew(100.0)
+
+
+def test_shards_give_each_client_at_most_its_shards_labels() -> None:
+    labels = np.repeat(np.arange(10), 60)
+    parts = partitions.shards(labels, 10, 2, np.random.default_rng(1))
+    partitions.assert_disjoint(parts)
+    assert all(len(np.unique(labels[p])) <= 2 for p in parts)
+    assert sum(len(p) for p in parts) == 600
+
+
+def test_two_classes_each_class_split_between_its_two_holders() -> None:
+    labels = np.repeat(np.arange(4), 10)
+    parts = partitions.two_classes(labels, 4, np.random.default_rng(0))
+    partitions.assert_disjoint(parts)
+    assert [sorted(np.unique(labels[p]).tolist()) for p in parts] == [[0, 1], [1, 2], [2, 3], [0, 3]]
+    assert all(len(p) == 10 for p in parts)
+
+
+def test_more_clients_than_targets_is_a_config_error() -> None:
+    with pytest.raises(ConfigError, match="protocol.num_clients"):
+        partitions.disjoint_identities(np.arange(3), 4)
+
+
+# ----------------------------------------------------------------------------- datasets
+def _write_idx(path: Path, array: np.ndarray, magic: int) -> None:
+    header = struct.pack(">II", magic, array.shape[0]) + (struct.pack(">II", *array.shape[1:]) if array.ndim == 3 else b"")
+    with gzip.open(path, "wb") as f:
+        f.write(header + array.astype(np.uint8).tobytes())
+
+
+def test_idx_reader_and_truncated_file(tmp_path: Path) -> None:
+    images = np.arange(2 * 3 * 3).reshape(2, 3, 3)
+    _write_idx(tmp_path / "t10k-images-idx3-ubyte.gz", images, 2051)
+    _write_idx(tmp_path / "t10k-labels-idx1-ubyte.gz", np.array([7, 1]), 2049)
+    assert np.array_equal(read_idx(tmp_path / "t10k-images-idx3-ubyte.gz"), images)
+    raw = DATASETS.get("mnist")(data_cfg(name="mnist", root=str(tmp_path)))
+    assert raw.labels.tolist() == [7, 1] and raw.images.shape == (2, 1, 3, 3)
+    assert raw.images[0, 0, 0, 0].item() == -1.0 and raw.images[0, 0, 0, 1].item() == pytest.approx(2 / 255 - 1)
+    truncated = tmp_path / "t10k-images-idx3-ubyte"
+    truncated.write_bytes(struct.pack(">IIII", 2051, 2, 3, 3) + b"\x00" * 5)
+    (tmp_path / "t10k-images-idx3-ubyte.gz").unlink()
+    with pytest.raises(DataError, match=str(truncated)):
+        DATASETS.get("mnist")(data_cfg(name="mnist", root=str(tmp_path)))
+
+
+def _fake_faces(root: Path, subjects: int = 4, per: int = 4) -> None:
+    rng = np.random.default_rng(0)
+    for s in range(1, subjects + 1):
+        (root / f"s{s}").mkdir(parents=True)
+        for i in range(1, per + 1):
+            Image.fromarray(rng.integers(0, 255, (12, 10), dtype=np.uint8)).save(root / f"s{s}" / f"{i}.pgm")
+
+
+def test_att_faces_layout_and_corrupt_file(tmp_path: Path) -> None:
+    _fake_faces(tmp_path)
+    raw = DATASETS.get("att_faces")(data_cfg(name="att_faces", root=str(tmp_path), image_size=8))
+    assert raw.images.shape == (16, 1, 8, 8) and raw.labels.tolist() == sorted([0, 1, 2, 3] * 4)
+    (tmp_path / "s2" / "3.pgm").write_bytes(b"P5\n10 12\n255\n\x00\x01")
+    with pytest.raises(DataError, match=str(tmp_path / "s2" / "3.pgm")):
+        DATASETS.get("att_faces")(data_cfg(name="att_faces", root=str(tmp_path)))
+
+
+@pytest.mark.skipif(not (SHARED_DATA / "att_faces").is_dir(), reason="../shared/data/att_faces is not present")
+def test_real_att_faces() -> None:
+    raw = DATASETS.get("att_faces")(data_cfg(name="att_faces", root=str(SHARED_DATA / "att_faces")))
+    assert raw.images.shape == (400, 1, 112, 92) and raw.num_labels == 40
+    assert -1.0 <= float(raw.images.min()) < float(raw.images.max()) <= 1.0
+
+
+@pytest.mark.skipif(not (SHARED_DATA / "mnist_t10k").is_dir(), reason="../shared/data/mnist_t10k is not present")
+def test_real_mnist_test_set_is_the_pool() -> None:
+    raw = DATASETS.get("mnist")(data_cfg(name="mnist", root=str(SHARED_DATA / "mnist_t10k")))
+    assert raw.images.shape == (10000, 1, 28, 28) and raw.test_images is None
+    assert np.bincount(raw.labels.numpy()).tolist()[:2] == [980, 1135]
+
+
+def test_image_folder_second_look_layouts(tmp_path: Path) -> None:
+    rng = np.random.default_rng(0)
+    for ident in ("a", "b"):
+        for tree in ("clean", "masked"):
+            (tmp_path / tree / ident).mkdir(parents=True)
+            for name in ("1.jpg", "2.jpg"):
+                Image.fromarray(rng.integers(0, 255, (6, 6, 3), dtype=np.uint8)).save(tmp_path / tree / ident / name)
+        (tmp_path / "clean" / ident / "y").mkdir()
+        Image.fromarray(rng.integers(0, 255, (6, 6, 3), dtype=np.uint8)).save(tmp_path / "clean" / ident / "y" / "young.png")
+    parallel = DATASETS.get("image_folder")(data_cfg(name="image_folder", root=str(tmp_path / "clean"), second_look_root=str(tmp_path / "masked")))
+    assert parallel.images.shape == (4, 3, 6, 6) and parallel.second_look is not None
+    masked = np.asarray(Image.open(tmp_path / "masked" / "b" / "2.jpg").convert("RGB"))
+    assert torch.allclose(parallel.second_look[3], torch.as_tensor(masked).permute(2, 0, 1).float() / 255 * 2 - 1)
+    subdir = DATASETS.get("image_folder")(data_cfg(name="image_folder", root=str(tmp_path / "clean"), second_look_subdir="y"))
+    assert torch.equal(subdir.second_look[0], subdir.second_look[1])  # type: ignore[index]
+
+
+# ----------------------------------------------------------------------------- splits
+def test_pli_split_invariants() -> None:
+    split = build_split(data_cfg(name="digits", num_targets=4), num_clients=2, seed=3)
+    targets = set(split.target_labels)
+    public = split.public
+    assert len(targets) == 4 and set(split.owner) == targets and sorted(set(split.owner.values())) == [0, 1]
+    # targets appear in public only in the auxiliary look
+    is_target = torch.isin(public.labels, torch.tensor(sorted(targets)))
+    assert bool((public.domain[is_target] == AUXILIARY).all())
+    assert bool((public.domain[~is_target] == SENSITIVE).any())
+    # no private row's image is public (in either look), and clients own disjoint labels
+    private_rows = set(torch.cat([p.source for p in split.private]).tolist())
+    assert private_rows.isdisjoint(set(public.source.tolist()))
+    for k, p in enumerate(split.private):
+        assert {split.owner[int(y)] for y in p.labels} == {k}
+    assert private_rows.isdisjoint(set(split.test.source.tolist()))
+
+
+def test_pli_split_is_deterministic_and_seeded() -> None:
+    a = build_split(data_cfg(name="digits"), 2, seed=1)
+    b = build_split(data_cfg(name="digits"), 2, seed=1)
+    c = build_split(data_cfg(name="digits"), 2, seed=2)
+    assert a.target_labels == b.target_labels and torch.equal(a.public.source, b.public.source)
+    assert not torch.equal(a.public.source, c.public.source)
+
+
+def test_label_space_targets_remaps_and_unlabels() -> None:
+    split = build_split(data_cfg(name="digits", num_targets=3, label_space="targets"), 3, seed=0)
+    assert split.num_classes == 3 and split.target_labels == [0, 1, 2]
+    assert set(split.public.labels.tolist()) == {UNLABELED, 0, 1, 2}
+    assert bool((split.public.labels[split.public.domain == SENSITIVE] == UNLABELED).all())
+
+
+def test_classes_split_gives_the_attacker_the_public_classes() -> None:
+    split = build_split(data_cfg(name="digits", split="classes", public_classes=[7, 8, 9], partition="iid"), 3, seed=0)
+    assert set(split.public.labels.tolist()) == {7, 8, 9} and split.attacker is split.public
+    assert set(torch.cat([p.labels for p in split.private]).tolist()) == set(range(7))
+    with pytest.raises(ConfigError, match="data.public_classes"):
+        build_split(data_cfg(name="digits", split="classes", public_classes=[42], partition="iid"), 3, seed=0)
