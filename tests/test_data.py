@@ -134,7 +134,7 @@ def test_image_folder_second_look_layouts(tmp_path: Path) -> None:
     parallel = DATASETS.get("image_folder")(data_cfg(name="image_folder", root=str(tmp_path / "clean"), second_look_root=str(tmp_path / "masked")))
     assert parallel.images.shape == (4, 3, 6, 6) and parallel.second_look is not None
     masked = np.asarray(Image.open(tmp_path / "masked" / "b" / "2.jpg").convert("RGB"))
-    assert torch.allclose(parallel.second_look[3], torch.as_tensor(masked).permute(2, 0, 1).float() / 255 * 2 - 1)
+    assert torch.allclose(parallel.second_look[3], torch.as_tensor(masked.copy()).permute(2, 0, 1).float() / 255 * 2 - 1)
     subdir = DATASETS.get("image_folder")(data_cfg(name="image_folder", root=str(tmp_path / "clean"), second_look_subdir="y"))
     assert torch.equal(subdir.second_look[0], subdir.second_look[1])  # type: ignore[index]
 
@@ -178,3 +178,9 @@ def test_classes_split_gives_the_attacker_the_public_classes() -> None:
     assert set(torch.cat([p.labels for p in split.private]).tolist()) == set(range(7))
     with pytest.raises(ConfigError, match="data.public_classes"):
         build_split(data_cfg(name="digits", split="classes", public_classes=[42], partition="iid"), 3, seed=0)
+
+
+@pytest.mark.parametrize("name", ["cifar10", "cifar100", "fashion_mnist", "celeba"])
+def test_torchvision_dataset_missing_without_download_is_a_data_error(tmp_path: Path, name: str) -> None:
+    with pytest.raises(DataError, match="data.download=true"):
+        DATASETS.get(name)(data_cfg(name=name, root=str(tmp_path)))

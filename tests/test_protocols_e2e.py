@@ -62,3 +62,20 @@ def test_fedavg_clients_start_each_round_from_the_global_model(tmp_path: Path) -
     for key, value in global_w.items():
         expected = sum(w * s[key] for w, s in zip(sizes / sizes.sum(), locals_w))
         torch.testing.assert_close(value, expected)
+
+
+def test_fedavg_samples_floor_c_times_k_clients_per_round(tmp_path: Path) -> None:
+    cfg = compose(REPO / "conf" / "experiment" / "fedavg_digits.yaml", tiny(tmp_path, "protocol.num_clients=10", "protocol.fraction=0.35"))
+    protocol = Experiment(cfg).protocol
+    draws = [protocol.participants(r) for r in range(1, 6)]
+    assert all(len(d) == 3 and len(set(d)) == 3 and max(d) < 10 for d in draws)  # floor(0.35 * 10) = 3
+    assert draws == [protocol.participants(r) for r in range(1, 6)]  # seeded per round: resume draws the same
+    assert len({tuple(d) for d in draws}) > 1
+
+
+def test_heterogeneous_client_architectures(tmp_path: Path) -> None:
+    cfg = compose(None, tiny(tmp_path, "model.clients=[pli_cnn,mlp]", "protocol.rounds=1"))
+    exp = Experiment(cfg)
+    assert [type(c.module.net).__name__ for c in exp.protocol.clients] != [type(exp.protocol.clients[0].module.net).__name__] * 2
+    metrics = exp.run()
+    assert metrics["protocol/client_acc_mean"] > 0.3
