@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from typing import Callable
 
-
 import torch.nn.functional as F
 from torch import Tensor
 
@@ -28,7 +27,8 @@ def box_blur(images: Tensor, k: int) -> Tensor:
     if k <= 1:
         return images.clone()
     left, right = (k - 1) // 2, k // 2  # OpenCV's anchor for even kernels
-    padded = F.pad(images, (left, right, left, right), mode="reflect") if min(images.shape[-2:]) > max(left, right) else F.pad(images, (left, right, left, right), mode="replicate")
+    mode = "reflect" if min(images.shape[-2:]) > max(left, right) else "replicate"  # reflect needs pad < size
+    padded = F.pad(images, (left, right, left, right), mode=mode)
     return F.avg_pool2d(padded, kernel_size=k, stride=1)
 
 

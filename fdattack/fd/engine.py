@@ -18,7 +18,7 @@ all-reduced by the DDP wrapper, and ranks therefore hold identical weights.
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Sequence
 
 import lightning as L
@@ -85,9 +85,10 @@ class FitJob:
 
 @dataclass
 class FitResult:
+    """Optimizer steps taken and their mean loss."""
+
     steps: int = 0
     mean_loss: float = float("nan")
-    losses: list[float] = field(default_factory=list)
 
 
 class LocalTrainer:

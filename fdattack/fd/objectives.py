@@ -9,6 +9,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from fdattack.data.imageset import IndexedBatch
+from fdattack.fd.aggregation import fedgems_kl
 from fdattack.lit.classifier import Objective, cross_entropy
 
 
@@ -34,8 +35,6 @@ def fedgems_client(epsilon: float, kl_mode: str) -> Objective:
     ``kl_mode="code"`` reproduces the authors' ``nn.KLDivLoss()(log_softmax(teacher), softmax(z))``
     (element-wise mean, teacher in the log slot, §13.8); ``"standard"`` is batchmean KL(teacher || student).
     """
-    from fdattack.fd.aggregation import fedgems_kl
-
     def objective(logits: Tensor, batch: IndexedBatch) -> Tensor:
         kl = fedgems_kl(logits, batch["target"], kl_mode)  # type: ignore[typeddict-item]
         return epsilon * cross_entropy(logits, batch) + (1.0 - epsilon) * kl

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import torch
 
-from fdattack.data.imageset import ImageSet
 from fdattack.fd.aggregation import robust_mean
 from fdattack.fd.objectives import cross_entropy, kl_to_probs, mixed_ce_kl
 from fdattack.fd.protocols.base import PROTOCOLS, Phase, Protocol, RoundContext
