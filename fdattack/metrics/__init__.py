@@ -1,0 +1,7 @@
+"""Metrics shared by every attack."""
+
+from fdattack.metrics.attack_accuracy import AttackAccuracy, attack_accuracy, class_means
+from fdattack.metrics.image import gaussian_window, pairwise_ssim, paper_ssim, standard_ssim, total_variation
+
+__all__ = ["AttackAccuracy", "attack_accuracy", "class_means", "gaussian_window", "pairwise_ssim", "paper_ssim",
+           "standard_ssim", "total_variation"]

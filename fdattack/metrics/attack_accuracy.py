@@ -1,0 +1,64 @@
+"""PLI's attack accuracy: the SSIM nearest-mean criterion (pli.md §10.1, §13.14, §13.17)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from fdattack.metrics.image import pairwise_ssim, paper_ssim
+
+
+@dataclass(frozen=True)
+class AttackAccuracy:
+    """Scores of one set of reconstructions.
+
+    Attributes:
+        accuracy: fraction of targets whose reconstruction is most similar to its own private mean.
+        too_close_to_public: number of targets whose best match is the public mean of the same label.
+        ssim_private_mean: mean SSIM of each reconstruction to its own private mean (the paper's "quality").
+        success: (T,) bool per target.
+    """
+
+    accuracy: float
+    too_close_to_public: int
+    ssim_private_mean: float
+    success: Tensor
+
+
+def attack_accuracy(recon: Tensor, recon_labels: Tensor, private_means: Tensor, public_means: Tensor, ssim=paper_ssim) -> AttackAccuracy:  # type: ignore[no-untyped-def]
+    """A reconstruction of label j succeeds iff its SSIM to the private mean of j beats its SSIM to every
+    other label's private mean and to every label's public mean (ties go to the lower index, as the
+    authors' ``nanargmax`` over [private means | public means]).
+
+    Args:
+        recon: (T, C, H, W) one reconstruction per target, in [-1, 1].
+        recon_labels: (T,) the target label each reconstruction claims.
+        private_means: (J, C, H, W) per-label mean of the private (training) images; NaN rows for labels without private data.
+        public_means: (J, C, H, W) per-label mean of the public images (sensitive and auxiliary looks mixed); NaN where absent.
+    """
+    j = private_means.shape[0]
+    references = torch.cat([private_means, public_means])
+    valid = ~torch.isnan(references.flatten(1)).any(dim=1)
+    scores = torch.full((recon.shape[0], references.shape[0]), float("nan"))
+    scores[:, valid] = pairwise_ssim(recon, references[valid], ssim)
+    best = torch.where(torch.isnan(scores), torch.tensor(float("-inf")), scores).argmax(dim=1)
+    labels = recon_labels.long()
+    success = best == labels
+    own = scores[torch.arange(len(labels)), labels]
+    return AttackAccuracy(
+        accuracy=float(success.float().mean()) if len(labels) else float("nan"),
+        too_close_to_public=int((best == labels + j).sum()),
+        ssim_private_mean=float(own.nanmean()) if len(labels) else float("nan"),
+        success=success,
+    )
+
+
+def class_means(images: Tensor, labels: Tensor, num_classes: int) -> Tensor:
+    """(J, C, H, W) per-label pixel means; NaN for labels with no image (ignored by :func:`attack_accuracy`)."""
+    means = torch.full((num_classes, *images.shape[1:]), float("nan"))
+    for label in labels.unique():
+        if label >= 0:
+            means[label] = images[labels == label].mean(dim=0)
+    return means
