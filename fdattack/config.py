@@ -191,6 +191,19 @@ class ObserversConfig:
 
 
 @dataclass
+class AttackConfig:
+    tau: float = 3.0  # softmax temperature of the inversion inputs (PLI and TBI), > 0
+    gamma: float = 0.03  # PLI prior weight (Eqs. 3 and 10), >= 0
+    alpha: float = 5.0  # PLI entropy weight in Q (Eq. 4), > 0
+    beta: float = 0.1  # PLI TV weight in the client selection (Eq. 11), >= 0
+    lr: float = 3e-5  # inversion-network Adam learning rate
+    weight_decay: float = 1e-4  # inversion-network Adam weight decay
+    batch_size: int = 8  # inversion-network batch size
+    epochs_per_round: int = 3  # inversion epochs per communication round
+    max_width: int = 1024  # widest inversion-network feature map (1024 in the paper)
+
+
+@dataclass
 class ExperimentConfig:
     name: str = "fedmd_digits"  # experiment name (run directory prefix, W&B run name)
     seed: int = 42  # seed of everything (model init, shuffling, splits unless data.seed is set)
@@ -204,6 +217,8 @@ class ExperimentConfig:
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     logger: LoggerConfig = field(default_factory=LoggerConfig)
     observers: ObserversConfig = field(default_factory=ObserversConfig)
+    attacks: list[str] = field(default_factory=list)  # attacks run every round: pli (more to come)
+    attack: AttackConfig = field(default_factory=AttackConfig)
 
 
 # --------------------------------------------------------------------------------------------
@@ -408,6 +423,16 @@ def validate(cfg: DictConfig) -> None:
     _choice(cfg, "logger.wandb.mode", ("auto", "online", "offline", "disabled"))
     _choice(cfg, "logger.progress", ("auto", "always", "never"))
     _choice(cfg, "logger.level", ("DEBUG", "INFO", "WARNING", "ERROR"))
+    a = cfg.attack
+    for name in cfg.attacks:
+        _check(name in ("pli",), "attacks", list(cfg.attacks), "a list of: pli")
+    _check(a.tau > 0, "attack.tau", a.tau, "a number > 0")
+    _check(a.gamma >= 0, "attack.gamma", a.gamma, ">= 0")
+    _check(a.alpha > 0, "attack.alpha", a.alpha, "a number > 0")
+    _check(a.beta >= 0, "attack.beta", a.beta, ">= 0")
+    _check(a.lr > 0, "attack.lr", a.lr, "a number > 0")
+    _check(a.batch_size >= 1 and a.epochs_per_round >= 0 and a.max_width >= 8, "attack.batch_size/epochs_per_round/max_width",
+           (a.batch_size, a.epochs_per_round, a.max_width), "batch_size >= 1, epochs_per_round >= 0, max_width >= 8")
     _check(cfg.trainer.num_nodes >= 1, "trainer.num_nodes", cfg.trainer.num_nodes, "an integer >= 1")
     _check(cfg.observers.confidence_gap.bins >= 2, "observers.confidence_gap.bins", cfg.observers.confidence_gap.bins, "an integer >= 2")
 

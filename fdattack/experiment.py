@@ -16,6 +16,8 @@ from pathlib import Path
 from torchvision.utils import save_image
 from omegaconf import DictConfig, OmegaConf
 
+from fdattack.attacks.pli import PLIAttack, PLISettings
+from fdattack.attacks.scoring import reconstruction_scorer
 from fdattack.data.federated import FederatedData
 from fdattack.errors import CheckpointError
 from fdattack.fd.engine import LocalTrainer, make_fabric, seed_everything_quietly
@@ -34,10 +36,15 @@ def default_output_dir(cfg: DictConfig) -> Path:
 
 
 def build_observers(cfg: DictConfig, oracle: Oracle) -> list[Observer]:
-    """The observers the config asks for (attacks join here in later work)."""
+    """The diagnostics and attacks the config asks for; attacks get public data and a ground-truth scorer only."""
     observers: list[Observer] = []
     if cfg.observers.confidence_gap.enabled:
         observers.append(ConfidenceGapObserver(oracle, cfg.observers.confidence_gap.max_samples))
+    split = oracle.split
+    for name in cfg.attacks:
+        if name == "pli":
+            settings = PLISettings(**OmegaConf.to_container(cfg.attack))  # type: ignore[arg-type]
+            observers.append(PLIAttack(split.public, split.target_labels, split.num_classes, settings, reconstruction_scorer(split), cfg.seed))
     return observers
 
 
