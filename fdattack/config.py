@@ -201,6 +201,7 @@ class AttackConfig:
     batch_size: int = 8  # inversion-network batch size
     epochs_per_round: int = 3  # inversion epochs per communication round
     max_width: int = 1024  # widest inversion-network feature map (1024 in the paper)
+    tbi_last_client_only: bool = False  # TBI: reproduce the authors' closure bug (all outputs from the last client)
 
 
 @dataclass
@@ -217,7 +218,7 @@ class ExperimentConfig:
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     logger: LoggerConfig = field(default_factory=LoggerConfig)
     observers: ObserversConfig = field(default_factory=ObserversConfig)
-    attacks: list[str] = field(default_factory=list)  # attacks run every round: pli (more to come)
+    attacks: list[str] = field(default_factory=list)  # attacks run every round: pli, tbi
     attack: AttackConfig = field(default_factory=AttackConfig)
 
 
@@ -425,7 +426,7 @@ def validate(cfg: DictConfig) -> None:
     _choice(cfg, "logger.level", ("DEBUG", "INFO", "WARNING", "ERROR"))
     a = cfg.attack
     for name in cfg.attacks:
-        _check(name in ("pli",), "attacks", list(cfg.attacks), "a list of: pli")
+        _check(name in ("pli", "tbi"), "attacks", list(cfg.attacks), "a list of: pli, tbi")
     _check(a.tau > 0, "attack.tau", a.tau, "a number > 0")
     _check(a.gamma >= 0, "attack.gamma", a.gamma, ">= 0")
     _check(a.alpha > 0, "attack.alpha", a.alpha, "a number > 0")

@@ -18,6 +18,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from fdattack.attacks.pli import PLIAttack, PLISettings
 from fdattack.attacks.scoring import reconstruction_scorer
+from fdattack.attacks.tbi import TBIAttack
 from fdattack.data.federated import FederatedData
 from fdattack.errors import CheckpointError
 from fdattack.fd.engine import LocalTrainer, make_fabric, seed_everything_quietly
@@ -41,10 +42,12 @@ def build_observers(cfg: DictConfig, oracle: Oracle) -> list[Observer]:
     if cfg.observers.confidence_gap.enabled:
         observers.append(ConfidenceGapObserver(oracle, cfg.observers.confidence_gap.max_samples))
     split = oracle.split
+    attack_kwargs = OmegaConf.to_container(cfg.attack)
+    last_client_only = attack_kwargs.pop("tbi_last_client_only")  # type: ignore[union-attr]
+    settings = PLISettings(**attack_kwargs)  # type: ignore[arg-type]
     for name in cfg.attacks:
-        if name == "pli":
-            settings = PLISettings(**OmegaConf.to_container(cfg.attack))  # type: ignore[arg-type]
-            observers.append(PLIAttack(split.public, split.target_labels, split.num_classes, settings, reconstruction_scorer(split), cfg.seed))
+        args = (split.public, split.target_labels, split.num_classes, settings, reconstruction_scorer(split), cfg.seed)
+        observers.append(PLIAttack(*args) if name == "pli" else TBIAttack(*args, last_client_only=last_client_only))
     return observers
 
 
