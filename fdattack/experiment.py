@@ -26,7 +26,7 @@ from fdattack.fd.evaluation import Oracle
 from fdattack.fd.orchestrator import RoundOrchestrator, RoundResult
 from fdattack.fd.protocols import PROTOCOLS
 from fdattack.observers import ConfidenceGapObserver, Observer
-from fdattack.tracking import Progress, RunDirectory, WandbRun, load_checkpoint, rng_state, set_rng_state
+from fdattack.tracking import Progress, RunDirectory, WandbRun, load_checkpoint, rng_state, save_checkpoint, set_rng_state
 
 log = logging.getLogger("fdattack")
 
@@ -188,3 +188,7 @@ def _record(run_dir: RunDirectory, tracker: WandbRun, result: RoundResult) -> No
         if run_dir.is_writer:
             save_image(image, path)
         tracker.log_image(key, result.round, image, caption=f"round {result.round}")
+    for name, tensors in result.artifacts.items():
+        if run_dir.is_writer:
+            (run_dir.path / "artifacts").mkdir(exist_ok=True)
+            save_checkpoint(run_dir.path / "artifacts" / f"{name}_round_{result.round:04d}.pt", tensors)

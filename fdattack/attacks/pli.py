@@ -142,7 +142,8 @@ class PLIAttack(Observer):
         self.last = recon
         metrics = {f"attack/{self.name}/{k}": v for k, v in self.scorer(recon, self.targets).items()}
         grid = torch.cat(list((recon * 0.5 + 0.5).clamp(0, 1)), dim=-1)
-        return ObserverOutput(metrics=metrics, images={f"attack/{self.name}/reconstructions": grid})
+        return ObserverOutput(metrics=metrics, images={f"attack/{self.name}/reconstructions": grid},
+                              artifacts={f"{self.name}_reconstructions": {"images": recon, "labels": self.targets.clone()}})
 
     def state_dict(self) -> dict:
         return {"states": {str(k): v for k, v in self.states.items()}}

@@ -27,6 +27,7 @@ class RoundResult:
     metrics: dict[str, float]
     histograms: dict[str, torch.Tensor] = field(default_factory=dict)
     images: dict[str, torch.Tensor] = field(default_factory=dict)
+    artifacts: dict[str, dict[str, torch.Tensor]] = field(default_factory=dict)
     dropped: list[int] = field(default_factory=list)
 
 
@@ -68,6 +69,7 @@ class RoundOrchestrator:
             result.metrics.update(out.metrics)
             result.histograms.update(out.histograms)
             result.images.update(out.images)
+            result.artifacts.update(out.artifacts)
         return result
 
     def _run_phases(self, ctx: RoundContext, phases: list[Phase]) -> None:
