@@ -25,6 +25,11 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("tokens", nargs="*", metavar="[EXPERIMENT.yaml] key=value", help="experiment file and overrides")
     run.add_argument("--help-config", action="store_true", help="print every config key with its default and meaning")
     run.add_argument("--print-config", action="store_true", help="print the composed config and exit")
+    sweep = sub.add_parser("sweep", help="run a W&B sweep file locally with W&B's sweeps engine (no server needed)")
+    sweep.add_argument("file", help="sweep YAML (the same file `wandb sweep` takes)")
+    sweep.add_argument("--count", type=int, default=None, help="number of trials (default: the whole grid; needed for random/bayes)")
+    sweep.add_argument("--root", default="runs/sweeps", help="folder for the trials' run directories")
+    sweep.add_argument("overrides", nargs="*", help="extra key=value overrides for every trial")
     return parser
 
 
@@ -36,10 +41,17 @@ def _split_experiment(tokens: list[str]) -> tuple[str | None, list[str]]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``fdattack`` console script and ``python -m fdattack``."""
-    args = _parser().parse_args(argv)
+    parser = _parser()
+    args, unknown = parser.parse_known_args(argv)
+    if args.command == "sweep" and all("=" in t and not t.startswith("-") for t in unknown):
+        args.overrides = [*args.overrides, *unknown]  # overrides given after --count/--root
+    elif unknown:
+        parser.error(f"unrecognized arguments: {' '.join(unknown)}")
     try:
         if args.command == "run":
             return _run(args)
+        if args.command == "sweep":
+            return _sweep(args)
     except FdattackError as err:
         print(f"fdattack: error: {err}", file=sys.stderr)
         return 2
@@ -65,4 +77,17 @@ def _run(args: argparse.Namespace) -> int:
     from fdattack.experiment import run
 
     run(cfg)
+    return 0
+
+
+def _sweep(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from fdattack.sweep import format_rows, run_sweep
+
+    if args.count is not None and args.count < 1:
+        print("fdattack: error: --count must be >= 1", file=sys.stderr)
+        return 2
+    rows = run_sweep(Path(args.file), args.count, Path(args.root), list(args.overrides))
+    print(format_rows(rows))
     return 0
