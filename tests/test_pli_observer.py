@@ -37,6 +37,10 @@ def test_pli_runs_every_round_and_improves(tmp_path: Path) -> None:
     assert len(ssim) == 3 and ssim[-1] > ssim[0]
     assert 0.0 <= metrics["attack/pli/accuracy"] <= 1.0 and metrics["attack/pli/chance"] == 0.2
     assert (tmp_path / "run" / "images" / "attack_pli_reconstructions_round_0003.png").is_file()
+    from PIL import Image
+
+    # one column per target: reconstruction, private mean, public mean (8x8 digits, 5 targets)
+    assert Image.open(tmp_path / "run" / "images" / "attack_pli_reconstructions_round_0003.png").size == (5 * 8, 3 * 8)
     saved = torch.load(tmp_path / "run" / "artifacts" / "pli_reconstructions_round_0003.pt", weights_only=True)
     assert saved["images"].shape == (5, 1, 8, 8) and saved["labels"].shape == (5,)
 

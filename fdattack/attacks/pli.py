@@ -22,7 +22,8 @@ from fdattack.metrics.image import pairwise_ssim, standard_ssim, total_variation
 from fdattack.models.inversion import InversionDecoder
 from fdattack.observers.base import Observer, ObserverOutput
 
-Scorer = Callable[[Tensor, Tensor], dict[str, float]]
+#: ``(reconstructions, labels) -> (metrics, comparison grid)``, built from ground truth outside the attack
+Scorer = Callable[[Tensor, Tensor], tuple[dict[str, float], Tensor]]
 
 
 @dataclass(frozen=True)
@@ -69,7 +70,7 @@ class PLIAttack(Observer):
         target_labels: L, the labels to reconstruct.
         num_classes: J.
         settings: the attack's knobs.
-        scorer: ``(reconstructions, labels) -> metrics``, built from ground truth outside the attack.
+        scorer: ``(reconstructions, labels) -> (metrics, grid)``, built from ground truth outside the attack.
         seed: seed of the networks' initialisation and shuffling.
     """
 
@@ -140,8 +141,8 @@ class PLIAttack(Observer):
         choice = select_reconstructions(candidates, self.settings.beta)
         recon = candidates[choice, torch.arange(len(self.targets))]
         self.last = recon
-        metrics = {f"attack/{self.name}/{k}": v for k, v in self.scorer(recon, self.targets).items()}
-        grid = torch.cat(list((recon * 0.5 + 0.5).clamp(0, 1)), dim=-1)
+        scores, grid = self.scorer(recon, self.targets)
+        metrics = {f"attack/{self.name}/{k}": v for k, v in scores.items()}
         return ObserverOutput(metrics=metrics, images={f"attack/{self.name}/reconstructions": grid},
                               artifacts={f"{self.name}_reconstructions": {"images": recon, "labels": self.targets.clone()}})
 

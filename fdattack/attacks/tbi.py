@@ -61,7 +61,7 @@ class TBIAttack(PLIAttack):
         self.states[0] = {"model": module.state_dict(), "optimizer": optimizer.state_dict()}
         recon: Tensor = module.reconstruct(torch.nn.functional.one_hot(self.targets, self.num_classes).float())
         self.last = recon
-        metrics = {f"attack/{self.name}/{k}": v for k, v in self.scorer(recon, self.targets).items()}
-        grid = torch.cat(list((recon * 0.5 + 0.5).clamp(0, 1)), dim=-1)
+        scores, grid = self.scorer(recon, self.targets)
+        metrics = {f"attack/{self.name}/{k}": v for k, v in scores.items()}
         return ObserverOutput(metrics=metrics, images={f"attack/{self.name}/reconstructions": grid},
                               artifacts={f"{self.name}_reconstructions": {"images": recon, "labels": self.targets.clone()}})
