@@ -25,6 +25,9 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("tokens", nargs="*", metavar="[EXPERIMENT.yaml] key=value", help="experiment file and overrides")
     run.add_argument("--help-config", action="store_true", help="print every config key with its default and meaning")
     run.add_argument("--print-config", action="store_true", help="print the composed config and exit")
+    report = sub.add_parser("report", help="write a static HTML page of run directories (the offline dashboard)")
+    report.add_argument("runs", nargs="+", help="run directories")
+    report.add_argument("--out", required=True, help="folder for index.html and its plots")
     sweep = sub.add_parser("sweep", help="run a W&B sweep file locally with W&B's sweeps engine (no server needed)")
     sweep.add_argument("file", help="sweep YAML (the same file `wandb sweep` takes)")
     sweep.add_argument("--count", type=int, default=None, help="number of trials (default: the whole grid; needed for random/bayes)")
@@ -52,6 +55,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _run(args)
         if args.command == "sweep":
             return _sweep(args)
+        if args.command == "report":
+            from pathlib import Path
+
+            from fdattack.tracking.report import write_report
+
+            print(f"fdattack: report in {write_report([Path(r) for r in args.runs], Path(args.out)).resolve()}")
+            return 0
     except FdattackError as err:
         print(f"fdattack: error: {err}", file=sys.stderr)
         return 2
