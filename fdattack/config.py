@@ -218,7 +218,7 @@ class ExperimentConfig:
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     logger: LoggerConfig = field(default_factory=LoggerConfig)
     observers: ObserversConfig = field(default_factory=ObserversConfig)
-    attacks: list[str] = field(default_factory=list)  # attacks run every round: pli, tbi
+    attacks: list[str] = field(default_factory=lambda: ["pli", "tbi"])  # attacks run every round: pli, tbi (attacks=[] for none)
     attack: AttackConfig = field(default_factory=AttackConfig)
 
 
@@ -427,6 +427,11 @@ def validate(cfg: DictConfig) -> None:
     a = cfg.attack
     for name in cfg.attacks:
         _check(name in ("pli", "tbi"), "attacks", list(cfg.attacks), "a list of: pli, tbi")
+        allowed = ("fedmd", "fedgems", "dsfl") if name == "pli" else ("fedmd", "fedgems", "dsfl", "cronus")
+        if p.name not in allowed:
+            raise ConfigError(f"attacks: {name} attacks federated distillation ({', '.join(allowed)}), not protocol.name={p.name}; set attacks=[]")
+        if name == "pli" and p.name == "fedmd" and not p.server_model:
+            raise ConfigError("attacks: pli needs the attacker's server model; set protocol.server_model=true")
     _check(a.tau > 0, "attack.tau", a.tau, "a number > 0")
     _check(a.gamma >= 0, "attack.gamma", a.gamma, ">= 0")
     _check(a.alpha > 0, "attack.alpha", a.alpha, "a number > 0")

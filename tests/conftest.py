@@ -34,5 +34,6 @@ def tiny(tmp_path: Path, *extra: str) -> list[str]:
         "logger.progress=never",
         "protocol.num_clients=2",
         "protocol.rounds=2",
+        "attacks=[]",
         *extra,
     ]

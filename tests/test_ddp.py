@@ -21,7 +21,7 @@ def test_two_process_ddp_round(tmp_path: Path) -> None:
         sys.executable, str(REPO / "tests" / "ddp_worker.py"), str(weights),
         f"output_dir={out}", "trainer.strategy=ddp", "trainer.devices=2", "trainer.accelerator=cpu",
         "protocol.rounds=1", "protocol.num_clients=2", "protocol.transfer_public_epochs=1", "protocol.transfer_private_epochs=1",
-        "logger.wandb.mode=offline", "logger.progress=never",
+        "logger.wandb.mode=offline", "logger.progress=never", "attacks=[]",
     ]
     proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]

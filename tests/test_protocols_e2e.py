@@ -38,14 +38,14 @@ def test_experiment_config_runs_end_to_end(tmp_path: Path, name: str) -> None:
 def test_full_experiment_config_learns(tmp_path: Path, name: str, floor: float) -> None:
     """Well above chance (1/J = 0.1, or 0.2 for DS-FL over 5 target labels) after the config's 5 rounds."""
     cfg = compose(REPO / "conf" / "experiment" / f"{name}.yaml", [f"output_dir={tmp_path / 'run'}", "logger.wandb.mode=disabled",
-                                                                "logger.progress=never", "observers.confidence_gap.enabled=false"])
+                                                                "logger.progress=never", "observers.confidence_gap.enabled=false", "attacks=[]"])
     metrics = run(cfg)
     key = "protocol/server_acc" if name == "fedavg_digits" else "protocol/client_acc_mean"
     assert metrics[key] > floor
 
 
 def test_default_run_learns_and_shows_the_confidence_gap(tmp_path: Path) -> None:
-    cfg = compose(None, [f"output_dir={tmp_path / 'run'}", "logger.wandb.mode=disabled", "logger.progress=never"])
+    cfg = compose(None, [f"output_dir={tmp_path / 'run'}", "logger.wandb.mode=disabled", "logger.progress=never", "attacks=[]"])
     metrics = run(cfg)
     assert metrics["protocol/client_acc_mean"] > 0.8
     # clients are more confident on their private (sensitive) data than the server is (pli.md §6)
@@ -79,3 +79,9 @@ def test_heterogeneous_client_architectures(tmp_path: Path) -> None:
     assert [type(c.module.net).__name__ for c in exp.protocol.clients] != [type(exp.protocol.clients[0].module.net).__name__] * 2
     metrics = exp.run()
     assert metrics["protocol/client_acc_mean"] > 0.3
+
+
+@pytest.mark.parametrize("path", sorted((REPO / "conf" / "experiment").glob("*.yaml")), ids=lambda p: p.stem)
+def test_every_experiment_config_composes(path: Path) -> None:
+    cfg = compose(path, [])
+    assert cfg.name == path.stem

@@ -17,7 +17,7 @@ from tests.conftest import REPO
 
 ARGS = [
     "protocol.num_clients=3", "protocol.rounds=4", "protocol.transfer_public_epochs=1", "protocol.transfer_private_epochs=1",
-    "protocol.digest_epochs=3", "protocol.revisit_epochs=3", "logger.wandb.mode=disabled", "logger.progress=never",
+    "protocol.digest_epochs=3", "protocol.revisit_epochs=3", "logger.wandb.mode=disabled", "logger.progress=never", "attacks=[]",
 ]
 
 
