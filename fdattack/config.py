@@ -43,6 +43,7 @@ class DataConfig:
     image_size: Optional[int] = None  # resize images to image_size x image_size; null keeps the native size
     second_look_subdir: Optional[str] = None  # name=image_folder: subfolder of each identity holding its insensitive look (LAG: y)
     second_look_root: Optional[str] = None  # name=image_folder: parallel tree with the insensitive look under the same file names (masked LFW)
+    max_per_class: Optional[int] = None  # keep at most this many random images of every label in the pool (the official test split is kept whole); null keeps all
     max_classes: Optional[int] = None  # keep only the max_classes labels with the most images (image_folder, celeba); null keeps all
     split: str = "pli"  # how public/private/test are formed: pli (target labels private, others public, auxiliary look public) | random (public_fraction of the pool public) | classes (public_classes public, the rest private)
     partition: str = "disjoint_identities"  # how private data is spread over clients: disjoint_identities | dirichlet | shards | iid | two_classes
@@ -191,6 +192,24 @@ class ObserversConfig:
 
 
 @dataclass
+class EvaluationConfig:
+    classifier: Optional[str] = "pdafd_cnn"  # evaluation classifier over the target labels, trained on their private images apart from the federated models (top-1/top-5 of reconstructions); a classifier registry name, or null for none
+    epochs: int = 30  # its training epochs
+    lr: float = 1e-3  # its Adam learning rate
+
+
+@dataclass
+class PriorConfig:
+    kind: str = "auto"  # PLI prior x̄_j (pli.md §7.4): naive (Eq. 8, mean sensitive public image) | learned (Eq. 9, translated insensitive public images per label) | auto (learned when public labels are known, naive for DS-FL / data.label_space=targets)
+    translator: str = "auto"  # learned prior's translation model: restorer (paired, for a known degradation such as blur) | cyclegan (unpaired looks) | auto (restorer when data.aux_domain is a transform, cyclegan for second_look)
+    epochs: int = 10  # translation-model training epochs over its public pairs (paper: 100, batch 1)
+    lr: Optional[float] = 1e-3  # translation-model Adam learning rate, set for batch 8 and short CPU runs; null = the paper's 1e-4 (restorer) / 2e-4 (cyclegan), pli.md §13.10
+    batch_size: int = 8  # translation-model batch size (1 in the paper)
+    width: int = 32  # ngf = ndf of the translation networks (64 in the paper's code)
+    pairs_per_label: int = 100  # training pairs drawn per public label: restorer (degrade(x), x) for x in D_0; cyclegan (insensitive, sensitive) of each non-target identity
+
+
+@dataclass
 class AttackConfig:
     tau: float = 3.0  # softmax temperature of the inversion inputs (PLI and TBI), > 0
     gamma: float = 0.03  # PLI prior weight (Eqs. 3 and 10), >= 0
@@ -201,6 +220,9 @@ class AttackConfig:
     batch_size: int = 8  # inversion-network batch size
     epochs_per_round: int = 3  # inversion epochs per communication round
     max_width: int = 1024  # widest inversion-network feature map (1024 in the paper)
+    variant: str = "full"  # PLI ablation (pli.md §8.2, Table 3): full | client_only (G sees client probabilities only, reconstructs from one-hot(j))
+    finetune: bool = True  # PLI: Eq. 10 fine-tuning on the optimal inputs after every Eq. 3 epoch (skipped anyway when gamma = 0)
+    prior: PriorConfig = field(default_factory=PriorConfig)
     tbi_last_client_only: bool = False  # TBI: reproduce the authors' closure bug (all outputs from the last client)
 
 
@@ -220,6 +242,7 @@ class ExperimentConfig:
     observers: ObserversConfig = field(default_factory=ObserversConfig)
     attacks: list[str] = field(default_factory=lambda: ["pli", "tbi"])  # attacks run every round: pli, tbi (attacks=[] for none)
     attack: AttackConfig = field(default_factory=AttackConfig)
+    evaluation: EvaluationConfig = field(default_factory=EvaluationConfig)
 
 
 # --------------------------------------------------------------------------------------------
@@ -376,6 +399,7 @@ def validate(cfg: DictConfig) -> None:
     """
     p, d, o = cfg.protocol, cfg.data, cfg.protocol.optim
     _check(p.num_clients >= 1, "protocol.num_clients", p.num_clients, "an integer >= 1")
+    _check(d.max_per_class is None or d.max_per_class >= 2, "data.max_per_class", d.max_per_class, "null or an integer >= 2")
     _check(p.rounds >= 1, "protocol.rounds", p.rounds, "an integer >= 1")
     _check(p.public_per_round is None or p.public_per_round >= 1, "protocol.public_per_round", p.public_per_round, "null or an integer >= 1")
     _choice(cfg, "protocol.on_bad_upload", ("error", "drop"))
@@ -432,6 +456,19 @@ def validate(cfg: DictConfig) -> None:
             raise ConfigError(f"attacks: {name} attacks federated distillation ({', '.join(allowed)}), not protocol.name={p.name}; set attacks=[]")
         if name == "pli" and p.name == "fedmd" and not p.server_model:
             raise ConfigError("attacks: pli needs the attacker's server model; set protocol.server_model=true")
+    _choice(cfg, "attack.variant", ("full", "client_only"))
+    ev = cfg.evaluation
+    _check(ev.epochs >= 1 and ev.lr > 0, "evaluation.epochs/lr", (ev.epochs, ev.lr), "epochs >= 1, lr > 0")
+    _choice(cfg, "attack.prior.kind", ("auto", "naive", "learned"))
+    _choice(cfg, "attack.prior.translator", ("auto", "restorer", "cyclegan"))
+    pr = a.prior
+    _check(pr.epochs >= 0 and pr.batch_size >= 1 and pr.width >= 1 and pr.pairs_per_label >= 1, "attack.prior.epochs/batch_size/width/pairs_per_label",
+           (pr.epochs, pr.batch_size, pr.width, pr.pairs_per_label), "epochs >= 0, batch_size >= 1, width >= 1, pairs_per_label >= 1")
+    _check(pr.lr is None or pr.lr > 0, "attack.prior.lr", pr.lr, "null or a number > 0")
+    if pr.kind == "learned" and cfg.data.label_space == "targets":
+        raise ConfigError("attack.prior.kind=learned needs labeled public data; data.label_space=targets hides the public labels (use naive)")
+    if pr.translator == "restorer" and cfg.data.aux_domain in ("second_look", "none"):
+        raise ConfigError(f"attack.prior.translator=restorer needs a known degradation, not data.aux_domain={cfg.data.aux_domain}; use cyclegan")
     _check(a.tau > 0, "attack.tau", a.tau, "a number > 0")
     _check(a.gamma >= 0, "attack.gamma", a.gamma, ">= 0")
     _check(a.alpha > 0, "attack.alpha", a.alpha, "a number > 0")
@@ -454,7 +491,7 @@ def _field_docs(schema: type, prefix: str) -> list[tuple[str, str, str]]:
     comments: dict[str, str] = {}
     for line in source_lines:
         stripped = line.strip()
-        if ":" in stripped and "#" in stripped and not stripped.startswith(("#", "class", '"')):
+        if ":" in stripped and "#" in stripped and not stripped.startswith(("#", "class ", '"')):
             name = stripped.split(":", 1)[0].strip()
             comments[name] = stripped.split("#", 1)[1].strip()
     rows: list[tuple[str, str, str]] = []

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import logging
+import tempfile
 import time
 from datetime import datetime
 from pathlib import Path
@@ -16,12 +17,15 @@ from pathlib import Path
 from torchvision.utils import save_image
 from omegaconf import DictConfig, OmegaConf
 
-from fdattack.attacks.pli import PLIAttack, PLISettings
-from fdattack.attacks.scoring import reconstruction_scorer
+from fdattack.attacks.pli import PLIAttack, PLISettings, PriorBuilder
+from fdattack.attacks.priors import TranslatorSettings, naive_prior, train_learned_prior
+from fdattack.attacks.scoring import reconstruction_scorer, train_identity_scorer
+from fdattack.attacks.state_store import ClientStateStore
 from fdattack.attacks.tbi import TBIAttack
-from fdattack.data.federated import FederatedData
+from fdattack.data.domains import DOMAIN_TRANSFORMS
+from fdattack.data.federated import FederatedData, FederatedSplit
 from fdattack.errors import CheckpointError
-from fdattack.fd.engine import LocalTrainer, make_fabric, seed_everything_quietly
+from fdattack.fd.engine import LocalTrainer, derive_seed, make_fabric, seed_everything_quietly
 from fdattack.fd.evaluation import Oracle
 from fdattack.fd.orchestrator import RoundOrchestrator, RoundResult
 from fdattack.fd.protocols import PROTOCOLS
@@ -36,19 +40,48 @@ def default_output_dir(cfg: DictConfig) -> Path:
     return Path("runs") / f"{cfg.name}-{datetime.now().strftime('%Y%m%d-%H%M%S')}"
 
 
-def build_observers(cfg: DictConfig, oracle: Oracle) -> list[Observer]:
-    """The diagnostics and attacks the config asks for; attacks get public data and a ground-truth scorer only."""
+def build_observers(cfg: DictConfig, oracle: Oracle, state_root: Path | None = None) -> list[Observer]:
+    """The diagnostics and attacks the config asks for; attacks get public data and a ground-truth scorer only.
+
+    Args:
+        state_root: folder where attacks keep their per-client networks between rounds (None: memory).
+    """
     observers: list[Observer] = []
     if cfg.observers.confidence_gap.enabled:
         observers.append(ConfidenceGapObserver(oracle, cfg.observers.confidence_gap.max_samples))
     split = oracle.split
     attack_kwargs = OmegaConf.to_container(cfg.attack)
     last_client_only = attack_kwargs.pop("tbi_last_client_only")  # type: ignore[union-attr]
+    attack_kwargs.pop("prior")  # type: ignore[union-attr]
     settings = PLISettings(**attack_kwargs)  # type: ignore[arg-type]
+    progress = cfg.logger.progress
+    ev = cfg.evaluation
+    identity = (train_identity_scorer(split, oracle.engine, ev.classifier, ev.epochs, ev.lr, derive_seed(cfg.seed, 0, "evaluation_classifier"))
+                if cfg.attacks and ev.classifier else None)
+    scorer = reconstruction_scorer(split, identity)
     for name in cfg.attacks:
-        args = (split.public, split.target_labels, split.num_classes, settings, reconstruction_scorer(split), cfg.seed)
-        observers.append(PLIAttack(*args) if name == "pli" else TBIAttack(*args, last_client_only=last_client_only))
+        store = ClientStateStore(state_root / name if state_root is not None else None)
+        args = (split.public, split.target_labels, split.num_classes, settings, scorer, cfg.seed)
+        if name == "pli":
+            observers.append(PLIAttack(*args, prior=prior_builder(cfg, split, progress), store=store, progress=progress))
+        else:
+            observers.append(TBIAttack(*args, last_client_only=last_client_only, store=store, progress=progress))
     return observers
+
+
+def prior_builder(cfg: DictConfig, split: FederatedSplit, progress: str) -> PriorBuilder:
+    """PLI's prior per ``attack.prior`` (pli.md §7.4): learned where the public labels are known, else naive."""
+    p = cfg.attack.prior
+    kind = p.kind if p.kind != "auto" else ("naive" if cfg.protocol.name == "dsfl" or cfg.data.label_space == "targets" else "learned")
+    if kind == "naive":
+        return lambda: naive_prior(split.public, split.num_classes)
+    translator = p.translator if p.translator != "auto" else ("cyclegan" if cfg.data.aux_domain in ("second_look", "none") else "restorer")
+    settings = TranslatorSettings(translator, p.epochs, p.lr, p.batch_size, p.width, p.pairs_per_label)
+    degrade = None
+    if translator == "restorer":
+        transform, strength = DOMAIN_TRANSFORMS.get(cfg.data.aux_domain), cfg.data.blur_strength
+        degrade = lambda images: transform(images, strength)  # noqa: E731
+    return lambda: train_learned_prior(split.public, split.target_labels, split.num_classes, settings, degrade, cfg.seed, progress)
 
 
 def _flat_config(cfg: DictConfig) -> dict:
@@ -74,9 +107,12 @@ class Experiment:
         self.engine = LocalTrainer(self.fabric, batch_size=cfg.protocol.optim.batch_size)
         self.protocol = PROTOCOLS.get(cfg.protocol.name)(cfg.protocol, cfg.model, self.data.split, self.engine, cfg.seed)
         self.oracle = Oracle(self.data.split, self.engine, tuple(self.protocol.clients), self.protocol.server)
-        self.observers = build_observers(cfg, self.oracle)
         output_dir = Path(cfg.output_dir) if cfg.output_dir else default_output_dir(cfg)
         self.output_dir = Path(self.fabric.broadcast(str(output_dir)))
+        # only rank 0 writes the run directory; the other ranks keep their attack states in a scratch folder
+        self._scratch = None if self.fabric.is_global_zero else tempfile.TemporaryDirectory(prefix="fdattack-attack-state-")
+        state_root = self.output_dir / "attack_state" if self._scratch is None else Path(self._scratch.name)
+        self.observers = build_observers(cfg, self.oracle, state_root)
         self.run_dir = RunDirectory(self.output_dir, is_writer=self.fabric.is_global_zero, keep_checkpoints=cfg.keep_checkpoints)
 
     def run(self) -> dict[str, float]:

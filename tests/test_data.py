@@ -184,3 +184,15 @@ def test_classes_split_gives_the_attacker_the_public_classes() -> None:
 def test_torchvision_dataset_missing_without_download_is_a_data_error(tmp_path: Path, name: str) -> None:
     with pytest.raises(DataError, match="data.download=true"):
         DATASETS.get(name)(data_cfg(name=name, root=str(tmp_path)))
+
+
+def test_max_per_class_caps_every_label_of_the_pool() -> None:
+    from fdattack.config import compose
+    from fdattack.data.federated import build_split
+
+    cfg = compose(None, ["data.max_per_class=20", "data.split=random", "data.partition=iid"])
+    split = build_split(cfg.data, 2, 0)
+    labels = torch.cat([split.public.labels, split.test.labels, *[p.labels for p in split.private]])
+    assert torch.bincount(labels).tolist() == [20] * 10  # digits has >= 174 of each
+    sources = torch.cat([split.public.source, split.test.source, *[p.source for p in split.private]])
+    assert len(set(sources.tolist())) == 200  # distinct pool rows, none duplicated

@@ -84,3 +84,16 @@ def test_eq6_maximises_q_against_a_numerical_optimiser(alpha: float) -> None:
     assert q_numeric.item() <= q_closed.item() + 1e-4
     assert q_numeric.item() == pytest.approx(q_closed.item(), abs=2e-3)
     torch.testing.assert_close(p_server, closed[:j_classes], atol=2e-3, rtol=0)
+
+
+def test_topk_accuracy_and_identity_scorer_by_hand() -> None:
+    from fdattack.metrics.identity import IdentityScorer, topk_accuracy
+
+    logits = torch.tensor([[0.1, 0.9, 0.0], [0.8, 0.15, 0.05], [0.2, 0.3, 0.5]])
+    labels = torch.tensor([1, 1, 0])
+    assert topk_accuracy(logits, labels, 1) == pytest.approx(1 / 3)  # only row 0 ranks its label first
+    assert topk_accuracy(logits, labels, 2) == pytest.approx(2 / 3)  # row 1's label is second; row 2's is last
+    assert topk_accuracy(logits, labels, 5) == 1.0  # k capped at the 3 classes
+    scorer = IdentityScorer(lambda images: logits, target_labels=[7, 3, 5], test_accuracy=0.9)
+    scores = scorer(torch.zeros(3, 1, 2, 2), torch.tensor([3, 3, 7]))  # labels 3, 3, 7 are outputs 1, 1, 0
+    assert scores == {"eval_top1": pytest.approx(1 / 3), "eval_top5": 1.0, "eval_classifier_accuracy": 0.9}

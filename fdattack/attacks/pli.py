@@ -9,21 +9,26 @@ reconstructions are scored by a separate ``scorer`` built from ground truth (:mo
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Optional
 
 import torch
 from torch import Tensor
 
 from fdattack.attacks.pli_inputs import optimal_inputs
+from fdattack.attacks.priors import naive_prior
+from fdattack.attacks.state_store import ClientStateStore
 from fdattack.data.imageset import SENSITIVE, ImageSet
 from fdattack.fd.record import RoundRecord
 from fdattack.lit.inversion import InversionLitModule
 from fdattack.metrics.image import pairwise_ssim, standard_ssim, total_variation
 from fdattack.models.inversion import InversionDecoder
 from fdattack.observers.base import Observer, ObserverOutput
+from fdattack.tracking.progress import progress_iter
 
 #: ``(reconstructions, labels) -> (metrics, comparison grid)``, built from ground truth outside the attack
 Scorer = Callable[[Tensor, Tensor], tuple[dict[str, float], Tensor]]
+#: ``() -> (J, C, H, W)`` prior images x̄_j, called once before the first attack (Eq. 8 or Eq. 9)
+PriorBuilder = Callable[[], Tensor]
 
 
 @dataclass(frozen=True)
@@ -39,6 +44,8 @@ class PLISettings:
     batch_size: int = 8
     epochs_per_round: int = 3
     max_width: int = 1024
+    variant: str = "full"  # full | client_only (Table 3 row 1: G sees p^k only, optimal input one-hot(j))
+    finetune: bool = True  # Eq. 10 after each Eq. 3 epoch (skipped anyway when gamma = 0)
 
 
 def select_reconstructions(candidates: Tensor, beta: float) -> Tensor:
@@ -72,59 +79,86 @@ class PLIAttack(Observer):
         settings: the attack's knobs.
         scorer: ``(reconstructions, labels) -> (metrics, grid)``, built from ground truth outside the attack.
         seed: seed of the networks' initialisation and shuffling.
+        prior: builds the (J, C, H, W) priors once, before the first attack; None = Eq. 8's naive prior.
+        store: where the clients' networks wait between rounds (default: memory).
+        progress: progress bar over the clients' inversion training (auto | always | never).
     """
 
     name = "pli"
 
-    def __init__(self, public: ImageSet, target_labels: list[int], num_classes: int, settings: PLISettings, scorer: Scorer, seed: int) -> None:
+    def __init__(self, public: ImageSet, target_labels: list[int], num_classes: int, settings: PLISettings, scorer: Scorer, seed: int,
+                 prior: Optional[PriorBuilder] = None, store: Optional[ClientStateStore] = None, progress: str = "never") -> None:
         self.settings = settings
         self.scorer = scorer
         self.seed = seed
         self.num_classes = num_classes
+        self.progress = progress
+        self.store = store if store is not None else ClientStateStore()
         self.targets = torch.as_tensor(target_labels, dtype=torch.long)
         d0 = torch.nonzero(public.domain == SENSITIVE).flatten()
         self.d0_rows = d0
         self.d0_images = public.images[d0]
         self.d0_labels = public.labels[d0]
-        # Eq. 8: the naive prior, the mean sensitive public image, for every label
-        self.prior = self.d0_images.mean(dim=0, keepdim=True)
-        self.states: dict[int, dict] = {}
+        self.prior_builder: PriorBuilder = prior if prior is not None else (lambda: naive_prior(public, num_classes))
+        self.prior: Optional[Tensor] = None
         self.pending: RoundRecord | None = None
         self.last: Tensor | None = None
 
     def _module(self) -> InversionLitModule:
         c, s = self.d0_images.shape[1], self.d0_images.shape[-1]
-        decoder = InversionDecoder(2 * self.num_classes, c, s, self.settings.max_width)
+        in_features = self.num_classes if self.settings.variant == "client_only" else 2 * self.num_classes
+        decoder = InversionDecoder(in_features, c, s, self.settings.max_width)
         return InversionLitModule(decoder, self.settings.lr, self.settings.weight_decay, self.settings.gamma)
+
+    def _restored(self, key: int) -> tuple[InversionLitModule, torch.optim.Optimizer]:
+        """The network of ``key`` as the last finished round left it (freshly initialised before its first round)."""
+        with torch.random.fork_rng(devices=[]):  # a passive attack leaves the run's random stream alone
+            torch.manual_seed(self.seed + 7919 * key)
+            module = self._module()
+        optimizer = module.configure_optimizers()
+        state = self.store.get(key)
+        if state is not None:
+            module.load_state_dict(state["model"])
+            optimizer.load_state_dict(state["optimizer"])
+        return module, optimizer
 
     def on_record(self, record: RoundRecord) -> None:
         if record.attack_point and record.query is not None and record.query.has_server:
             self.pending = record
 
+    def _prior_of(self, labels: Tensor) -> Tensor:
+        """x̄_y for labels y; the naive prior's single image serves labels outside 0..J-1 (DS-FL's -1)."""
+        assert self.prior is not None
+        return self.prior[labels.clamp(0, self.num_classes - 1)]
+
     def _train_client(self, k: int, record: RoundRecord, round: int) -> Tensor:
         """Eq. 3 on (p0, pk) pairs of D_0, then Eq. 10 on the optimal inputs; returns this client's candidates."""
         s = self.settings
-        torch.manual_seed(self.seed + 7919 * k)
-        module = self._module()
-        optimizer = module.configure_optimizers()
-        if k in self.states:
-            module.load_state_dict(self.states[k]["model"])
-            optimizer.load_state_dict(self.states[k]["optimizer"])
+        module, optimizer = self._restored(k)
         assert record.query is not None
-        p0 = torch.softmax(record.query("server", self.d0_rows) / s.tau, dim=-1)
         pk = torch.softmax(record.query(k, self.d0_rows) / s.tau, dim=-1)
-        inputs = torch.cat([p0, pk], dim=-1)
         optimal = optimal_inputs(self.targets, self.num_classes, s.alpha)
+        if s.variant == "client_only":
+            inputs, optimal = pk, torch.nn.functional.one_hot(self.targets, self.num_classes).float()
+        else:
+            inputs = torch.cat([torch.softmax(record.query("server", self.d0_rows) / s.tau, dim=-1), pk], dim=-1)
         generator = torch.Generator().manual_seed(self.seed * 1000003 + round * 101 + k)
         module.train()
         for _ in range(s.epochs_per_round):
             for idx in torch.split(torch.randperm(len(inputs), generator=generator), s.batch_size):
-                self._step(module, optimizer, {"input": inputs[idx], "x": self.d0_images[idx], "prior": self.prior.expand(len(idx), -1, -1, -1)})
-            if s.gamma > 0:
+                self._step(module, optimizer, {"input": inputs[idx], "x": self.d0_images[idx], "prior": self._prior_of(self.d0_labels[idx])})
+            if s.gamma > 0 and s.finetune:
                 for chunk in torch.split(torch.arange(len(self.targets)), 64):
-                    self._step(module, optimizer, {"input": optimal[chunk], "prior": self.prior.expand(len(chunk), -1, -1, -1)})
-        self.states[k] = {"model": module.state_dict(), "optimizer": optimizer.state_dict()}
+                    self._step(module, optimizer, {"input": optimal[chunk], "prior": self._prior_of(self.targets[chunk])})
+        self.store.put(round, k, {"model": module.state_dict(), "optimizer": optimizer.state_dict()})
         return module.reconstruct(optimal)
+
+    def _prior_report(self) -> ObserverOutput:
+        """Build the priors on the first attack and score them like reconstructions (prior SSIM: Table S-3)."""
+        self.prior = self.prior_builder()
+        scores, grid = self.scorer(self.prior[self.targets], self.targets)
+        metrics = {f"attack/{self.name}/prior_{k}": v for k, v in scores.items() if k in ("ssim", "accuracy", "eval_top1")}
+        return ObserverOutput(metrics=metrics, images={f"attack/{self.name}/prior": grid})
 
     @staticmethod
     def _step(module: InversionLitModule, optimizer: torch.optim.Optimizer, batch: dict[str, Tensor]) -> None:
@@ -135,19 +169,28 @@ class PLIAttack(Observer):
 
     def on_round_end(self, round: int) -> ObserverOutput:
         record, self.pending = self.pending, None
-        if record is None:
+        if record is None or record.query is None:
             return ObserverOutput()
-        candidates = torch.stack([self._train_client(k, record, round) for k in record.query.clients])  # type: ignore[union-attr]
+        report = self._prior_report() if self.prior is None else ObserverOutput()
+        clients = progress_iter(record.query.clients, f"{self.name} inversion, round {round}", self.progress)
+        candidates = torch.stack([self._train_client(k, record, round) for k in clients])
+        self.store.finish_round(round)
         choice = select_reconstructions(candidates, self.settings.beta)
-        recon = candidates[choice, torch.arange(len(self.targets))]
+        return self._output(candidates[choice, torch.arange(len(self.targets))], report)
+
+    def _output(self, recon: Tensor, report: ObserverOutput) -> ObserverOutput:
+        """Score the reconstructions; metrics, grid and the saved tensors, merged into ``report``."""
         self.last = recon
         scores, grid = self.scorer(recon, self.targets)
-        metrics = {f"attack/{self.name}/{k}": v for k, v in scores.items()}
-        return ObserverOutput(metrics=metrics, images={f"attack/{self.name}/reconstructions": grid},
-                              artifacts={f"{self.name}_reconstructions": {"images": recon, "labels": self.targets.clone()}})
+        report.metrics.update({f"attack/{self.name}/{k}": v for k, v in scores.items()})
+        report.images[f"attack/{self.name}/reconstructions"] = grid
+        report.artifacts[f"{self.name}_reconstructions"] = {"images": recon, "labels": self.targets.clone()}
+        return report
 
     def state_dict(self) -> dict:
-        return {"states": {str(k): v for k, v in self.states.items()}}
+        return {"store": self.store.state_dict(), "prior": self.prior}
 
     def load_state_dict(self, state: dict) -> None:
-        self.states = {int(k): v for k, v in state.get("states", {}).items()}
+        if "store" in state:
+            self.store.load_state_dict(state["store"])
+        self.prior = state.get("prior")

@@ -10,12 +10,16 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from typing import Optional
+
 from fdattack.attacks.pli import PLIAttack, PLISettings, Scorer
+from fdattack.attacks.state_store import ClientStateStore
 from fdattack.data.imageset import ImageSet
 from fdattack.fd.record import RoundRecord
 from fdattack.lit.inversion import InversionLitModule
 from fdattack.models.inversion import InversionDecoder
 from fdattack.observers.base import ObserverOutput
+from fdattack.tracking.progress import progress_iter
 
 
 class TBIAttack(PLIAttack):
@@ -24,8 +28,8 @@ class TBIAttack(PLIAttack):
     name = "tbi"
 
     def __init__(self, public: ImageSet, target_labels: list[int], num_classes: int, settings: PLISettings, scorer: Scorer,
-                 seed: int, last_client_only: bool = False) -> None:
-        super().__init__(public, target_labels, num_classes, settings, scorer, seed)
+                 seed: int, last_client_only: bool = False, store: Optional[ClientStateStore] = None, progress: str = "never") -> None:
+        super().__init__(public, target_labels, num_classes, settings, scorer, seed, store=store, progress=progress)
         self.public = public
         self.last_client_only = last_client_only
 
@@ -47,21 +51,13 @@ class TBIAttack(PLIAttack):
         sources = [clients[-1]] * len(clients) if self.last_client_only else list(clients)
         inputs = torch.cat([torch.softmax(record.query(k, rows) / s.tau, dim=-1) for k in sources])
         images = self.public.images.repeat(len(sources), 1, 1, 1)
-        torch.manual_seed(self.seed)
-        module = self._module()
-        optimizer = module.configure_optimizers()
-        if 0 in self.states:
-            module.load_state_dict(self.states[0]["model"])
-            optimizer.load_state_dict(self.states[0]["optimizer"])
+        module, optimizer = self._restored(0)
         generator = torch.Generator().manual_seed(self.seed * 1000003 + round)
         module.train()
-        for _ in range(s.epochs_per_round):
+        for _ in progress_iter(range(s.epochs_per_round), f"tbi inversion, round {round}", self.progress):
             for idx in torch.split(torch.randperm(len(inputs), generator=generator), s.batch_size):
                 self._step(module, optimizer, {"input": inputs[idx], "x": images[idx]})
-        self.states[0] = {"model": module.state_dict(), "optimizer": optimizer.state_dict()}
+        self.store.put(round, 0, {"model": module.state_dict(), "optimizer": optimizer.state_dict()})
+        self.store.finish_round(round)
         recon: Tensor = module.reconstruct(torch.nn.functional.one_hot(self.targets, self.num_classes).float())
-        self.last = recon
-        scores, grid = self.scorer(recon, self.targets)
-        metrics = {f"attack/{self.name}/{k}": v for k, v in scores.items()}
-        return ObserverOutput(metrics=metrics, images={f"attack/{self.name}/reconstructions": grid},
-                              artifacts={f"{self.name}_reconstructions": {"images": recon, "labels": self.targets.clone()}})
+        return self._output(recon, ObserverOutput())

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -166,6 +167,15 @@ def _split_pool(cfg: DictConfig, raw: RawDataset, num_clients: int, rng: np.rand
     return FederatedSplit(public, private, test, attacker, int(labels.max()) + 1, sorted(np.unique(labels[pool_rows]).tolist()), {}, tuple(raw.images.shape[1:]))  # type: ignore[arg-type]
 
 
+def _cap_per_class(raw: RawDataset, cap: int, rng: np.random.Generator) -> RawDataset:
+    """At most ``cap`` random images of every label from the pool (the official test split is kept whole)."""
+    labels = raw.labels.numpy()
+    keep = np.sort(np.concatenate([rng.permutation(np.flatnonzero(labels == y))[:cap] for y in np.unique(labels)]))
+    rows = torch.from_numpy(keep)
+    second = None if raw.second_look is None else raw.second_look[rows]
+    return dataclasses.replace(raw, images=raw.images[rows], labels=raw.labels[rows], second_look=second)
+
+
 def build_split(cfg: DictConfig, num_clients: int, seed: int) -> FederatedSplit:
     """Load ``cfg.name`` and cut it into public / private-per-client / test, deterministically.
 
@@ -175,6 +185,8 @@ def build_split(cfg: DictConfig, num_clients: int, seed: int) -> FederatedSplit:
     """
     raw = DATASETS.get(cfg.name)(cfg)
     rng = np.random.default_rng(cfg.seed if cfg.seed is not None else seed)
+    if cfg.max_per_class is not None:
+        raw = _cap_per_class(raw, cfg.max_per_class, rng)
     split = _split_pli(cfg, raw, num_clients, rng) if cfg.split == "pli" else _split_pool(cfg, raw, num_clients, rng)
     for k, p in enumerate(split.private):
         if len(p) == 0:

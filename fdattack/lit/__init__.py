@@ -2,5 +2,6 @@
 
 from fdattack.lit.classifier import ClassifierLitModule, cross_entropy
 from fdattack.lit.inversion import InversionLitModule
+from fdattack.lit.translation import CycleGANLitModule, RestorerLitModule, TranslationLitModule
 
-__all__ = ["ClassifierLitModule", "InversionLitModule", "cross_entropy"]
+__all__ = ["ClassifierLitModule", "CycleGANLitModule", "InversionLitModule", "RestorerLitModule", "TranslationLitModule", "cross_entropy"]

@@ -1,6 +1,7 @@
-"""Networks: the classifier registry (``model.name``) and its builders."""
+"""Networks: the classifier registry (``model.name``) and its builders, the inversion and translation networks."""
 
 from fdattack.models.classifiers import CLASSIFIERS, build_classifier
 from fdattack.models.inversion import InversionDecoder
+from fdattack.models.translation import PatchDiscriminator, ResnetGenerator
 
-__all__ = ["CLASSIFIERS", "InversionDecoder", "build_classifier"]
+__all__ = ["CLASSIFIERS", "InversionDecoder", "PatchDiscriminator", "ResnetGenerator", "build_classifier"]

@@ -1,0 +1,114 @@
+"""PLI's prior images x̄_j (pli.md §7.4): the naive mean prior (Eq. 8) and the learned prior (Eq. 9).
+
+The learned prior translates every public image of the insensitive look (D_a) into the sensitive look
+with a translation model A_phi trained on public data only, then averages per label (§13.1). A_phi is
+a paired restorer when the insensitive look is a known degradation of the sensitive one (blur: pairs
+(degrade(x), x) for up to ``pairs_per_label`` images x of each label in D_0, as the authors' DeblurGAN-v2)
+and a CycleGAN otherwise (unpaired looks: up to ``pairs_per_label`` (D_a, D_0) pairs of each non-target
+public identity, as the authors' code).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Optional
+
+import torch
+from torch import Tensor
+
+from fdattack.data.imageset import AUXILIARY, SENSITIVE, ImageSet
+from fdattack.lit.translation import CycleGANLitModule, RestorerLitModule, TranslationLitModule
+from fdattack.tracking.progress import progress_iter
+
+#: ``images (N, C, H, W) -> insensitive look of the same images``
+Degradation = Callable[[Tensor], Tensor]
+
+
+@dataclass(frozen=True)
+class TranslatorSettings:
+    """How A_phi is trained: ``kind`` cyclegan | restorer, epochs, Adam lr (None = the model's default),
+    batch size (1 in the paper), ngf/ndf width, and the training pairs drawn per public label."""
+
+    kind: str = "restorer"
+    epochs: int = 10
+    lr: Optional[float] = 1e-3
+    batch_size: int = 8
+    width: int = 32
+    pairs_per_label: int = 100
+
+
+def naive_prior(public: ImageSet, num_classes: int) -> Tensor:
+    """Eq. 8: the mean sensitive public image, the same for every label. Returns (J, C, H, W)."""
+    mean = public.images[public.domain == SENSITIVE].mean(dim=0)
+    return mean.expand(num_classes, *mean.shape).clone()
+
+
+def translation_pairs(public: ImageSet, target_labels: list[int], kind: str, degrade: Optional[Degradation],
+                      pairs_per_label: int, generator: torch.Generator) -> tuple[Tensor, Tensor]:
+    """Training pairs (insensitive ``a``, sensitive ``b``) drawn from public data only."""
+    sensitive = public.domain == SENSITIVE
+    if kind == "restorer":
+        if degrade is None:
+            raise ValueError("a restorer needs the degradation that makes the insensitive look")
+        rows = [torch.nonzero(sensitive & (public.labels == label)).flatten() for label in public.labels[sensitive].unique()]
+        clean = public.images[torch.cat([r[torch.randperm(len(r), generator=generator)[:pairs_per_label]] for r in rows])]
+        return degrade(clean), clean
+    auxiliary = public.domain == AUXILIARY
+    a_rows, b_rows = [], []
+    for label in sorted(set(public.labels[sensitive].tolist()) - set(target_labels)):
+        a_pool = torch.nonzero(auxiliary & (public.labels == label)).flatten()
+        b_pool = torch.nonzero(sensitive & (public.labels == label)).flatten()
+        if len(a_pool) == 0 or len(b_pool) == 0:
+            continue
+        n = min(pairs_per_label, len(a_pool) * len(b_pool))
+        a_rows.append(a_pool[torch.randint(len(a_pool), (n,), generator=generator)])
+        b_rows.append(b_pool[torch.randint(len(b_pool), (n,), generator=generator)])
+    if not a_rows:
+        raise ValueError("no public identity has both looks; a CycleGAN prior cannot be trained")
+    return public.images[torch.cat(a_rows)], public.images[torch.cat(b_rows)]
+
+
+def build_translator(settings: TranslatorSettings, channels: int, image_size: int, seed: int) -> TranslationLitModule:
+    """A fresh A_phi of the requested kind."""
+    lr = {} if settings.lr is None else {"lr": settings.lr}
+    with torch.random.fork_rng(devices=[]):  # seeded initialisation that leaves the run's random stream alone
+        torch.manual_seed(seed)
+        if settings.kind == "cyclegan":
+            return CycleGANLitModule(channels, image_size, settings.width, seed=seed, **lr)
+        return RestorerLitModule(channels, image_size, settings.width, **lr)
+
+
+def fit_translator(module: TranslationLitModule, a: Tensor, b: Tensor, epochs: int, batch_size: int, seed: int,
+                   progress: str = "never") -> TranslationLitModule:
+    """Train A_phi on the (a, b) pairs with the module's own optimisation step (no Trainer needed)."""
+    optimizers = module.configure_optimizers()
+    generator = torch.Generator().manual_seed(seed)
+    module.train()
+    for _ in progress_iter(range(epochs), "translation model", progress):
+        for idx in torch.split(torch.randperm(len(a), generator=generator), batch_size):
+            module.optimization_step({"a": a[idx], "b": b[idx]}, *optimizers)
+    return module
+
+
+def learned_prior(translator: TranslationLitModule, public: ImageSet, num_classes: int) -> Tensor:
+    """Eq. 9 per label (§13.1): x̄_j = mean of A_phi(x) over the D_a images of label j; zero where
+    label j has none. Returns (J, C, H, W)."""
+    auxiliary = public.domain == AUXILIARY
+    translated = translator.translate(public.images[auxiliary])
+    labels = public.labels[auxiliary]
+    prior = torch.zeros(num_classes, *public.images.shape[1:])
+    for j in range(num_classes):
+        rows = labels == j
+        if rows.any():
+            prior[j] = translated[rows].mean(dim=0)
+    return prior
+
+
+def train_learned_prior(public: ImageSet, target_labels: list[int], num_classes: int, settings: TranslatorSettings,
+                        degrade: Optional[Degradation], seed: int, progress: str = "never") -> Tensor:
+    """Pairs, A_phi and Eq. 9 in one call; returns the (J, C, H, W) prior."""
+    generator = torch.Generator().manual_seed(seed)
+    a, b = translation_pairs(public, target_labels, settings.kind, degrade, settings.pairs_per_label, generator)
+    translator = build_translator(settings, public.images.shape[1], public.images.shape[-1], seed)
+    fit_translator(translator, a, b, settings.epochs, settings.batch_size, seed, progress)
+    return learned_prior(translator, public, num_classes)
