@@ -6,9 +6,10 @@ import math
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 from fdattack.attacks.pli_inputs import alpha_for_peak, confidence_gap_q, optimal_inputs, optimal_server_input
-from fdattack.metrics import attack_accuracy, class_means, paper_ssim, standard_ssim, total_variation
+from fdattack.metrics import attack_accuracy, class_means, gaussian_window, pairwise_ssim, paper_ssim, standard_ssim, total_variation
 
 
 def test_paper_ssim_of_constant_images_with_unit_window() -> None:
@@ -27,6 +28,28 @@ def test_ssims_are_one_on_identical_images_and_lower_otherwise() -> None:
     for ssim in (paper_ssim, standard_ssim):
         assert torch.allclose(ssim(x, x), torch.ones(3), atol=1e-5)
         assert bool((ssim(x, y) < 0.95).all())
+
+
+def test_paper_ssim_matches_a_direct_2d_window_and_pairwise_matches_pairs() -> None:
+    """The separable filter equals one 2-D zero-padded convolution with the 11x11 window; the shared-moment
+    pairwise form equals calling paper_ssim on every pair."""
+    g = torch.Generator().manual_seed(3)
+    a = torch.rand(4, 3, 20, 20, generator=g, dtype=torch.float64) * 2 - 1
+    b = torch.rand(5, 3, 20, 20, generator=g, dtype=torch.float64) * 2 - 1
+
+    def direct(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        x, y = x * 0.5 + 0.5, y * 0.5 + 0.5
+        w = gaussian_window()[None, None].repeat(3, 1, 1, 1)
+        f = lambda z: F.conv2d(z, w, padding=5, groups=3)  # noqa: E731
+        mx, my = f(x), f(y)
+        vx, vy, cxy = f(x * x) - mx**2, f(y * y) - my**2, f(x * y) - mx * my
+        c1, c2 = 0.02**2, 0.06**2
+        return (((2 * mx * my + c1) * (2 * cxy + c2)) / ((mx**2 + my**2 + c1) * (vx + vy + c2))).flatten(1).mean(1)
+
+    assert torch.allclose(paper_ssim(a, b[:4]).double(), direct(a, b[:4]), atol=1e-6)
+    by_pair = torch.stack([paper_ssim(a[i : i + 1].expand_as(b), b) for i in range(4)])
+    assert torch.allclose(pairwise_ssim(a, b), by_pair, atol=1e-6)
+    assert pairwise_ssim(a[:0], b).shape == (0, 5)
 
 
 def test_total_variation_hand_computed() -> None:

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from fdattack.metrics.image import pairwise_ssim, paper_ssim
+from fdattack.metrics.image import pairwise_ssim
 
 
 @dataclass(frozen=True)
@@ -27,8 +27,8 @@ class AttackAccuracy:
     success: Tensor
 
 
-def attack_accuracy(recon: Tensor, recon_labels: Tensor, private_means: Tensor, public_means: Tensor, ssim=paper_ssim) -> AttackAccuracy:  # type: ignore[no-untyped-def]
-    """A reconstruction of label j succeeds iff its SSIM to the private mean of j beats its SSIM to every
+def attack_accuracy(recon: Tensor, recon_labels: Tensor, private_means: Tensor, public_means: Tensor) -> AttackAccuracy:
+    """A reconstruction of label j succeeds iff its paper SSIM to the private mean of j beats its SSIM to every
     other label's private mean and to every label's public mean (ties go to the lower index, as the
     authors' ``nanargmax`` over [private means | public means]).
 
@@ -42,7 +42,7 @@ def attack_accuracy(recon: Tensor, recon_labels: Tensor, private_means: Tensor, 
     references = torch.cat([private_means, public_means])
     valid = ~torch.isnan(references.flatten(1)).any(dim=1)
     scores = torch.full((recon.shape[0], references.shape[0]), float("nan"))
-    scores[:, valid] = pairwise_ssim(recon, references[valid], ssim)
+    scores[:, valid] = pairwise_ssim(recon, references[valid])
     best = torch.where(torch.isnan(scores), torch.tensor(float("-inf")), scores).argmax(dim=1)
     labels = recon_labels.long()
     success = best == labels
