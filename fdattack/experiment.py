@@ -30,7 +30,7 @@ from fdattack.fd.evaluation import Oracle
 from fdattack.fd.orchestrator import RoundOrchestrator, RoundResult
 from fdattack.fd.protocols import PROTOCOLS
 from fdattack.observers import ConfidenceGapObserver, Observer
-from fdattack.tracking import Progress, RunDirectory, WandbRun, load_checkpoint, rng_state, save_checkpoint, set_rng_state
+from fdattack.tracking import Progress, RunDirectory, WandbRun, attack_summary, load_checkpoint, rng_state, save_checkpoint, set_rng_state
 
 log = logging.getLogger("fdattack")
 
@@ -160,6 +160,9 @@ class Experiment:
             run_dir.write_metrics(final)
             tracker.set_summary(final)
         if fabric.is_global_zero:
+            table = attack_summary(final)
+            if table:
+                print(f"after round {rounds}:\n{table}")
             print(f"fdattack: results in {self.output_dir.resolve()} (metrics.json, rounds.jsonl)")
         return final
 

@@ -11,6 +11,7 @@ from omegaconf import OmegaConf
 from torchvision.utils import save_image
 
 from fdattack.cli import main
+from fdattack.tracking import attack_summary
 
 
 def _fake_run(path: Path, name: str, accuracies: list[float]) -> None:
@@ -36,3 +37,14 @@ def test_report_has_plots_table_and_last_grids(tmp_path: Path, capsys: pytest.Ca
 def test_report_on_a_non_run_folder_is_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["report", str(tmp_path), "--out", str(tmp_path / "r")]) == 2
     assert "rounds.jsonl" in capsys.readouterr().err
+
+
+def test_attack_summary_has_a_row_per_attack_with_its_final_scores() -> None:
+    final = {"attack/tbi/accuracy": 0.25, "attack/pli/accuracy": 0.8, "attack/pli/ssim": 0.7123, "attack/pli/chance": 0.2,
+             "attack/pli/too_close_to_public": 1.0, "protocol/client_acc_mean": 0.9, "attack/pli/prior/extra": 1.0}
+    lines = attack_summary(final).splitlines()
+    assert lines[0].split()[:3] == ["attack", "accuracy", "SSIM"]
+    assert lines[1].split() == ["pli", "0.80", "0.712", "1", "-", "0.20"]
+    assert lines[2].split() == ["tbi", "0.25", "-", "-", "-", "-"]
+    assert len({len(line) for line in lines}) == 1  # columns line up
+    assert attack_summary({"protocol/client_acc_mean": 0.9}) == ""

@@ -1,8 +1,9 @@
-"""Run records: the run directory, atomic checkpoints, the W&B run and the progress display."""
+"""Run records: the run directory, atomic checkpoints, the W&B run, the progress display and the final summary."""
 
 from fdattack.tracking.checkpoint import CheckpointDir, atomic_write, load_checkpoint, rng_state, save_checkpoint, set_rng_state
 from fdattack.tracking.progress import Progress, progress_iter, progress_shown
 from fdattack.tracking.run_dir import RunDirectory, to_jsonable
+from fdattack.tracking.summary import attack_summary
 from fdattack.tracking.wandb_run import WandbRun, has_credentials, resolve_mode
 
 __all__ = [
@@ -11,6 +12,7 @@ __all__ = [
     "RunDirectory",
     "WandbRun",
     "atomic_write",
+    "attack_summary",
     "has_credentials",
     "load_checkpoint",
     "progress_iter",

@@ -75,7 +75,7 @@ def write_report(run_dirs: list[Path], out: Path) -> Path:
     for key in keys:
         cells = "".join(f"<td>{final[key]:.4g}</td>" if isinstance(final.get(key), (int, float)) else "<td></td>" for *_, final in runs)
         parts.append(f"<tr><td>{html.escape(key)}</td>{cells}</tr>")
-    parts.append("</table><h2>Last reconstructions</h2><p>Columns: targets; rows: reconstruction, private mean, public mean.</p>")
+    parts.append("</table><h2>Last reconstructions</h2><p>A row per target: reconstruction, private mean, public mean.</p>")
     for i, (run_dir, label, rounds, _) in enumerate(runs):
         last = max((r["round"] for r in rounds), default=0)
         for grid in sorted((run_dir / "images").glob(f"attack_*_round_{last:04d}.png")):
