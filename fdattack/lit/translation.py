@@ -51,7 +51,8 @@ class TranslationLitModule(L.LightningModule):
         optimizer.step()
 
     def optimization_step(self, batch: dict[str, Tensor], g_opt: torch.optim.Optimizer, d_opt: torch.optim.Optimizer) -> dict[str, Tensor]:
-        raise NotImplementedError
+        """One generator update, then one discriminator update; returns the losses to log. Each subclass defines it."""
+        raise NotImplementedError(f"{type(self).__name__} must define optimization_step")
 
     def training_step(self, batch: dict[str, Tensor], batch_idx: int) -> None:
         g_opt, d_opt = self.optimizers()  # type: ignore[misc]
