@@ -11,6 +11,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+#: The paper's SSIM settings (pli.md §10.1): 11x11 Gaussian window, sigma 1.5, data range 2.
+PAPER_WINDOW, PAPER_SIGMA, PAPER_DATA_RANGE = 11, 1.5, 2.0
+
 
 def gaussian_window(size: int = 11, sigma: float = 1.5) -> Tensor:
     """(size, size) normalized Gaussian window: the outer product of :func:`_gaussian_1d`."""
@@ -48,7 +51,7 @@ def _ssim_from_moments(mu_a: Tensor, sq_a: Tensor, mu_b: Tensor, sq_b: Tensor, c
     return ssim_map.flatten(1).mean(dim=1).float()
 
 
-def paper_ssim(a: Tensor, b: Tensor, data_range: float = 2.0, window: int = 11, sigma: float = 1.5) -> Tensor:
+def paper_ssim(a: Tensor, b: Tensor, data_range: float = PAPER_DATA_RANGE, window: int = PAPER_WINDOW, sigma: float = PAPER_SIGMA) -> Tensor:
     """The PLI evaluation SSIM (pli.md §10.1): Gaussian 11x11 window, sigma 1.5, per channel with zero
     padding, C1 = (0.01 * data_range)^2, C2 = (0.03 * data_range)^2, averaged over channels and pixels.
 
@@ -92,7 +95,7 @@ def pairwise_ssim(images: Tensor, references: Tensor, ssim: Callable[[Tensor, Te
     """
     if ssim is not None:
         return torch.stack([ssim(images[i : i + 1].expand_as(references), references) for i in range(images.shape[0])])
-    window, sigma, data_range = 11, 1.5, 2.0
+    window, sigma, data_range = PAPER_WINDOW, PAPER_SIGMA, PAPER_DATA_RANGE
     images, references = _to_unit(images), _to_unit(references)
     mu_r, sq_r = _gaussian_filter(references, window, sigma), _gaussian_filter(references * references, window, sigma)
     rows = []
