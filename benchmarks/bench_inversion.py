@@ -194,28 +194,30 @@ def memory_worker(args: argparse.Namespace) -> None:
     from fdattack.attacks.state_store import ClientStateStore
     from fdattack.data.imageset import ImageSet
     from fdattack.fd.record import PublicQuery, RoundRecord
+    from fdattack.fd.threat import AttackerView, ThreatModel
 
     torch.set_num_threads(args.threads)
     g = torch.Generator().manual_seed(0)
     n, j, c, s = args.public, args.classes, args.channels, args.image_size
     public = ImageSet.from_images(torch.rand(n, c, s, s, generator=g) * 2 - 1, torch.arange(n) % j, torch.zeros(n, dtype=torch.long))
+    threat = ThreatModel("server", "logits", public_labels_known=True, query_rows="public")
+    view = AttackerView(threat, "fedmd", public, tuple(range(args.targets)), j, (c, s, s), has_server_model=True)
     clients = tuple(range(args.worker_clients))
 
     def answer(model: int | str, rows: Tensor) -> Tensor:
         seed = 10_007 if model == "server" else int(model)
         return torch.randn(n, j, generator=torch.Generator().manual_seed(seed))[rows]
 
-    record = RoundRecord(round=1, phase="digest", protocol="fedmd", participants=clients, attack_point=True,
-                         query=PublicQuery(answer, n, clients, has_server=True))
     settings = PLISettings(max_width=args.max_width, epochs_per_round=1, batch_size=args.batch_size)
-    scorer = lambda recon, labels: ({}, recon[0])  # noqa: E731 - scoring is not what is measured
     baseline = peak_rss_mb()
     with tempfile.TemporaryDirectory() as folder:
         store = ClientStateStore(Path(folder) if args.store == "disk" else None)
-        attack = PLIAttack(public, list(range(args.targets)), j, settings, scorer, seed=0, store=store)
+        attack = PLIAttack(view, settings, seed=0, store=store)
         started = time.perf_counter()
         for round in range(1, args.rounds + 1):
-            attack.on_record(record)
+            query = PublicQuery(answer, round, "server_train", torch.arange(n), clients, has_server=True)
+            attack.on_record(RoundRecord(round=round, phase="server_train", protocol="fedmd", participants=clients, attack_point=True, query=query))
+            query.close()
             attack.on_round_end(round)
         elapsed = time.perf_counter() - started
     print(json.dumps({"peak_mb": peak_rss_mb(), "baseline_mb": baseline, "seconds": elapsed}))

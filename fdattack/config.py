@@ -200,7 +200,7 @@ class EvaluationConfig:
 
 @dataclass
 class PriorConfig:
-    kind: str = "auto"  # PLI prior x̄_j (pli.md §7.4): naive (Eq. 8, mean sensitive public image) | learned (Eq. 9, translated insensitive public images per label) | auto (learned when public labels are known, naive for DS-FL / data.label_space=targets)
+    kind: str = "auto"  # PLI prior x̄_j (pli.md §7.4): naive (Eq. 8, mean sensitive public image) | learned (Eq. 9, translated insensitive public images per label; needs every public label) | auto (learned where the protocol gives the attacker every public label, naive for DS-FL / data.label_space=targets)
     translator: str = "auto"  # learned prior's translation model: restorer (paired, for a known degradation such as blur) | cyclegan (unpaired looks) | auto (restorer when data.aux_domain is a transform, cyclegan for second_look)
     epochs: int = 10  # translation-model training epochs over its public pairs (paper: 100, batch 1)
     lr: Optional[float] = 1e-3  # translation-model Adam learning rate, set for batch 8 and short CPU runs; null = the paper's 1e-4 (restorer) / 2e-4 (cyclegan), pli.md §13.10
@@ -465,10 +465,6 @@ def validate(cfg: DictConfig) -> None:
     _check(pr.epochs >= 0 and pr.batch_size >= 1 and pr.width >= 1 and pr.pairs_per_label >= 1, "attack.prior.epochs/batch_size/width/pairs_per_label",
            (pr.epochs, pr.batch_size, pr.width, pr.pairs_per_label), "epochs >= 0, batch_size >= 1, width >= 1, pairs_per_label >= 1")
     _check(pr.lr is None or pr.lr > 0, "attack.prior.lr", pr.lr, "null or a number > 0")
-    if pr.kind == "learned" and cfg.data.label_space == "targets":
-        raise ConfigError("attack.prior.kind=learned needs labeled public data; data.label_space=targets hides the public labels (use naive)")
-    if pr.translator == "restorer" and cfg.data.aux_domain in ("second_look", "none"):
-        raise ConfigError(f"attack.prior.translator=restorer needs a known degradation, not data.aux_domain={cfg.data.aux_domain}; use cyclegan")
     _check(a.tau > 0, "attack.tau", a.tau, "a number > 0")
     _check(a.gamma >= 0, "attack.gamma", a.gamma, ">= 0")
     _check(a.alpha > 0, "attack.alpha", a.alpha, "a number > 0")

@@ -12,24 +12,27 @@ import logging
 import tempfile
 import time
 from datetime import datetime
+from functools import partial
 from pathlib import Path
 
-from torchvision.utils import save_image
 from omegaconf import DictConfig, OmegaConf
+from torchvision.utils import save_image
 
-from fdattack.attacks.pli import PLIAttack, PLISettings, PriorBuilder
-from fdattack.attacks.priors import TranslatorSettings, naive_prior, train_learned_prior
-from fdattack.attacks.scoring import reconstruction_scorer, train_identity_scorer
+from fdattack.attacks.base import Attack
+from fdattack.attacks.inversion import InversionSettings
+from fdattack.attacks.pli import PLIAttack, PLISettings
+from fdattack.attacks.priors import PriorSettings, TranslatorSettings
 from fdattack.attacks.state_store import ClientStateStore
 from fdattack.attacks.tbi import TBIAttack
 from fdattack.data.domains import DOMAIN_TRANSFORMS
-from fdattack.data.federated import FederatedData, FederatedSplit
+from fdattack.data.federated import FederatedData
 from fdattack.errors import CheckpointError
+from fdattack.evaluation import ConfidenceGapDiagnostic, Evaluator, Oracle, ReconstructionScorer, Report, train_identity_scorer
 from fdattack.fd.engine import LocalTrainer, derive_seed, make_fabric, seed_everything_quietly
-from fdattack.fd.evaluation import Oracle
-from fdattack.fd.orchestrator import RoundOrchestrator, RoundResult
+from fdattack.fd.orchestrator import RoundOrchestrator
 from fdattack.fd.protocols import PROTOCOLS
-from fdattack.observers import ConfidenceGapObserver, Observer
+from fdattack.fd.protocols.base import Protocol
+from fdattack.fd.threat import AttackerView, Degradation, attacker_view
 from fdattack.tracking import Progress, RunDirectory, WandbRun, attack_summary, load_checkpoint, rng_state, save_checkpoint, set_rng_state
 
 log = logging.getLogger("fdattack")
@@ -40,48 +43,52 @@ def default_output_dir(cfg: DictConfig) -> Path:
     return Path("runs") / f"{cfg.name}-{datetime.now().strftime('%Y%m%d-%H%M%S')}"
 
 
-def build_observers(cfg: DictConfig, oracle: Oracle, state_root: Path | None = None) -> list[Observer]:
-    """The diagnostics and attacks the config asks for; attacks get public data and a ground-truth scorer only.
+def known_degradation(cfg: DictConfig) -> Degradation | None:
+    """The transform that made the public set's insensitive look, where it is a known one (blur): public knowledge."""
+    if cfg.data.split != "pli" or cfg.data.aux_domain in ("second_look", "none"):
+        return None
+    return partial(DOMAIN_TRANSFORMS.get(cfg.data.aux_domain), k=cfg.data.blur_strength)
+
+
+def view_for(cfg: DictConfig, protocol: Protocol, data: FederatedData) -> AttackerView:
+    """The attacker's view of this run, from the protocol's declared threat model."""
+    return attacker_view(data.split, protocol.threat_model, protocol.name, protocol.server is not None, known_degradation(cfg))
+
+
+def build_attacks(cfg: DictConfig, view: AttackerView, state_root: Path | None = None) -> list[Attack]:
+    """The attacks of ``cfg.attacks``, each built from the attacker's view and its own settings only.
 
     Args:
         state_root: folder where attacks keep their per-client networks between rounds (None: memory).
     """
-    observers: list[Observer] = []
-    if cfg.observers.confidence_gap.enabled:
-        observers.append(ConfidenceGapObserver(oracle, cfg.observers.confidence_gap.max_samples))
-    split = oracle.split
-    attack_kwargs = OmegaConf.to_container(cfg.attack)
-    last_client_only = attack_kwargs.pop("tbi_last_client_only")  # type: ignore[union-attr]
-    attack_kwargs.pop("prior")  # type: ignore[union-attr]
-    settings = PLISettings(**attack_kwargs)  # type: ignore[arg-type]
-    progress = cfg.logger.progress
-    ev = cfg.evaluation
-    identity = (train_identity_scorer(split, oracle.engine, ev.classifier, ev.epochs, ev.lr, derive_seed(cfg.seed, 0, "evaluation_classifier"))
-                if cfg.attacks and ev.classifier else None)
-    scorer = reconstruction_scorer(split, identity)
+    knobs = OmegaConf.to_container(cfg.attack)
+    last_client_only = knobs.pop("tbi_last_client_only")  # type: ignore[union-attr]
+    p = knobs.pop("prior")  # type: ignore[union-attr]
+    settings = PLISettings(**knobs)  # type: ignore[arg-type]
+    prior = PriorSettings(p["kind"], TranslatorSettings(p["translator"], p["epochs"], p["lr"], p["batch_size"], p["width"], p["pairs_per_label"]))
+    attacks: list[Attack] = []
     for name in cfg.attacks:
         store = ClientStateStore(state_root / name if state_root is not None else None)
-        args = (split.public, split.target_labels, split.num_classes, settings, scorer, cfg.seed)
         if name == "pli":
-            observers.append(PLIAttack(*args, prior=prior_builder(cfg, split, progress), store=store, progress=progress))
+            attacks.append(PLIAttack(view, settings, cfg.seed, prior=prior, store=store, progress=cfg.logger.progress))
         else:
-            observers.append(TBIAttack(*args, last_client_only=last_client_only, store=store, progress=progress))
-    return observers
+            tbi = InversionSettings(settings.tau, settings.lr, settings.weight_decay, settings.batch_size, settings.epochs_per_round, settings.max_width)
+            attacks.append(TBIAttack(view, tbi, cfg.seed, store=store, progress=cfg.logger.progress, last_client_only=last_client_only))
+    return attacks
 
 
-def prior_builder(cfg: DictConfig, split: FederatedSplit, progress: str) -> PriorBuilder:
-    """PLI's prior per ``attack.prior`` (pli.md §7.4): learned where the public labels are known, else naive."""
-    p = cfg.attack.prior
-    kind = p.kind if p.kind != "auto" else ("naive" if cfg.protocol.name == "dsfl" or cfg.data.label_space == "targets" else "learned")
-    if kind == "naive":
-        return lambda: naive_prior(split.public, split.num_classes)
-    translator = p.translator if p.translator != "auto" else ("cyclegan" if cfg.data.aux_domain in ("second_look", "none") else "restorer")
-    settings = TranslatorSettings(translator, p.epochs, p.lr, p.batch_size, p.width, p.pairs_per_label)
-    degrade = None
-    if translator == "restorer":
-        transform, strength = DOMAIN_TRANSFORMS.get(cfg.data.aux_domain), cfg.data.blur_strength
-        degrade = lambda images: transform(images, strength)  # noqa: E731
-    return lambda: train_learned_prior(split.public, split.target_labels, split.num_classes, settings, degrade, cfg.seed, progress)
+def build_evaluator(cfg: DictConfig, oracle: Oracle) -> Evaluator:
+    """The evaluation side: the reconstruction scorer (with the evaluation classifier) when attacks run, and the diagnostics."""
+    diagnostics = []
+    if cfg.observers.confidence_gap.enabled:
+        diagnostics.append(ConfidenceGapDiagnostic(oracle, cfg.observers.confidence_gap.max_samples))
+    scorer = None
+    if cfg.attacks:
+        ev = cfg.evaluation
+        identity = (train_identity_scorer(oracle.split, oracle.engine, ev.classifier, ev.epochs, ev.lr, derive_seed(cfg.seed, 0, "evaluation_classifier"))
+                    if ev.classifier else None)
+        scorer = ReconstructionScorer(oracle.split, identity)
+    return Evaluator(oracle, scorer, diagnostics)
 
 
 def _flat_config(cfg: DictConfig) -> dict:
@@ -89,7 +96,10 @@ def _flat_config(cfg: DictConfig) -> dict:
 
 
 class Experiment:
-    """A built run: Fabric, data, protocol, observers. ``Experiment(cfg).run()`` is :func:`run`.
+    """A built run: Fabric, data, protocol, attacks, evaluator. ``Experiment(cfg).run()`` is :func:`run`.
+
+    The three sides stay apart: the protocol (clients and server), the attacks (built from
+    :attr:`view` alone, fed the round records) and the evaluator (the only holder of :attr:`oracle`).
 
     Building launches the DDP ranks when ``trainer.strategy=ddp`` asks for them, so everything after
     construction runs on every rank.
@@ -107,12 +117,14 @@ class Experiment:
         self.engine = LocalTrainer(self.fabric, batch_size=cfg.protocol.optim.batch_size)
         self.protocol = PROTOCOLS.get(cfg.protocol.name)(cfg.protocol, cfg.model, self.data.split, self.engine, cfg.seed)
         self.oracle = Oracle(self.data.split, self.engine, tuple(self.protocol.clients), self.protocol.server)
+        self.view = view_for(cfg, self.protocol, self.data)
         output_dir = Path(cfg.output_dir) if cfg.output_dir else default_output_dir(cfg)
         self.output_dir = Path(self.fabric.broadcast(str(output_dir)))
         # only rank 0 writes the run directory; the other ranks keep their attack states in a scratch folder
         self._scratch = None if self.fabric.is_global_zero else tempfile.TemporaryDirectory(prefix="fdattack-attack-state-")
         state_root = self.output_dir / "attack_state" if self._scratch is None else Path(self._scratch.name)
-        self.observers = build_observers(cfg, self.oracle, state_root)
+        self.attacks = build_attacks(cfg, self.view, state_root)
+        self.evaluator = build_evaluator(cfg, self.oracle)
         self.run_dir = RunDirectory(self.output_dir, is_writer=self.fabric.is_global_zero, keep_checkpoints=cfg.keep_checkpoints)
 
     def run(self) -> dict[str, float]:
@@ -124,8 +136,8 @@ class Experiment:
         if last is not None:
             state = load_checkpoint(last[1])
             self.protocol.load_state_dict(state["protocol"])
-            for observer in self.observers:
-                observer.load_state_dict(state["observers"].get(observer.name, {}))
+            for attack in self.attacks:
+                attack.load_state_dict(state["observers"].get(attack.name, {}))
             set_rng_state(state["rng"])
             start_round, elapsed_before, wandb_id = int(state["round"]), float(state["elapsed_s"]), state["wandb_id"]
             run_dir.truncate_rounds(start_round)
@@ -138,24 +150,27 @@ class Experiment:
 
         rounds = int(cfg.protocol.rounds)
         progress = Progress(cfg.logger.progress if fabric.is_global_zero else "never", total_rounds=rounds, start_round=start_round)
-        orchestrator = RoundOrchestrator(self.protocol, self.observers, self.oracle, cfg.protocol.on_bad_upload, on_phase=progress.phase)
+        orchestrator = RoundOrchestrator(self.protocol, self.attacks, cfg.protocol.on_bad_upload, on_phase=progress.phase)
         wandb_cfg = cfg.logger.wandb if fabric.is_global_zero else _disabled(cfg)
         tracker = WandbRun.start(wandb_cfg, self.output_dir, _flat_config(cfg), name=cfg.logger.wandb.name or cfg.name, resume_id=wandb_id)
         with tracker:
             if last is None:
-                _record(run_dir, tracker, orchestrator.run_setup())
+                report = self.evaluator.setup_report()
+                report.metrics = {**orchestrator.run_setup().metrics, **report.metrics}
+                _record(run_dir, tracker, 0, report)
                 self._checkpoint(0, elapsed_before, tracker)
-            last_result: RoundResult | None = None
+            final: dict[str, float] | None = None
             for round_index in range(start_round + 1, rounds + 1):
                 round_started = time.perf_counter()
-                last_result = orchestrator.run_round(round_index)
-                last_result.metrics["time/round_s"] = time.perf_counter() - round_started
-                _record(run_dir, tracker, last_result)
+                report = self._round(orchestrator, round_index)
+                report.metrics["time/round_s"] = time.perf_counter() - round_started
+                _record(run_dir, tracker, round_index, report)
+                final = dict(report.metrics)
                 if round_index % cfg.checkpoint_every == 0 or round_index == rounds:
                     self._checkpoint(round_index, elapsed_before, tracker)
                 progress.advance()
             progress.close()
-            final = dict(last_result.metrics) if last_result is not None else _last_round_metrics(self.output_dir)
+            final = final if final is not None else _last_round_metrics(self.output_dir)
             final["time/total_s"] = elapsed_before + time.perf_counter() - self.started
             run_dir.write_metrics(final)
             tracker.set_summary(final)
@@ -165,6 +180,15 @@ class Experiment:
                 print(f"after round {rounds}:\n{table}")
             print(f"fdattack: results in {self.output_dir.resolve()} (metrics.json, rounds.jsonl)")
         return final
+
+    def _round(self, orchestrator: RoundOrchestrator, round_index: int) -> Report:
+        """One round: the protocol's phases (records go to the attacks), then the evaluator scores the protocol and each attack."""
+        protocol_metrics = orchestrator.run_round(round_index).metrics
+        report = self.evaluator.round_report()
+        report.metrics = {**protocol_metrics, **report.metrics}
+        for attack in self.attacks:
+            report.update(self.evaluator.score(attack.name, attack.on_round_end(round_index)))
+        return report
 
     def _prepare_run_dir(self) -> None:
         """Rank 0 checks and prepares the run directory; its verdict reaches every rank (no rank waits forever)."""
@@ -183,7 +207,7 @@ class Experiment:
         self.run_dir.checkpoints.save(round_index, {
             "round": round_index,
             "protocol": self.protocol.state_dict(),
-            "observers": {o.name: o.state_dict() for o in self.observers},
+            "observers": {a.name: a.state_dict() for a in self.attacks},
             "rng": rng_state(),
             "elapsed_s": elapsed_before + time.perf_counter() - self.started,
             "wandb_id": tracker.run_id,
@@ -216,18 +240,18 @@ def _disabled(cfg: DictConfig) -> DictConfig:
     return OmegaConf.create(node)
 
 
-def _record(run_dir: RunDirectory, tracker: WandbRun, result: RoundResult) -> None:
+def _record(run_dir: RunDirectory, tracker: WandbRun, round_index: int, report: Report) -> None:
     """One line in rounds.jsonl and one W&B step (plus histograms and images) for a finished round."""
-    run_dir.append_round({"round": result.round, **result.metrics})
-    tracker.log_round(result.round, result.metrics)
-    for key, values in result.histograms.items():
-        tracker.log_histogram(key, result.round, values)
-    for key, image in result.images.items():
-        path = run_dir.image_path(key.replace("/", "_"), result.round)
+    run_dir.append_round({"round": round_index, **report.metrics})
+    tracker.log_round(round_index, report.metrics)
+    for key, values in report.histograms.items():
+        tracker.log_histogram(key, round_index, values)
+    for key, image in report.images.items():
+        path = run_dir.image_path(key.replace("/", "_"), round_index)
         if run_dir.is_writer:
             save_image(image, path)
-        tracker.log_image(key, result.round, image, caption=f"round {result.round}")
-    for name, tensors in result.artifacts.items():
+        tracker.log_image(key, round_index, image, caption=f"round {round_index}")
+    for name, tensors in report.artifacts.items():
         if run_dir.is_writer:
             (run_dir.path / "artifacts").mkdir(exist_ok=True)
-            save_checkpoint(run_dir.path / "artifacts" / f"{name}_round_{result.round:04d}.pt", tensors)
+            save_checkpoint(run_dir.path / "artifacts" / f"{name}_round_{round_index:04d}.pt", tensors)

@@ -7,7 +7,7 @@ import torch
 
 from fdattack.config import DataConfig
 from fdattack.data import FederatedData
-from fdattack.fd.evaluation import accuracy
+from fdattack.evaluation import accuracy
 from fdattack.lit import ClassifierLitModule
 from fdattack.models import build_classifier
 

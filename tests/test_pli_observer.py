@@ -14,6 +14,7 @@ from fdattack.attacks.pli import PLIAttack, PLISettings, select_reconstructions
 from fdattack.attacks.state_store import ClientStateStore
 from fdattack.data.imageset import ImageSet
 from fdattack.fd.record import PublicQuery, RoundRecord
+from fdattack.fd.threat import AttackerView, ThreatModel
 from fdattack.config import compose
 from fdattack.experiment import run
 from tests.conftest import REPO, tiny
@@ -61,66 +62,64 @@ def test_pli_beats_tbi_on_digits_with_fedmd(tmp_path: Path) -> None:
     assert metrics["attack/tbi/too_close_to_public"] >= metrics["attack/pli/too_close_to_public"]
 
 
-def _attack_setup(seed: int = 0, j: int = 6) -> tuple[ImageSet, Callable[[Tensor], RoundRecord]]:
-    """A public set of 8x8 images (labels 0..j-1, D_0 and D_a) and records whose outputs come from a ``server_shift``."""
+def _attack_setup(seed: int = 0, j: int = 6) -> tuple[AttackerView, Callable[[Tensor], RoundRecord]]:
+    """A view of a public set of 8x8 images (labels 0..j-1, D_0 and D_a) and records whose outputs come from a ``server_shift``."""
     g = torch.Generator().manual_seed(seed)
     images = torch.rand(48, 1, 8, 8, generator=g) * 2 - 1
     labels = torch.arange(48) % j
     domain = (torch.arange(48) >= 36).long()  # the last 12 are the auxiliary look
-    public = ImageSet.from_images(images, labels, domain)
+    threat = ThreatModel("server", "logits", public_labels_known=True, query_rows="public")
+    view = AttackerView(threat, "fedmd", ImageSet.from_images(images, labels, domain), (4, 5), j, (1, 8, 8), has_server_model=True)
     logits = {k: torch.randn(48, j, generator=g) for k in (0, 1)}
 
     def record(server_shift: Tensor) -> RoundRecord:
         answer = lambda model, rows: (server_shift if model == "server" else logits[model])[rows]  # noqa: E731
         return RoundRecord(round=1, phase="digest", protocol="fedmd", participants=(0, 1), attack_point=True,
-                           query=PublicQuery(answer, 48, (0, 1), has_server=True))
+                           query=PublicQuery(answer, 1, "digest", torch.arange(48), (0, 1), has_server=True))
 
-    return public, record
-
-
-def _scorer(recon: Tensor, labels: Tensor) -> tuple[dict[str, float], Tensor]:
-    return {"ssim": 0.0}, recon[0]
+    return view, record
 
 
-def _pli(public: ImageSet, **knobs: object) -> PLIAttack:
+def _pli(view: AttackerView, **knobs: object) -> PLIAttack:
     settings = PLISettings(**{"max_width": 16, "lr": 1e-3, "epochs_per_round": 1, "gamma": 0.3, **knobs})  # type: ignore[arg-type]
-    return PLIAttack(public, [4, 5], 6, settings, _scorer, seed=0)
+    return PLIAttack(view, settings, seed=0)
 
 
 def _attack_round(attack: PLIAttack, record: RoundRecord, round: int) -> Tensor:
     attack.on_record(record)
-    return attack.on_round_end(round).artifacts["pli_reconstructions"]["images"]
+    (result,) = [r for r in attack.on_round_end(round) if r.role == "attack"]
+    return result.images
 
 
 def test_client_only_variant_ignores_the_server_and_reconstructs_from_one_hot() -> None:
-    public, record = _attack_setup()
+    view, record = _attack_setup()
     server_a, server_b = torch.randn(48, 6), torch.randn(48, 6)
-    attack = _pli(public, variant="client_only")
+    attack = _pli(view, variant="client_only")
     assert attack._module().decoder.net[0].in_channels == 6  # G sees p^k only (R^J)
-    assert torch.equal(_attack_round(attack, record(server_a), 1), _attack_round(_pli(public, variant="client_only"), record(server_b), 1))
-    assert not torch.equal(_attack_round(_pli(public), record(server_a), 1), _attack_round(_pli(public), record(server_b), 1))
+    assert torch.equal(_attack_round(attack, record(server_a), 1), _attack_round(_pli(view, variant="client_only"), record(server_b), 1))
+    assert not torch.equal(_attack_round(_pli(view), record(server_a), 1), _attack_round(_pli(view), record(server_b), 1))
 
 
 def test_finetune_switch_skips_eq10_only_when_it_would_run() -> None:
-    public, record = _attack_setup()
+    view, record = _attack_setup()
     r = record(torch.randn(48, 6))
-    assert not torch.equal(_attack_round(_pli(public, finetune=True), r, 1), _attack_round(_pli(public, finetune=False), r, 1))
-    assert torch.equal(_attack_round(_pli(public, gamma=0.0, finetune=True), r, 1), _attack_round(_pli(public, gamma=0.0, finetune=False), r, 1))
+    assert not torch.equal(_attack_round(_pli(view, finetune=True), r, 1), _attack_round(_pli(view, finetune=False), r, 1))
+    assert torch.equal(_attack_round(_pli(view, gamma=0.0, finetune=True), r, 1), _attack_round(_pli(view, gamma=0.0, finetune=False), r, 1))
 
 
 def test_attack_resumes_exactly_from_its_state_dict(tmp_path: Path) -> None:
     """Networks persisted on disk between rounds; a restored attack continues exactly where the checkpoint was."""
-    public, record = _attack_setup()
+    view, record = _attack_setup()
     r = record(torch.randn(48, 6))
     settings = PLISettings(max_width=16, lr=1e-3, epochs_per_round=1)
-    attack = PLIAttack(public, [4, 5], 6, settings, _scorer, seed=0, store=ClientStateStore(tmp_path / "a"))
+    attack = PLIAttack(view, settings, seed=0, store=ClientStateStore(tmp_path / "a"))
     _attack_round(attack, r, 1)
     checkpoint = attack.state_dict()
     straight = _attack_round(attack, r, 2)
-    resumed = PLIAttack(public, [4, 5], 6, settings, _scorer, seed=0, store=ClientStateStore(tmp_path / "a"))
+    resumed = PLIAttack(view, settings, seed=0, store=ClientStateStore(tmp_path / "a"))
     resumed.load_state_dict(checkpoint)
     assert torch.equal(_attack_round(resumed, r, 2), straight)
-    fresh = PLIAttack(public, [4, 5], 6, settings, _scorer, seed=0)
+    fresh = PLIAttack(view, settings, seed=0)
     assert not torch.equal(_attack_round(fresh, r, 2), straight)  # the restored networks, not new ones, made round 2
 
 
@@ -137,7 +136,7 @@ def test_pli_with_the_learned_prior_on_digits(tmp_path: Path) -> None:
 def test_evaluation_classifier_recognises_private_means_not_the_public_mean(tmp_path: Path) -> None:
     """The identity score's classifier is good on held-out images, credits true class means, and not a blank prior."""
     from fdattack.attacks.priors import naive_prior
-    from fdattack.attacks.scoring import train_identity_scorer
+    from fdattack.evaluation import train_identity_scorer
     from fdattack.experiment import Experiment
     from fdattack.metrics import class_means
 

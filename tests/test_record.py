@@ -11,12 +11,12 @@ import torch
 
 from fdattack.config import compose
 from fdattack.experiment import Experiment
+from fdattack.attacks.base import Attack
 from fdattack.fd.record import PublicQuery, RoundRecord, Upload
-from fdattack.observers.base import Observer
 from tests.conftest import REPO, tiny
 
 
-class Collector(Observer):
+class Collector(Attack):
     name = "collector"
 
     def __init__(self) -> None:
@@ -49,7 +49,7 @@ def test_records_hold_no_private_data(tmp_path: Path, protocol: str) -> None:
     cfg = compose(REPO / "conf" / "experiment" / f"{name}.yaml", tiny(tmp_path, "protocol.rounds=1"))
     exp = Experiment(cfg)
     collector = Collector()
-    exp.observers.append(collector)
+    exp.attacks.append(collector)
     exp.run()
     split = exp.data.split
     private_images = torch.cat([p.images for p in split.private]).flatten(1)
@@ -70,19 +70,6 @@ def test_records_hold_no_private_data(tmp_path: Path, protocol: str) -> None:
             assert upload.outputs is not None and upload.outputs.shape == (len(upload.public_indices), split.num_classes)
         assert isinstance(record.query, PublicQuery)
         assert not any(isinstance(v, type(exp.data)) for v in vars(record).values())
-
-
-def test_public_query_answers_public_rows_only(tmp_path: Path) -> None:
-    cfg = compose(None, tiny(tmp_path, "protocol.rounds=1"))
-    exp = Experiment(cfg)
-    query = exp.protocol.public_query()
-    n = len(exp.data.split.public)
-    out = query(0, torch.tensor([0, n - 1]))
-    assert out.shape == (2, exp.data.split.num_classes)
-    with pytest.raises(IndexError):
-        query(0, torch.tensor([n]))
-    with pytest.raises(KeyError):
-        query(7, torch.tensor([0]))
 
 
 def test_uploads_are_copies_observers_cannot_alter() -> None:

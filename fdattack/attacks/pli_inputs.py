@@ -42,3 +42,21 @@ def optimal_inputs(labels: Tensor, num_classes: int, alpha: float) -> Tensor:
 def alpha_for_peak(peak: float, num_classes: int) -> float:
     """Inverse of Eq. 6: the alpha whose p-hat^0_j equals ``peak`` (the authors' ``get_alpha``)."""
     return 1.0 / math.log(peak * (num_classes - 1) / (1.0 - peak))
+
+
+def tempered_softmax(outputs: Tensor, kind: str, temperature: float, tau: float) -> Tensor:
+    """softmax(l / tau) from what a client sent: logits l, or probabilities q = softmax(l / T).
+
+    For probabilities, T·log q equals l up to a per-row constant, so softmax(T·log q / tau) is exactly the
+    tempered softmax the attack wants (pli.md §5.3: "nothing is lost").
+
+    Args:
+        outputs: (N, J) logits or probabilities.
+        kind: ``"logits"`` or ``"probs"``.
+        temperature: T of ``probs`` outputs.
+        tau: the attack's temperature.
+    """
+    if kind == "logits":
+        return torch.softmax(outputs / tau, dim=-1)
+    log_q = torch.log(outputs.clamp_min(torch.finfo(outputs.dtype).tiny))
+    return torch.softmax(temperature * log_q / tau, dim=-1)

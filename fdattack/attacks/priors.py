@@ -10,31 +10,66 @@ public identity, as the authors' code).
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
-from typing import Callable, Optional
+from typing import Optional
 
 import torch
 from torch import Tensor
 
 from fdattack.data.imageset import AUXILIARY, SENSITIVE, ImageSet
+from fdattack.errors import ConfigError
+from fdattack.fd.threat import AttackerView, Degradation
 from fdattack.lit.translation import CycleGANLitModule, RestorerLitModule, TranslationLitModule
 from fdattack.tracking.progress import progress_iter
-
-#: ``images (N, C, H, W) -> insensitive look of the same images``
-Degradation = Callable[[Tensor], Tensor]
 
 
 @dataclass(frozen=True)
 class TranslatorSettings:
-    """How A_phi is trained: ``kind`` cyclegan | restorer, epochs, Adam lr (None = the model's default),
+    """How A_phi is trained: ``kind`` cyclegan | restorer | auto, epochs, Adam lr (None = the model's default),
     batch size (1 in the paper), ngf/ndf width, and the training pairs drawn per public label."""
 
-    kind: str = "restorer"
+    kind: str = "auto"
     epochs: int = 10
     lr: Optional[float] = 1e-3
     batch_size: int = 8
     width: int = 32
     pairs_per_label: int = 100
+
+
+@dataclass(frozen=True)
+class PriorSettings:
+    """Which prior (``kind`` naive | learned | auto) and, for the learned one, its translation model."""
+
+    kind: str = "auto"
+    translator: TranslatorSettings = TranslatorSettings()
+
+    def resolved(self, view: AttackerView) -> "PriorSettings":
+        """``auto`` made concrete from what the attacker knows: learned where it knows every public label
+        (Eq. 9 averages per label), else naive; a restorer where the degradation is known, else a CycleGAN.
+
+        Raises:
+            ConfigError: a learned prior without public labels, or a restorer without a known degradation.
+        """
+        labeled = view.public_labels_known and view.public is not None and bool((view.public.labels >= 0).all())
+        kind = self.kind if self.kind != "auto" else ("learned" if labeled else "naive")
+        if kind == "naive":
+            return PriorSettings("naive", self.translator)
+        if not labeled:
+            raise ConfigError(f"attack.prior.kind=learned needs every public label, which this {view.protocol} run does not give the "
+                              "attacker (unlabeled public set, or data.label_space=targets); use naive")
+        translator = self.translator.kind if self.translator.kind != "auto" else ("restorer" if view.degradation is not None else "cyclegan")
+        if translator == "restorer" and view.degradation is None:
+            raise ConfigError("attack.prior.translator=restorer needs a known degradation (data.aux_domain=blur); use cyclegan")
+        return PriorSettings("learned", dataclasses.replace(self.translator, kind=translator))
+
+
+def build_prior(view: AttackerView, settings: PriorSettings, seed: int, progress: str = "never") -> Tensor:
+    """The (J, C, H, W) prior images from the attacker's view alone (``settings`` already resolved)."""
+    assert view.public is not None
+    if settings.kind == "naive":
+        return naive_prior(view.public, view.num_classes)
+    return train_learned_prior(view.public, list(view.target_labels), view.num_classes, settings.translator, view.degradation, seed, progress)
 
 
 def naive_prior(public: ImageSet, num_classes: int) -> Tensor:

@@ -158,25 +158,26 @@ class LocalTrainer:
         return [self.fit(job) for job in jobs]
 
     # ---------------------------------------------------------------- inference
-    @torch.no_grad()
     def predict(self, handle: ModelHandle, images: ImageSet | Tensor) -> Tensor:
         """Logits (N, J) of ``handle``'s model in eval mode, on CPU, for every row of ``images``."""
         x_all = images.images if isinstance(images, ImageSet) else images
-        module = handle.module
-        was_training = module.training
-        module.eval()
-        outputs = []
-        for start in range(0, x_all.shape[0], self.predict_batch_size):
-            x = x_all[start : start + self.predict_batch_size].to(self.fabric.device)
-            outputs.append(module(x).float().cpu())
-        module.train(was_training)
-        if not outputs:
-            return torch.empty(0, 0)
-        return torch.cat(outputs)
+        return predict_logits(handle.module, x_all, self.fabric.device, self.predict_batch_size)
 
     def predict_many(self, handles: Sequence[ModelHandle], images: ImageSet | Tensor) -> Tensor:
         """Stacked logits (K, N, J) of several models on the same images."""
         return torch.stack([self.predict(h, images) for h in handles])
+
+
+@torch.no_grad()
+def predict_logits(module: torch.nn.Module, images: Tensor, device: torch.device, batch_size: int) -> Tensor:
+    """Logits (N, J) of ``module`` in eval mode (its mode is restored), on CPU, in batches of ``batch_size`` on ``device``."""
+    was_training = module.training
+    module.eval()
+    outputs = [module(images[start : start + batch_size].to(device)).float().cpu() for start in range(0, images.shape[0], batch_size)]
+    module.train(was_training)
+    if not outputs:
+        return torch.empty(0, 0)
+    return torch.cat(outputs)
 
 
 def _to_device(batch: IndexedBatch, targets: Tensor | None, idx: Tensor, device: torch.device) -> IndexedBatch:

@@ -1,4 +1,9 @@
-"""Runs rounds of named phases and publishes a :class:`RoundRecord` after each phase."""
+"""Runs rounds of named phases and publishes a :class:`RoundRecord` after each phase.
+
+The orchestrator is protocol-side: it knows nothing of ground truth or scoring. After a phase it
+hands the record to every observer, then closes the record's query handle, so a query answers only
+during the phase it was published for.
+"""
 
 from __future__ import annotations
 
@@ -11,23 +16,19 @@ import torch
 
 from fdattack.errors import UploadError
 from fdattack.fd.engine import derive_seed
-from fdattack.fd.evaluation import Oracle, protocol_metrics
+from fdattack.fd.observer import Observer
 from fdattack.fd.protocols.base import Phase, Protocol, RoundContext
 from fdattack.fd.record import RoundRecord
-from fdattack.observers.base import Observer, ObserverOutput
 
 log = logging.getLogger(__name__)
 
 
 @dataclass
 class RoundResult:
-    """Everything a round produced, handed to the run's recorders."""
+    """What the protocol reports of a round (phase losses, dropped uploads); no ground truth."""
 
     round: int
     metrics: dict[str, float]
-    histograms: dict[str, torch.Tensor] = field(default_factory=dict)
-    images: dict[str, torch.Tensor] = field(default_factory=dict)
-    artifacts: dict[str, dict[str, torch.Tensor]] = field(default_factory=dict)
     dropped: list[int] = field(default_factory=list)
 
 
@@ -36,17 +37,15 @@ class RoundOrchestrator:
 
     Args:
         protocol: the simulated protocol.
-        observers: attacks and diagnostics, called after every phase and at every round end.
-        oracle: ground truth for the protocol's utility metrics.
+        observers: attacks (and any other record observer), called after every phase.
         on_bad_upload: ``"error"`` stops at a NaN/inf upload; ``"drop"`` leaves that client out of the round.
         on_phase: called with the phase name before it runs (progress display).
     """
 
-    def __init__(self, protocol: Protocol, observers: Sequence[Observer], oracle: Oracle, on_bad_upload: str = "error",
+    def __init__(self, protocol: Protocol, observers: Sequence[Observer], on_bad_upload: str = "error",
                  on_phase: Callable[[str], None] | None = None) -> None:
         self.protocol = protocol
         self.observers = list(observers)
-        self.oracle = oracle
         self.on_bad_upload = on_bad_upload
         self.on_phase = on_phase or (lambda name: None)
 
@@ -54,23 +53,15 @@ class RoundOrchestrator:
         """Round 0: the protocol's set-up phases (transfer learning, warm-up)."""
         ctx = RoundContext(round=0, participants=list(range(self.protocol.num_clients)))
         self._run_phases(ctx, self.protocol.setup_phases())
-        return RoundResult(round=0, metrics={**ctx.metrics, **protocol_metrics(self.oracle)})
+        return RoundResult(round=0, metrics=dict(ctx.metrics))
 
     def run_round(self, round: int) -> RoundResult:
-        """One communication round: every phase, one record per phase, then the observers' reports."""
+        """One communication round: every phase, one record per phase."""
         torch.manual_seed(derive_seed(self.protocol.seed, "round", round))
         ctx = RoundContext(round=round, participants=self.protocol.participants(round), public_indices=self.protocol.public_indices(round))
         self._run_phases(ctx, self.protocol.round_phases(round))
-        result = RoundResult(round=round, metrics=dict(ctx.metrics), dropped=list(ctx.dropped))
-        result.metrics.update(protocol_metrics(self.oracle))
-        result.metrics["protocol/dropped_uploads"] = float(len(ctx.dropped))
-        for observer in self.observers:
-            out: ObserverOutput = observer.on_round_end(round)
-            result.metrics.update(out.metrics)
-            result.histograms.update(out.histograms)
-            result.images.update(out.images)
-            result.artifacts.update(out.artifacts)
-        return result
+        metrics = {**ctx.metrics, "protocol/dropped_uploads": float(len(ctx.dropped))}
+        return RoundResult(round=round, metrics=metrics, dropped=list(ctx.dropped))
 
     def _run_phases(self, ctx: RoundContext, phases: list[Phase]) -> None:
         for phase in phases:
@@ -80,8 +71,12 @@ class RoundOrchestrator:
             if ctx.uploads and not had_uploads:
                 self._check_uploads(ctx, phase.name)
             record = self._snapshot(ctx, phase)
-            for observer in self.observers:
-                observer.on_record(record)
+            try:
+                for observer in self.observers:
+                    observer.on_record(record)
+            finally:
+                if record.query is not None:
+                    record.query.close()
 
     def _check_uploads(self, ctx: RoundContext, phase: str) -> None:
         """Refuse (or drop, when configured) uploads that carry NaN or inf."""
@@ -114,5 +109,5 @@ class RoundOrchestrator:
             global_state=None if ctx.global_state is None else MappingProxyType({k: v.clone() for k, v in ctx.global_state.items()}),
             server_outputs=None if ctx.server_outputs is None else ctx.server_outputs.detach().clone(),
             attack_point=phase.attack_point,
-            query=self.protocol.public_query(),
+            query=self.protocol.public_query(ctx, phase.name),
         )

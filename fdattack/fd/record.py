@@ -2,8 +2,10 @@
 
 A :class:`RoundRecord` holds only what the protocol's messages carry (each client's upload exactly
 as sent, the aggregate sent back, the server model's outputs on public samples) plus a
-:class:`PublicQuery` handle that answers model queries on *public* samples only. It never holds a
-private image, a private label or a reference to the data module: ``tests/test_record.py`` checks it.
+:class:`PublicQuery` handle that answers model queries on the public rows the threat model grants,
+during the record's own phase only. It never holds a private image, a private label or a reference
+to the data module, and once its phase is over nothing in it reaches a model:
+``tests/test_record.py`` and ``tests/test_threat_model.py`` check it.
 """
 
 from __future__ import annotations
@@ -64,33 +66,75 @@ class Upload:
         )
 
 
-class PublicQuery:
-    """Black-box access to the round's models on public samples only.
+class StaleQueryError(RuntimeError):
+    """A query handle was used after the phase it was published for."""
 
-    PLI's threat model (pli.md §2, §13.9) lets the server obtain every client's outputs on any
-    public sample; this handle grants exactly that and nothing else.
+
+class QueryRefusedError(PermissionError):
+    """A query asked for a model or public rows its threat model does not grant."""
+
+
+#: ``(model, public_indices) -> (N, J) outputs``; ``model`` is a client index or ``"server"``
+Answer = Callable[[int | str, Tensor], Tensor]
+
+
+class PublicQuery:
+    """Black-box access to the models on public samples, for one phase of one round.
+
+    The handle answers only while its phase is open: the orchestrator closes it once every observer
+    has seen the record, and a later call raises :class:`StaleQueryError` naming the phase. So an
+    attack gets the clients' outputs *at its attack point* (pli.md §5, §13.9) and must collect them
+    when the record arrives. Closing drops the handle's only reference to the models.
+
+    Client answers are what the client would upload on those rows (``kind``, ``temperature``), through
+    the same upload transforms, so querying bypasses no defense; ``"server"`` answers are the
+    attacker's own server model's logits.
 
     Args:
-        answer: ``(model, public_indices) -> (N, J) logits``; ``model`` is a client index or ``"server"``.
-        num_public: size of the public set (indices are checked against it).
-        clients: the client indices that can be queried.
+        answer: ``(model, public_indices) -> (N, J)``, valid while the phase is open.
+        round: round index of the record.
+        phase: the phase the record was published after.
+        rows: (M,) the public rows the threat model grants (sorted).
+        clients: the client indices that can be queried (the round's participants).
         has_server: whether a server model exists.
+        kind: ``"logits"`` or ``"probs"``: what client answers are, as the uploads.
+        temperature: softmax temperature of ``probs`` answers.
     """
 
-    def __init__(self, answer: Callable[[int | str, Tensor], Tensor], num_public: int, clients: tuple[int, ...], has_server: bool) -> None:
-        self._answer = answer
-        self.num_public = num_public
+    def __init__(self, answer: Answer, round: int, phase: str, rows: Tensor, clients: tuple[int, ...], has_server: bool,
+                 kind: PayloadKind = "logits", temperature: float = 1.0) -> None:
+        self._answer: Answer | None = answer
+        self.round = round
+        self.phase = phase
+        self.rows = rows.clone()
         self.clients = clients
         self.has_server = has_server
+        self.kind = kind
+        self.temperature = temperature
+        self._granted = torch.zeros(int(rows.max()) + 1 if rows.numel() else 0, dtype=torch.bool)
+        self._granted[rows] = True
+
+    @property
+    def is_open(self) -> bool:
+        return self._answer is not None
+
+    def close(self) -> None:
+        """End the phase: later calls raise :class:`StaleQueryError`; the models are no longer referenced."""
+        self._answer = None
 
     def __call__(self, model: int | str, public_indices: Tensor) -> Tensor:
+        if self._answer is None:
+            raise StaleQueryError(f"the query handle of round {self.round}, phase {self.phase!r} was used after that phase ended; "
+                                  "collect the outputs in on_record, when the record arrives")
         idx = torch.as_tensor(public_indices, dtype=torch.long)
-        if idx.numel() and (int(idx.min()) < 0 or int(idx.max()) >= self.num_public):
-            raise IndexError(f"public indices must lie in [0, {self.num_public})")
         if model == "server" and not self.has_server:
-            raise KeyError("this protocol has no server model")
+            raise QueryRefusedError("this protocol has no server model")
         if model != "server" and model not in self.clients:
-            raise KeyError(f"no client {model!r}; clients are {self.clients}")
+            raise QueryRefusedError(f"no client {model!r} in round {self.round}; the round's clients are {self.clients}")
+        outside = (idx < 0) | (idx >= len(self._granted))
+        if bool(outside.any()) or not bool(self._granted[idx[~outside]].all()):
+            raise QueryRefusedError(f"round {self.round}, phase {self.phase!r}: public rows outside the {len(self.rows)} rows this "
+                                    "threat model grants (query.rows)")
         return self._answer(model, idx)
 
 
@@ -111,7 +155,7 @@ class RoundRecord:
         global_state: FedAvg's aggregated weights, or None.
         server_outputs: (N, J) server-model logits on ``public_indices`` where a server model exists.
         attack_point: True on the phase after which the protocol's passive attacks run (pli.md §5).
-        query: black-box :class:`PublicQuery` on public samples.
+        query: black-box :class:`PublicQuery` on public samples, open during this phase only (None without public data).
     """
 
     round: int

@@ -20,8 +20,9 @@ from torch import Tensor
 from fdattack.data.federated import FederatedSplit
 from fdattack.data.imageset import ImageSet
 from fdattack.errors import ConfigError
-from fdattack.fd.engine import FitJob, LocalTrainer, ModelHandle, derive_seed
-from fdattack.fd.record import PublicQuery, Upload
+from fdattack.fd.engine import FitJob, LocalTrainer, ModelHandle, derive_seed, predict_logits
+from fdattack.fd.record import PayloadKind, PublicQuery, Upload
+from fdattack.fd.threat import ThreatModel
 from fdattack.lit.classifier import ClassifierLitModule, Objective
 from fdattack.models import build_classifier
 from fdattack.registry import Registry
@@ -70,8 +71,8 @@ class Protocol(ABC):
 
     name: ClassVar[str]
     has_server_model: ClassVar[bool] = False
-    #: what the honest-but-curious server sees, printed at start-up and stored with the run
-    threat_model: ClassVar[dict[str, str]] = {}
+    #: what the attacker is granted (printed at start-up; the attacker's view and queries are built from it)
+    threat_model: ClassVar[ThreatModel]
 
     def __init__(self, cfg: DictConfig, model_cfg: DictConfig, split: FederatedSplit, engine: LocalTrainer, seed: int) -> None:
         self.cfg = cfg
@@ -88,6 +89,8 @@ class Protocol(ABC):
         self.server: ModelHandle | None = None
         if self.uses_server_model():
             self.server = self._make_model("server", model_cfg.server or model_cfg.name)
+        #: transforms applied, in order, to every payload a client sends and to every query answer
+        self.upload_transforms: list[UploadTransform] = []
 
     # ------------------------------------------------------------------ construction
     def uses_server_model(self) -> bool:
@@ -161,13 +164,22 @@ class Protocol(ABC):
         if result.steps:
             ctx.metrics[f"protocol/{phase}_loss"] = result.mean_loss
 
-    def upload_outputs(self, ctx: RoundContext, kind: str, temperature: float = 1.0) -> None:
-        """Every participant sends its outputs on the round's public samples (logits or softmax probabilities)."""
+    def upload_kind(self) -> tuple[PayloadKind, float]:
+        """What clients send on public samples: ``("logits", 1.0)`` or ``("probs", temperature)``."""
+        return "logits", 1.0
+
+    def sent_outputs(self, client: int, logits: Tensor) -> Tensor:
+        """Client ``client``'s logits as it sends them: in :meth:`upload_kind`, through :attr:`upload_transforms`."""
+        return as_sent(client, logits, *self.upload_kind(), tuple(self.upload_transforms))
+
+    def upload_outputs(self, ctx: RoundContext) -> None:
+        """Every participant sends its outputs on the round's public samples, as :meth:`sent_outputs` makes them."""
+        kind, temperature = self.upload_kind()
         public = self.public_subset(ctx)
         logits = self.engine.predict_many([self.clients[k] for k in ctx.participants], public)
         for row, k in enumerate(ctx.participants):
-            out = logits[row] if kind == "logits" else torch.softmax(logits[row] / temperature, dim=-1)
-            ctx.uploads[k] = Upload(client=k, kind=kind, public_indices=ctx.public_indices, outputs=out, temperature=temperature)  # type: ignore[arg-type]
+            out = self.sent_outputs(k, logits[row])
+            ctx.uploads[k] = Upload(client=k, kind=kind, public_indices=ctx.public_indices, outputs=out, temperature=temperature)
 
     def stacked_uploads(self, ctx: RoundContext) -> Tensor:
         """(K', N, J) outputs of the accepted uploads."""
@@ -178,16 +190,26 @@ class Protocol(ABC):
             ctx.server_outputs = self.engine.predict(self.server, self.public_subset(ctx))
 
     # ------------------------------------------------------------------ attacker's black-box view
-    def public_query(self) -> PublicQuery:
-        """Black-box queries of the current models on public samples (pli.md §13.9)."""
-        public = self.split.public
+    def public_query(self, ctx: RoundContext, phase: str) -> PublicQuery | None:
+        """A query handle for the record of ``phase``: the rows :attr:`threat_model` grants, the round's clients.
 
-        def answer(model: int | str, idx: Tensor) -> Tensor:
-            handle = self.server if model == "server" else self.clients[int(model)]
-            assert handle is not None
-            return self.engine.predict(handle, public.images[idx])
-
-        return PublicQuery(answer, len(public), tuple(range(self.num_clients)), self.server is not None)
+        The answer function holds the queried networks (the plain ``net`` of each LightningModule, which,
+        unlike the module, references neither Fabric nor the protocol's objectives), the public images and
+        the upload transforms: never the protocol, its data or its engine. The orchestrator closes the
+        handle when the phase ends, and with it the last reference to the networks.
+        """
+        grant = self.threat_model.query_rows
+        if grant == "none":
+            return None
+        rows = ctx.public_indices if grant == "round" and ctx.public_indices is not None else torch.arange(len(self.split.public))
+        kind, temperature = self.upload_kind()
+        answer = _QueryAnswerer(
+            {k: self.clients[k].module.net for k in ctx.participants},
+            None if self.server is None else self.server.module.net,
+            self.split.public.images, tuple(self.upload_transforms), kind, temperature,
+            self.engine.fabric.device, self.engine.predict_batch_size,
+        )
+        return PublicQuery(answer, ctx.round, phase, rows, tuple(ctx.participants), self.server is not None, kind, temperature)
 
     # ------------------------------------------------------------------ persistence
     def extra_state(self) -> dict:
@@ -218,8 +240,43 @@ class Protocol(ABC):
             "clients": self.num_clients,
             "client_architectures": sorted(set(self.client_archs)),
             "server_model": self.server is not None,
-            **self.threat_model,
+            **self.threat_model.describe(),
         }
+
+
+#: ``(client, payload, kind) -> payload`` applied to what a client sends (defenses such as noise on logits)
+UploadTransform = Callable[[int, Tensor, PayloadKind], Tensor]
+
+
+def as_sent(client: int, logits: Tensor, kind: PayloadKind, temperature: float, transforms: tuple[UploadTransform, ...]) -> Tensor:
+    """(N, J) logits of ``client`` turned into its payload: raw or softmax at ``temperature``, then each transform."""
+    out = logits if kind == "logits" else torch.softmax(logits / temperature, dim=-1)
+    for transform in transforms:
+        out = transform(client, out, kind)
+    return out
+
+
+class _QueryAnswerer:
+    """Answers :class:`PublicQuery` calls from the queried networks alone, as the clients would send their outputs."""
+
+    def __init__(self, clients: dict[int, torch.nn.Module], server: torch.nn.Module | None, public_images: Tensor,
+                 transforms: tuple[UploadTransform, ...], kind: PayloadKind, temperature: float, device: torch.device, batch_size: int) -> None:
+        self.clients = clients
+        self.server = server
+        self.public_images = public_images
+        self.transforms = transforms
+        self.kind = kind
+        self.temperature = temperature
+        self.device = device
+        self.batch_size = batch_size
+
+    def __call__(self, model: int | str, rows: Tensor) -> Tensor:
+        images = self.public_images[rows]
+        if model == "server":
+            assert self.server is not None
+            return predict_logits(self.server, images, self.device, self.batch_size)
+        logits = predict_logits(self.clients[int(model)], images, self.device, self.batch_size)
+        return as_sent(int(model), logits, self.kind, self.temperature, self.transforms)
 
 
 PROTOCOLS: Registry[type[Protocol]] = Registry("protocol", "protocol.name")

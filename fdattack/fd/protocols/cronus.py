@@ -7,6 +7,8 @@ import torch
 from fdattack.fd.aggregation import robust_mean
 from fdattack.fd.objectives import cross_entropy, kl_to_probs, mixed_ce_kl
 from fdattack.fd.protocols.base import PROTOCOLS, Phase, Protocol, RoundContext
+from fdattack.fd.record import PayloadKind
+from fdattack.fd.threat import ThreatModel
 
 
 @PROTOCOLS.register("cronus")
@@ -18,11 +20,15 @@ class CronusProtocol(Protocol):
     """
 
     name = "cronus"
-    threat_model = {
-        "attacker": "server, honest-but-curious",
-        "sees": "every client's softmax probabilities on every public sample of the round",
-        "public_labels": "not used",
-    }
+    threat_model = ThreatModel(
+        attacker="server, honest-but-curious",
+        sees="every client's softmax probabilities on every public sample of the round",
+        public_labels_known=False,  # the protocol never uses them
+        query_rows="round",
+    )
+
+    def upload_kind(self) -> tuple[PayloadKind, float]:
+        return "probs", 1.0
 
     def setup_phases(self) -> list[Phase]:
         return [Phase("warmup", self._warmup)] if self.cfg.warmup_private_epochs > 0 else []
@@ -39,7 +45,7 @@ class CronusProtocol(Protocol):
         self.train_clients(ctx, "local_train", ctx.participants, lambda k: self.split.private[k], self.cfg.private_epochs, cross_entropy)
 
     def _upload(self, ctx: RoundContext) -> None:
-        self.upload_outputs(ctx, "probs")
+        self.upload_outputs(ctx)
 
     def _aggregate(self, ctx: RoundContext) -> None:
         mean, filtered = robust_mean(self.stacked_uploads(ctx), self.cfg.filter_eps, self.cfg.filter_tau)

@@ -7,6 +7,8 @@ import torch
 from fdattack.fd.aggregation import era
 from fdattack.fd.objectives import cross_entropy, soft_cross_entropy
 from fdattack.fd.protocols.base import PROTOCOLS, Phase, Protocol, RoundContext
+from fdattack.fd.record import PayloadKind
+from fdattack.fd.threat import ThreatModel
 
 
 @PROTOCOLS.register("dsfl")
@@ -19,14 +21,18 @@ class DSFLProtocol(Protocol):
 
     name = "dsfl"
     has_server_model = True
-    threat_model = {
-        "attacker": "server, honest-but-curious",
-        "sees": "every client's outputs (softmax or logits) on every public sample of the round",
-        "public_labels": "unknown (public set unlabeled)",
-    }
+    threat_model = ThreatModel(
+        attacker="server, honest-but-curious",
+        sees="every client's outputs (softmax or logits) on every public sample of the round",
+        public_labels_known=False,  # the public set is unlabeled
+        query_rows="round",
+    )
 
     def uses_server_model(self) -> bool:
         return bool(self.cfg.train_global_model)
+
+    def upload_kind(self) -> tuple[PayloadKind, float]:
+        return ("probs", 1.0) if self.cfg.upload == "probs" else ("logits", 1.0)
 
     def setup_phases(self) -> list[Phase]:
         return [Phase("warmup", self._warmup)] if self.cfg.warmup_private_epochs > 0 else []
@@ -50,7 +56,7 @@ class DSFLProtocol(Protocol):
         self.train_clients(ctx, "local_train", ctx.participants, lambda k: self.split.private[k], self.cfg.private_epochs, cross_entropy)
 
     def _upload(self, ctx: RoundContext) -> None:
-        self.upload_outputs(ctx, self.cfg.upload)
+        self.upload_outputs(ctx)
 
     def _aggregate(self, ctx: RoundContext) -> None:
         outputs = self.stacked_uploads(ctx)

@@ -11,6 +11,7 @@ from fdattack.fd.aggregation import fedavg
 from fdattack.fd.engine import derive_seed
 from fdattack.fd.objectives import cross_entropy
 from fdattack.fd.protocols.base import PROTOCOLS, Phase, Protocol, RoundContext
+from fdattack.fd.threat import ThreatModel
 from fdattack.fd.record import Upload
 
 
@@ -23,11 +24,13 @@ class FedAvgProtocol(Protocol):
 
     name = "fedavg"
     has_server_model = True
-    threat_model = {
-        "attacker": "a participating client (white-box access to the global model each round)",
-        "sees": "the global model after every aggregation",
-        "public_labels": "attacker's own prior data only",
-    }
+    threat_model = ThreatModel(
+        attacker="a participating client (white-box access to the global model each round)",
+        sees="the global model after every aggregation",
+        public_labels_known=False,  # no public set: the attacker has its own prior data
+        query_rows="none",
+        white_box_global=True,
+    )
 
     def __init__(self, *args, **kwargs) -> None:  # type: ignore[no-untyped-def]
         super().__init__(*args, **kwargs)

@@ -9,6 +9,7 @@ from fdattack.data.imageset import IndexedBatch
 from fdattack.fd.aggregation import fedgems_ensemble, fedgems_fusion_loss
 from fdattack.fd.objectives import cross_entropy, fedgems_client
 from fdattack.fd.protocols.base import PROTOCOLS, Phase, Protocol, RoundContext
+from fdattack.fd.threat import ThreatModel
 from fdattack.lit.classifier import Objective
 
 
@@ -24,11 +25,12 @@ class FedGEMSProtocol(Protocol):
 
     name = "fedgems"
     has_server_model = True
-    threat_model = {
-        "attacker": "server, honest-but-curious (may request logits on any public sample)",
-        "sees": "client logits on requested public samples; its own server model",
-        "public_labels": "known",
-    }
+    threat_model = ThreatModel(
+        attacker="server, honest-but-curious (may request logits on any public sample)",
+        sees="client logits on requested public samples; its own server model",
+        public_labels_known=True,
+        query_rows="public",  # the server requests logits; PLI requests all of D_0 (pli.md §13.9)
+    )
 
     def __init__(self, *args, **kwargs) -> None:  # type: ignore[no-untyped-def]
         super().__init__(*args, **kwargs)
@@ -48,7 +50,7 @@ class FedGEMSProtocol(Protocol):
         self.train_clients(ctx, "local_train", ctx.participants, lambda k: self.split.private[k], self.cfg.private_epochs, cross_entropy)
 
     def _upload(self, ctx: RoundContext) -> None:
-        self.upload_outputs(ctx, "logits")
+        self.upload_outputs(ctx)
 
     def _fusion_objective(self, ctx: RoundContext, ensemble: Tensor) -> Objective:
         """Server loss of §5.2(b); S1 rows update the pool with the server's detached logits."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 from fdattack.fd.aggregation import mean_logits
 from fdattack.fd.objectives import cross_entropy, l1_to_logits
 from fdattack.fd.protocols.base import PROTOCOLS, Phase, Protocol, RoundContext
+from fdattack.fd.threat import ThreatModel
 
 
 @PROTOCOLS.register("fedmd")
@@ -16,11 +17,12 @@ class FedMDProtocol(Protocol):
     """
 
     name = "fedmd"
-    threat_model = {
-        "attacker": "server, honest-but-curious",
-        "sees": "raw logits of every client on every public sample of the round",
-        "public_labels": "known",
-    }
+    threat_model = ThreatModel(
+        attacker="server, honest-but-curious",
+        sees="raw logits of every client on every public sample of the round",
+        public_labels_known=True,
+        query_rows="public",  # PLI's attack point is a "6th upload" on any public row (pli.md §13.9)
+    )
 
     def uses_server_model(self) -> bool:
         return bool(self.cfg.server_model)
@@ -45,7 +47,7 @@ class FedMDProtocol(Protocol):
         self.train_clients(ctx, "transfer_private", ctx.participants, lambda k: self.split.private[k], self.cfg.transfer_private_epochs, cross_entropy)
 
     def _upload(self, ctx: RoundContext) -> None:
-        self.upload_outputs(ctx, "logits")
+        self.upload_outputs(ctx)
 
     def _aggregate(self, ctx: RoundContext) -> None:
         ctx.aggregate = mean_logits(self.stacked_uploads(ctx))

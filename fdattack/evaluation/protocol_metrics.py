@@ -1,40 +1,11 @@
-"""Ground truth and the protocol's own utility metrics (never handed to an attack)."""
+"""The protocol's utility metrics, measured on ground truth: client and server test accuracy."""
 
 from __future__ import annotations
-
-from dataclasses import dataclass
 
 import torch
 from torch import Tensor
 
-from fdattack.data.federated import FederatedSplit
-from fdattack.data.imageset import ImageSet
-from fdattack.fd.engine import LocalTrainer, ModelHandle
-
-
-@dataclass(frozen=True)
-class Oracle:
-    """Everything the evaluation side may see: the split (private data included) and the models.
-
-    Diagnostics and metrics get an Oracle; attacks get only :class:`~fdattack.fd.record.RoundRecord`.
-    """
-
-    split: FederatedSplit
-    engine: LocalTrainer
-    clients: tuple[ModelHandle, ...]
-    server: ModelHandle | None
-
-    def client_test_set(self, k: int) -> ImageSet:
-        """Test images of client k's own labels when labels are owned (PLI split), else the whole test set."""
-        test = self.split.test
-        owned = [label for label, owner in self.split.owner.items() if owner == k]
-        if not owned:
-            return test
-        mask = torch.isin(test.labels, torch.as_tensor(owned))
-        return test.subset(torch.nonzero(mask).flatten())
-
-    def predict(self, handle: ModelHandle, images: ImageSet | Tensor) -> Tensor:
-        return self.engine.predict(handle, images)
+from fdattack.evaluation.oracle import Oracle
 
 
 def accuracy(logits: Tensor, labels: Tensor) -> float:

@@ -11,8 +11,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from fdattack.fd.evaluation import Oracle
-from fdattack.observers.base import Observer, ObserverOutput
+from fdattack.evaluation.oracle import Oracle
+from fdattack.evaluation.report import Report
 
 
 def softmax_entropy(logits: Tensor) -> Tensor:
@@ -21,7 +21,7 @@ def softmax_entropy(logits: Tensor) -> Tensor:
     return -(logp.exp() * logp).sum(dim=-1)
 
 
-class ConfidenceGapObserver(Observer):
+class ConfidenceGapDiagnostic:
     """Logs entropy histograms ``diag/confidence_gap/{client,server}_{public,private}_entropy`` and their means.
 
     Args:
@@ -35,7 +35,8 @@ class ConfidenceGapObserver(Observer):
         self.oracle = oracle
         self.max_samples = max_samples
 
-    def on_round_end(self, round: int) -> ObserverOutput:
+    def report(self) -> Report:
+        """The entropies of the models as they are now (called at the end of every round)."""
         split, cap = self.oracle.split, self.max_samples
         public = split.public.images[:cap]
         privates = [p.images[:cap] for p in split.private]
@@ -46,7 +47,7 @@ class ConfidenceGapObserver(Observer):
             values["server_public_entropy"] = softmax_entropy(self.oracle.predict(self.oracle.server, public))
             values["server_private_entropy"] = softmax_entropy(self.oracle.predict(self.oracle.server, torch.cat(privates)))
         prefix = f"diag/{self.name}/"
-        out = ObserverOutput(histograms={prefix + k: v for k, v in values.items()})
+        out = Report(histograms={prefix + k: v for k, v in values.items()})
         out.metrics = {prefix + k.replace("_entropy", "_mean"): float(v.mean()) for k, v in values.items()}
         if "server_private_entropy" in values:
             out.metrics[prefix + "private_gap"] = float(values["server_private_entropy"].mean() - client_private.mean())

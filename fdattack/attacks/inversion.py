@@ -1,0 +1,97 @@
+"""What PLI and TBI share: inversion networks kept per key (client) in a store, seeded and resumable."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+from torch import Tensor
+
+from fdattack.attacks.base import Attack
+from fdattack.attacks.pli_inputs import tempered_softmax
+from fdattack.attacks.state_store import ClientStateStore
+from fdattack.fd.record import PublicQuery
+from fdattack.fd.threat import AttackerView
+from fdattack.lit.inversion import InversionLitModule
+from fdattack.models.inversion import InversionDecoder
+
+
+@dataclass(frozen=True)
+class InversionSettings:
+    """Knobs of the inversion networks (pli.md §7.8): temperature of their inputs, Adam, batches, epochs, width."""
+
+    tau: float = 3.0
+    lr: float = 3e-5
+    weight_decay: float = 1e-4
+    batch_size: int = 8
+    epochs_per_round: int = 3
+    max_width: int = 1024
+
+
+class InversionAttack(Attack):
+    """Base of the inversion attacks: one :class:`InversionLitModule` per key, restored from ``store`` each round.
+
+    Args:
+        view: what the attacker knows (public set, targets, J).
+        settings: the inversion networks' knobs.
+        seed: seed of the networks' initialisation and shuffling.
+        store: where the networks wait between rounds (default: memory).
+        progress: progress bars over the inversion training (auto | always | never).
+    """
+
+    def __init__(self, view: AttackerView, settings: InversionSettings, seed: int, store: Optional[ClientStateStore] = None,
+                 progress: str = "never") -> None:
+        if view.public is None:
+            raise ValueError(f"{self.name} inverts outputs on public data; protocol {view.protocol} has none")
+        self.view = view
+        self.settings = settings
+        self.seed = seed
+        self.progress = progress
+        self.store = store if store is not None else ClientStateStore()
+        self.targets = torch.as_tensor(view.target_labels, dtype=torch.long)
+        self.num_classes = view.num_classes
+
+    def _input_features(self) -> int:
+        """Size of the inversion network's input."""
+        return self.num_classes
+
+    def _module(self) -> InversionLitModule:
+        c, _, s = self.view.image_shape
+        decoder = InversionDecoder(self._input_features(), c, s, self.settings.max_width)
+        return InversionLitModule(decoder, self.settings.lr, self.settings.weight_decay, self._gamma())
+
+    def _gamma(self) -> float:
+        return 0.0
+
+    def _restored(self, key: int) -> tuple[InversionLitModule, torch.optim.Optimizer]:
+        """The network of ``key`` as the last finished round left it (freshly initialised before its first round)."""
+        with torch.random.fork_rng(devices=[]):  # a passive attack leaves the run's random stream alone
+            torch.manual_seed(self.seed + 7919 * key)
+            module = self._module()
+        optimizer = module.configure_optimizers()
+        state = self.store.get(key)
+        if state is not None:
+            module.load_state_dict(state["model"])
+            optimizer.load_state_dict(state["optimizer"])
+        return module, optimizer
+
+    def _tempered(self, query: PublicQuery, model: int | str, rows: Tensor) -> Tensor:
+        """softmax(output / tau) of ``model`` on public ``rows``, from what the query answers (logits or probs)."""
+        outputs = query(model, rows)
+        kind, temperature = ("logits", 1.0) if model == "server" else (query.kind, query.temperature)
+        return tempered_softmax(outputs, kind, temperature, self.settings.tau)
+
+    @staticmethod
+    def _step(module: InversionLitModule, optimizer: torch.optim.Optimizer, batch: dict[str, Tensor]) -> None:
+        loss = module.loss(batch)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+
+    def state_dict(self) -> dict:
+        return {"store": self.store.state_dict()}
+
+    def load_state_dict(self, state: dict) -> None:
+        if "store" in state:
+            self.store.load_state_dict(state["store"])

@@ -1,0 +1,70 @@
+"""The evaluation side: it alone holds the ground truth and turns attacks' typed results into metrics."""
+
+from __future__ import annotations
+
+from typing import Optional, Protocol, Sequence
+
+from fdattack.attacks.results import AttackResult, Reconstructions
+from fdattack.evaluation.oracle import Oracle
+from fdattack.evaluation.protocol_metrics import protocol_metrics
+from fdattack.evaluation.reconstruction import ReconstructionScorer
+from fdattack.evaluation.report import Report
+
+#: the prior's scores worth a line of their own (Table S-3 and what an inversion must beat)
+PRIOR_METRICS = ("ssim", "accuracy", "eval_top1")
+
+
+class Diagnostic(Protocol):
+    """An evaluation-side measurement of the models as they are at the end of a round (e.g. the confidence gap)."""
+
+    name: str
+
+    def report(self) -> Report: ...
+
+
+class Evaluator:
+    """Scores the protocol's utility, the diagnostics and every attack result, from ground truth.
+
+    Args:
+        oracle: the ground truth (private sets, models).
+        reconstructions: scorer of :class:`Reconstructions` (None when no attack reconstructs).
+        diagnostics: measurements reported every round.
+    """
+
+    def __init__(self, oracle: Oracle, reconstructions: Optional[ReconstructionScorer] = None, diagnostics: Sequence[Diagnostic] = ()) -> None:
+        self.oracle = oracle
+        self.reconstructions = reconstructions
+        self.diagnostics = list(diagnostics)
+
+    def setup_report(self) -> Report:
+        """After the set-up phases (round 0): the protocol's utility metrics."""
+        return Report(metrics=protocol_metrics(self.oracle))
+
+    def round_report(self) -> Report:
+        """After a round: the protocol's utility metrics and every diagnostic."""
+        report = self.setup_report()
+        for diagnostic in self.diagnostics:
+            report.update(diagnostic.report())
+        return report
+
+    def score(self, attack: str, results: Sequence[AttackResult]) -> Report:
+        """``attack/<attack>/...`` metrics, images and artifacts of an attack's results this round."""
+        report = Report()
+        for result in results:
+            if not isinstance(result, Reconstructions):
+                raise TypeError(f"the evaluator has no scorer for {type(result).__name__} (from attack {attack})")
+            report.update(self._score_reconstructions(attack, result))
+        return report
+
+    def _score_reconstructions(self, attack: str, result: Reconstructions) -> Report:
+        if self.reconstructions is None:
+            raise RuntimeError("no reconstruction scorer was built for this run")
+        scores, grid = self.reconstructions(result.images, result.labels)
+        if result.role == "prior":
+            return Report(metrics={f"attack/{attack}/prior_{k}": scores[k] for k in PRIOR_METRICS if k in scores},
+                          images={f"attack/{attack}/prior": grid})
+        return Report(
+            metrics={f"attack/{attack}/{k}": v for k, v in scores.items()},
+            images={f"attack/{attack}/reconstructions": grid},
+            artifacts={f"{attack}_reconstructions": {"images": result.images, "labels": result.labels}},
+        )

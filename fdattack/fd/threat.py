@@ -1,0 +1,136 @@
+"""What a protocol grants its attacker, and the :class:`AttackerView` built from it.
+
+A protocol declares a :class:`ThreatModel`; :func:`attacker_view` turns it and the federated split
+into the one object an attack is constructed from. The view holds public knowledge only: the
+public images (labels where the protocol gives them, domain flags where the attacker curated the
+set), the target labels, the attacker's own prior data where the setting gives one, and the known
+degradation that made the public set's insensitive look. Private sets, client models and the
+evaluation side's ground truth never enter it; ``tests/test_threat_model.py`` walks its object graph
+to prove it. Model access reaches attacks only through the round records: a phase-bound
+:class:`~fdattack.fd.record.PublicQuery` (black-box) or ``RoundRecord.global_state`` (white-box, FedAvg).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Literal, Optional
+
+import torch
+from torch import Tensor
+
+from fdattack.data.federated import FederatedSplit
+from fdattack.data.imageset import UNLABELED, ImageSet
+
+#: which public rows a black-box query may ask for: any public row, only the round's rows, or none
+QueryRows = Literal["public", "round", "none"]
+#: ``images (N, C, H, W) -> their insensitive look``
+Degradation = Callable[[Tensor], Tensor]
+
+
+@dataclass(frozen=True)
+class ThreatModel:
+    """The attacker's vantage point in one protocol (printed at start-up and stored with the run).
+
+    Attributes:
+        attacker: who attacks, e.g. ``"server, honest-but-curious"``.
+        sees: what crosses the wire to the attacker.
+        public_labels_known: whether the attacker knows the public set's labels (FedMD/FedGEMS yes, DS-FL no).
+        public_domains_known: whether it knows which public images are in the sensitive look (PLI's
+            ``is_sensitive_flag``: the server curated the public set).
+        query_rows: the public rows a query may ask for: ``public`` (any, as PLI runs FedMD/FedGEMS,
+            pli.md §13.9), ``round`` (the round's rows: what the clients were asked for) or ``none``.
+        white_box_global: whether the attacker holds the global model's weights (FedAvg's participating client).
+    """
+
+    attacker: str
+    sees: str
+    public_labels_known: bool
+    public_domains_known: bool = True
+    query_rows: QueryRows = "round"
+    white_box_global: bool = False
+
+    def describe(self) -> dict[str, object]:
+        """Flat summary for the start-up line and the run config."""
+        return {
+            "attacker": self.attacker,
+            "sees": self.sees,
+            "public_labels": "known" if self.public_labels_known else "unknown",
+            "query_rows": self.query_rows,
+            "white_box_global": self.white_box_global,
+        }
+
+
+@dataclass(frozen=True)
+class AttackerView:
+    """Everything an attack is constructed from; nothing in it reaches private data or a client model.
+
+    Attributes:
+        threat: the protocol's declared threat model.
+        protocol: protocol name.
+        public: the public set as the attacker knows it (labels ``-1`` where unknown; ``source`` is 0..N-1),
+            or None where the protocol uses no public data.
+        target_labels: L, the labels to reconstruct.
+        num_classes: J, the models' output size.
+        image_shape: (C, H, W).
+        has_server_model: whether the attacker has a server model f_0 to query.
+        prior_data: the attacker's own labeled data (FedInverse, L-Attack), or None.
+        degradation: the known transform that made the insensitive public look (blur), or None.
+    """
+
+    threat: ThreatModel
+    protocol: str
+    public: Optional[ImageSet]
+    target_labels: tuple[int, ...]
+    num_classes: int
+    image_shape: tuple[int, int, int]
+    has_server_model: bool
+    prior_data: Optional[ImageSet] = None
+    degradation: Optional[Degradation] = None
+
+    @property
+    def public_labels_known(self) -> bool:
+        return self.threat.public_labels_known
+
+    def sensitive_rows(self) -> Tensor:
+        """(N0,) rows of the public set in the sensitive look (D_0); every row when domains are unknown."""
+        if self.public is None:
+            return torch.empty(0, dtype=torch.long)
+        if not self.threat.public_domains_known:
+            return torch.arange(len(self.public))
+        return torch.nonzero(self.public.domain == 0).flatten()
+
+
+def _public_as_known(public: ImageSet, threat: ThreatModel) -> ImageSet:
+    """The public set with what the attacker does not know removed (labels, provenance rows)."""
+    n = len(public)
+    labels = public.labels.clone() if threat.public_labels_known else torch.full((n,), UNLABELED, dtype=torch.long)
+    domain = public.domain.clone() if threat.public_domains_known else torch.zeros(n, dtype=torch.long)
+    return ImageSet(public.images, labels, domain, torch.arange(n))
+
+
+def attacker_view(split: FederatedSplit, threat: ThreatModel, protocol: str, has_server_model: bool,
+                  degradation: Optional[Degradation] = None) -> AttackerView:
+    """Build the view an attack of ``protocol`` gets from the split, per ``threat``.
+
+    Args:
+        split: the federated data (read here; never handed on).
+        threat: what the protocol grants.
+        protocol: protocol name.
+        has_server_model: whether the configuration trains a server model f_0.
+        degradation: the transform that made the insensitive public look, where it is known.
+    """
+    public = None if threat.query_rows == "none" else _public_as_known(split.public, threat)
+    prior = None
+    if split.attacker is not None:
+        prior = ImageSet(split.attacker.images, split.attacker.labels.clone(), split.attacker.domain.clone(), torch.arange(len(split.attacker)))
+    return AttackerView(
+        threat=threat,
+        protocol=protocol,
+        public=public,
+        target_labels=tuple(int(j) for j in split.target_labels),
+        num_classes=split.num_classes,
+        image_shape=split.image_shape,
+        has_server_model=has_server_model,
+        prior_data=prior,
+        degradation=degradation,
+    )
