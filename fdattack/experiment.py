@@ -155,8 +155,9 @@ class Experiment:
         tracker = WandbRun.start(wandb_cfg, self.output_dir, _flat_config(cfg), name=cfg.logger.wandb.name or cfg.name, resume_id=wandb_id)
         with tracker:
             if last is None:
+                setup_metrics = orchestrator.run_setup().metrics
                 report = self.evaluator.setup_report()
-                report.metrics = {**orchestrator.run_setup().metrics, **report.metrics}
+                report.metrics = {**setup_metrics, **report.metrics}
                 _record(run_dir, tracker, 0, report)
                 self._checkpoint(0, elapsed_before, tracker)
             final: dict[str, float] | None = None

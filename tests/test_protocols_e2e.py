@@ -49,6 +49,9 @@ def test_default_run_learns_and_shows_the_confidence_gap(tmp_path: Path) -> None
     cfg = compose(None, [f"output_dir={tmp_path / 'run'}", "logger.wandb.mode=disabled", "logger.progress=never", "attacks=[]"])
     metrics = run(cfg)
     assert metrics["protocol/client_acc_mean"] > 0.8
+    # round 0 is measured after FedMD's transfer learning, not before it
+    setup = json.loads((tmp_path / "run" / "rounds.jsonl").read_text().splitlines()[0])
+    assert setup["round"] == 0 and setup["protocol/client_acc_mean"] > 0.5
     # clients are more confident on their private (sensitive) data than the server is (pli.md §6)
     assert metrics["diag/confidence_gap/private_gap"] > 0
 
