@@ -56,11 +56,12 @@ def client_phases_per_round(k: int) -> int:
 
 def time_fdattack(k: int, rounds: int, out: Path) -> list[float]:
     exp = Experiment(compose(None, overrides(k, out)))
-    orchestrator = RoundOrchestrator(exp.protocol, [], exp.oracle)
+    orchestrator = RoundOrchestrator(exp.protocol, [])
     times = []
     for r in range(1, rounds + 1):
         start = time.perf_counter()
         orchestrator.run_round(r)
+        exp.evaluator.round_report()  # the per-round utility metrics
         times.append(time.perf_counter() - start)
     return times
 

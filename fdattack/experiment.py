@@ -7,6 +7,7 @@ files. Under DDP every rank runs the same code; only rank 0 writes files and log
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import tempfile
@@ -65,14 +66,15 @@ def build_attacks(cfg: DictConfig, view: AttackerView, state_root: Path | None =
     last_client_only = knobs.pop("tbi_last_client_only")  # type: ignore[union-attr]
     p = knobs.pop("prior")  # type: ignore[union-attr]
     settings = PLISettings(**knobs)  # type: ignore[arg-type]
-    prior = PriorSettings(p["kind"], TranslatorSettings(p["translator"], p["epochs"], p["lr"], p["batch_size"], p["width"], p["pairs_per_label"]))
+    kind, translator = p.pop("kind"), p.pop("translator")  # type: ignore[union-attr]
+    prior = PriorSettings(kind, TranslatorSettings(kind=translator, **p))  # type: ignore[arg-type]
+    tbi = InversionSettings(**{f.name: getattr(settings, f.name) for f in dataclasses.fields(InversionSettings)})
     attacks: list[Attack] = []
     for name in cfg.attacks:
         store = ClientStateStore(state_root / name if state_root is not None else None)
         if name == "pli":
             attacks.append(PLIAttack(view, settings, cfg.seed, prior=prior, store=store, progress=cfg.logger.progress))
         else:
-            tbi = InversionSettings(settings.tau, settings.lr, settings.weight_decay, settings.batch_size, settings.epochs_per_round, settings.max_width)
             attacks.append(TBIAttack(view, tbi, cfg.seed, store=store, progress=cfg.logger.progress, last_client_only=last_client_only))
     return attacks
 
