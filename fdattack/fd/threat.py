@@ -29,7 +29,7 @@ Degradation = Callable[[Tensor], Tensor]
 
 @dataclass(frozen=True)
 class ThreatModel:
-    """The attacker's vantage point in one protocol (printed at start-up and stored with the run).
+    """The attacker's vantage point in one protocol (printed at start-up with the protocol's description).
 
     Attributes:
         attacker: who attacks, e.g. ``"server, honest-but-curious"``.
