@@ -8,7 +8,7 @@ during the phase it was published for.
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Callable, Sequence
 
@@ -29,7 +29,6 @@ class RoundResult:
 
     round: int
     metrics: dict[str, float]
-    dropped: list[int] = field(default_factory=list)
 
 
 class RoundOrchestrator:
@@ -61,7 +60,7 @@ class RoundOrchestrator:
         ctx = RoundContext(round=round, participants=self.protocol.participants(round), public_indices=self.protocol.public_indices(round))
         self._run_phases(ctx, self.protocol.round_phases(round))
         metrics = {**ctx.metrics, "protocol/dropped_uploads": float(len(ctx.dropped))}
-        return RoundResult(round=round, metrics=metrics, dropped=list(ctx.dropped))
+        return RoundResult(round=round, metrics=metrics)
 
     def _run_phases(self, ctx: RoundContext, phases: list[Phase]) -> None:
         for phase in phases:
