@@ -11,6 +11,7 @@ from torch import Tensor
 from fdattack.attacks.base import Attack
 from fdattack.attacks.pli_inputs import tempered_softmax
 from fdattack.attacks.state_store import ClientStateStore
+from fdattack.errors import ConfigError
 from fdattack.fd.record import PublicQuery
 from fdattack.fd.threat import AttackerView
 from fdattack.lit.inversion import InversionLitModule
@@ -43,7 +44,7 @@ class InversionAttack(Attack):
     def __init__(self, view: AttackerView, settings: InversionSettings, seed: int, store: Optional[ClientStateStore] = None,
                  progress: str = "never") -> None:
         if view.public is None:
-            raise ValueError(f"{self.name} inverts outputs on public data; protocol {view.protocol} has none")
+            raise ConfigError(f"attacks: {self.name} inverts outputs on public data, and protocol {view.protocol} has none; set attacks=[]")
         self.view = view
         self.settings = settings
         self.seed = seed

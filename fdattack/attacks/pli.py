@@ -43,13 +43,11 @@ class PLIInputs:
     """What PLI collects at the attack point: tempered outputs on the sensitive public rows it may query.
 
     Attributes:
-        round: the round they come from.
         rows: (N0,) public rows (D_0, within what the query grants).
         server: (N0, J) softmax(f_0(x) / tau).
         clients: client -> (N0, J) softmax(l^k / tau), from what the client would upload.
     """
 
-    round: int
     rows: Tensor
     server: Tensor
     clients: dict[int, Tensor]
@@ -118,7 +116,7 @@ class PLIAttack(InversionAttack):
             return
         rows = self.d0_rows[torch.isin(self.d0_rows, query.rows)]
         clients = {k: self._tempered(query, k, rows) for k in query.clients}
-        self.collected = PLIInputs(record.round, rows, self._tempered(query, "server", rows), clients)
+        self.collected = PLIInputs(rows, self._tempered(query, "server", rows), clients)
 
     def _prior_of(self, labels: Tensor) -> Tensor:
         """x̄_y for labels y; the naive prior's single image serves labels outside 0..J-1 (unknown labels, -1)."""

@@ -25,7 +25,6 @@ from fdattack.tracking.progress import progress_iter
 class TBIInputs:
     """Collected at the attack point: the public rows and each source's (N, J) tempered outputs on them."""
 
-    round: int
     rows: Tensor
     outputs: list[Tensor]
 
@@ -48,7 +47,7 @@ class TBIAttack(InversionAttack):
             return
         clients = list(query.clients)
         sources = [clients[-1]] * len(clients) if self.last_client_only else clients
-        self.collected = TBIInputs(record.round, query.rows, [self._tempered(query, k, query.rows) for k in sources])
+        self.collected = TBIInputs(query.rows, [self._tempered(query, k, query.rows) for k in sources])
 
     def on_round_end(self, round: int) -> list[AttackResult]:
         inputs, self.collected = self.collected, None
