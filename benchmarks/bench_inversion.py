@@ -190,7 +190,9 @@ def peak_rss_mb() -> float:
 
 def memory_worker(args: argparse.Namespace) -> None:
     """Run ``--rounds`` PLI rounds on synthetic public data and fake client outputs; print peak RSS as JSON."""
+    from fdattack.attacks.base import AttackContext
     from fdattack.attacks.pli import PLIAttack, PLISettings
+    from fdattack.attacks.priors import PriorKind, PriorSettings
     from fdattack.attacks.state_store import ClientStateStore
     from fdattack.data.imageset import ImageSet
     from fdattack.fd.record import PublicQuery, RoundRecord
@@ -208,11 +210,11 @@ def memory_worker(args: argparse.Namespace) -> None:
         seed = 10_007 if model == "server" else int(model)
         return torch.randn(n, j, generator=torch.Generator().manual_seed(seed))[rows]
 
-    settings = PLISettings(max_width=args.max_width, epochs_per_round=1, batch_size=args.batch_size)
+    settings = PLISettings(max_width=args.max_width, epochs_per_round=1, batch_size=args.batch_size, prior=PriorSettings(kind=PriorKind.naive))
     baseline = peak_rss_mb()
     with tempfile.TemporaryDirectory() as folder:
         store = ClientStateStore(Path(folder) if args.store == "disk" else None)
-        attack = PLIAttack(view, settings, seed=0, store=store)
+        attack = PLIAttack(view, settings, AttackContext(seed=0, store=store))
         started = time.perf_counter()
         for round in range(1, args.rounds + 1):
             query = PublicQuery(answer, round, "server_train", torch.arange(n), clients, has_server=True)

@@ -7,7 +7,6 @@ files. Under DDP every rank runs the same code; only rank 0 writes files and log
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import logging
 import tempfile
@@ -19,12 +18,8 @@ from pathlib import Path
 from omegaconf import DictConfig, OmegaConf
 from torchvision.utils import save_image
 
-from fdattack.attacks.base import Attack
-from fdattack.attacks.inversion import InversionSettings
-from fdattack.attacks.pli import PLIAttack, PLISettings
-from fdattack.attacks.priors import PriorSettings, TranslatorSettings
+from fdattack.attacks import ATTACKS, Attack, AttackContext
 from fdattack.attacks.state_store import ClientStateStore
-from fdattack.attacks.tbi import TBIAttack
 from fdattack.data.domains import DOMAIN_TRANSFORMS
 from fdattack.data.federated import FederatedData
 from fdattack.errors import CheckpointError
@@ -32,6 +27,7 @@ from fdattack.evaluation import ConfidenceGapDiagnostic, Evaluator, Oracle, Reco
 from fdattack.fd.engine import LocalTrainer, derive_seed, make_fabric, seed_everything_quietly
 from fdattack.fd.orchestrator import RoundOrchestrator
 from fdattack.fd.protocols import PROTOCOLS
+from fdattack.defenses import DEFENSES, Defense
 from fdattack.fd.protocols.base import Protocol
 from fdattack.fd.threat import AttackerView, Degradation, attacker_view
 from fdattack.tracking import Progress, RunDirectory, WandbRun, attack_summary, load_checkpoint, rng_state, save_checkpoint, set_rng_state
@@ -56,26 +52,34 @@ def view_for(cfg: DictConfig, protocol: Protocol, data: FederatedData) -> Attack
     return attacker_view(data.split, protocol.threat_model, protocol.name, protocol.server is not None, known_degradation(cfg))
 
 
-def build_attacks(cfg: DictConfig, view: AttackerView, state_root: Path | None = None) -> list[Attack]:
-    """The attacks of ``cfg.attacks``, each built from the attacker's view and its own settings only.
+def build_defenses(cfg: DictConfig) -> list[Defense]:
+    """The defenses of ``cfg.defenses``, in order, each from its own ``defense.<name>`` settings."""
+    return [DEFENSES.get(name)(OmegaConf.to_object(cfg.defense[name]), cfg.seed) for name in cfg.defenses]
+
+
+def build_attacks(cfg: DictConfig, view: AttackerView, protocol: Protocol, engine: LocalTrainer | None = None,
+                  state_root: Path | None = None) -> list[Attack]:
+    """The attacks of ``cfg.attacks``, each built from the attacker's view, its own ``attack.<name>`` settings and
+    a context; an attack that needs server powers gets an :class:`~fdattack.fd.adversary.Adversary` with exactly those.
 
     Args:
+        protocol: grants the adversaries (the attacks never receive it).
+        engine: the run's engine, which attack training goes through.
         state_root: folder where attacks keep their per-client networks between rounds (None: memory).
     """
-    knobs = OmegaConf.to_container(cfg.attack)
-    last_client_only = knobs.pop("tbi_last_client_only")  # type: ignore[union-attr]
-    p = knobs.pop("prior")  # type: ignore[union-attr]
-    settings = PLISettings(**knobs)  # type: ignore[arg-type]
-    kind, translator = p.pop("kind"), p.pop("translator")  # type: ignore[union-attr]
-    prior = PriorSettings(kind, TranslatorSettings(kind=translator, **p))  # type: ignore[arg-type]
-    tbi = InversionSettings(**{f.name: getattr(settings, f.name) for f in dataclasses.fields(InversionSettings)})
     attacks: list[Attack] = []
     for name in cfg.attacks:
-        store = ClientStateStore(state_root / name if state_root is not None else None)
-        if name == "pli":
-            attacks.append(PLIAttack(view, settings, cfg.seed, prior=prior, store=store, progress=cfg.logger.progress))
-        else:
-            attacks.append(TBIAttack(view, tbi, cfg.seed, store=store, progress=cfg.logger.progress, last_client_only=last_client_only))
+        cls = ATTACKS.get(name)
+        settings = OmegaConf.to_object(cfg.attack[name])
+        powers = cls.adversary_powers(settings)
+        context = AttackContext(
+            seed=cfg.seed,
+            store=ClientStateStore(state_root / name if state_root is not None else None),
+            progress=str(cfg.logger.progress),
+            engine=engine,
+            adversary=protocol.grant_adversary(powers) if powers else None,
+        )
+        attacks.append(cls(view, settings, context))
     return attacks
 
 
@@ -94,7 +98,7 @@ def build_evaluator(cfg: DictConfig, oracle: Oracle) -> Evaluator:
 
 
 def _flat_config(cfg: DictConfig) -> dict:
-    return OmegaConf.to_container(cfg, resolve=True)  # type: ignore[return-value]
+    return OmegaConf.to_container(cfg, resolve=True, enum_to_str=True)  # type: ignore[return-value]
 
 
 class Experiment:
@@ -108,7 +112,7 @@ class Experiment:
     """
 
     def __init__(self, cfg: DictConfig) -> None:
-        logging.basicConfig(level=getattr(logging, cfg.logger.level), format="%(message)s")
+        logging.basicConfig(level=getattr(logging, str(cfg.logger.level)), format="%(message)s")
         self.cfg = cfg
         self.started = time.perf_counter()
         t = cfg.trainer
@@ -117,7 +121,7 @@ class Experiment:
         self.data = FederatedData(cfg.data, cfg.protocol.num_clients, cfg.seed)
         self.data.setup()
         self.engine = LocalTrainer(self.fabric, batch_size=cfg.protocol.optim.batch_size)
-        self.protocol = PROTOCOLS.get(cfg.protocol.name)(cfg.protocol, cfg.model, self.data.split, self.engine, cfg.seed)
+        self.protocol = PROTOCOLS.get(cfg.protocol.name)(cfg.protocol, cfg.model, self.data.split, self.engine, cfg.seed, build_defenses(cfg))
         self.oracle = Oracle(self.data.split, self.engine, tuple(self.protocol.clients), self.protocol.server)
         self.view = view_for(cfg, self.protocol, self.data)
         output_dir = Path(cfg.output_dir) if cfg.output_dir else default_output_dir(cfg)
@@ -125,7 +129,9 @@ class Experiment:
         # only rank 0 writes the run directory; the other ranks keep their attack states in a scratch folder
         self._scratch = None if self.fabric.is_global_zero else tempfile.TemporaryDirectory(prefix="fdattack-attack-state-")
         state_root = self.output_dir / "attack_state" if self._scratch is None else Path(self._scratch.name)
-        self.attacks = build_attacks(cfg, self.view, state_root)
+        # the attacks' own Fabric on the same devices: the run's Fabric lists every client module it set up
+        attack_engine = LocalTrainer(make_fabric(t.accelerator, t.devices, t.strategy, t.num_nodes, t.precision), batch_size=cfg.protocol.optim.batch_size)
+        self.attacks = build_attacks(cfg, self.view, self.protocol, attack_engine, state_root)
         self.evaluator = build_evaluator(cfg, self.oracle)
         self.run_dir = RunDirectory(self.output_dir, is_writer=self.fabric.is_global_zero, keep_checkpoints=cfg.keep_checkpoints)
 
@@ -191,6 +197,9 @@ class Experiment:
         report.metrics = {**protocol_metrics, **report.metrics}
         for attack in self.attacks:
             report.update(self.evaluator.score(attack.name, attack.on_round_end(round_index)))
+            adversary = attack.context.adversary
+            if adversary is not None:
+                report.metrics.update({f"adversary/{attack.name}/{key}": value for key, value in adversary.end_round().items()})
         return report
 
     def _prepare_run_dir(self) -> None:
@@ -238,7 +247,7 @@ def _last_round_metrics(output_dir: Path) -> dict[str, float]:
 
 
 def _disabled(cfg: DictConfig) -> DictConfig:
-    node = OmegaConf.to_container(cfg.logger.wandb)
+    node = OmegaConf.to_container(cfg.logger.wandb, enum_to_str=True)
     node["mode"] = "disabled"  # type: ignore[index]
     return OmegaConf.create(node)
 

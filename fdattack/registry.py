@@ -41,6 +41,9 @@ class Registry(Generic[T]):
             known = ", ".join(sorted(self._items))
             raise ConfigError(f"{self.key}={name!r} is not a known {self.kind}; choose one of: {known}") from None
 
+    def items(self) -> list[tuple[str, T]]:
+        return [(name, self._items[name]) for name in self.names()]
+
     def names(self) -> list[str]:
         return sorted(self._items)
 

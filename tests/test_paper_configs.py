@@ -60,8 +60,10 @@ def test_experiment_composes_at_paper_scale(protocol: str, dataset: str, tmp_pat
     assert (p.optim.name, p.optim.lr, p.optim.batch_size) == ("adam", 1e-3, 64)
     assert p.optim.weight_decay == (3e-3 if dataset == "facescrub" else 1e-4)
     assert list(cfg.attacks) == ["pli", "tbi"]
-    assert (a.tau, a.gamma, a.alpha, a.beta, a.lr, a.weight_decay) == (3.0, 0.03, 5.0, 0.1, 3e-5, 1e-4)
-    assert (a.batch_size, a.epochs_per_round, a.max_width) == (8, 3, 1024)
+    assert (a.pli.tau, a.pli.gamma, a.pli.alpha, a.pli.beta) == (3.0, 0.03, 5.0, 0.1)
+    for inversion in (a.pli, a.tbi):
+        assert (inversion.tau, inversion.lr, inversion.weight_decay) == (3.0, 3e-5, 1e-4)
+        assert (inversion.batch_size, inversion.epochs_per_round, inversion.max_width) == (8, 3, 1024)
 
 
 @pytest.mark.parametrize(("protocol", "dataset"), EXPERIMENTS)

@@ -10,7 +10,9 @@ from typing import Callable
 import torch
 from torch import Tensor
 
+from fdattack.attacks.base import AttackContext
 from fdattack.attacks.pli import PLIAttack, PLISettings, select_reconstructions
+from fdattack.attacks.priors import PriorKind, PriorSettings
 from fdattack.attacks.state_store import ClientStateStore
 from fdattack.data.imageset import ImageSet
 from fdattack.fd.record import PublicQuery, RoundRecord
@@ -18,6 +20,8 @@ from fdattack.fd.threat import AttackerView, ThreatModel
 from fdattack.config import compose
 from fdattack.experiment import run
 from tests.conftest import REPO, tiny
+
+NAIVE = PriorSettings(kind=PriorKind.naive)
 
 
 def test_selection_picks_the_distinct_clean_candidate() -> None:
@@ -36,8 +40,8 @@ def test_selection_picks_the_distinct_clean_candidate() -> None:
 
 
 def test_pli_runs_every_round_and_improves(tmp_path: Path) -> None:
-    cfg = compose(None, tiny(tmp_path, "attacks=[pli]", "protocol.rounds=3", "attack.max_width=64", "attack.lr=1e-4",
-                             "attack.epochs_per_round=2", "observers.confidence_gap.enabled=false"))
+    cfg = compose(None, tiny(tmp_path, "attacks=[pli]", "protocol.rounds=3", "attack.pli.max_width=64", "attack.tbi.max_width=64", "attack.pli.lr=1e-4", "attack.tbi.lr=1e-4",
+                             "attack.pli.epochs_per_round=2", "attack.tbi.epochs_per_round=2", "observers.confidence_gap.enabled=false"))
     metrics = run(cfg)
     rows = [json.loads(line) for line in (tmp_path / "run" / "rounds.jsonl").read_text().splitlines()]
     ssim = [r["attack/pli/ssim"] for r in rows[1:]]
@@ -55,7 +59,7 @@ def test_pli_runs_every_round_and_improves(tmp_path: Path) -> None:
 def test_pli_beats_tbi_on_digits_with_fedmd(tmp_path: Path) -> None:
     """The paper's headline claim (pli.md §11.1) on the embedded data: TBI reproduces the public look."""
     cfg = compose(None, [f"output_dir={tmp_path / 'run'}", "logger.wandb.mode=disabled", "logger.progress=never",
-                         "attacks=[pli,tbi]", "attack.max_width=128", "attack.lr=1e-4", "observers.confidence_gap.enabled=false"])
+                         "attacks=[pli,tbi]", "attack.pli.max_width=128", "attack.tbi.max_width=128", "attack.pli.lr=1e-4", "attack.tbi.lr=1e-4", "observers.confidence_gap.enabled=false"])
     metrics = run(cfg)
     assert metrics["attack/pli/accuracy"] > metrics["attack/tbi/accuracy"]
     assert metrics["attack/pli/accuracy"] > metrics["attack/pli/chance"]
@@ -81,8 +85,8 @@ def _attack_setup(seed: int = 0, j: int = 6) -> tuple[AttackerView, Callable[[Te
 
 
 def _pli(view: AttackerView, **knobs: object) -> PLIAttack:
-    settings = PLISettings(**{"max_width": 16, "lr": 1e-3, "epochs_per_round": 1, "gamma": 0.3, **knobs})  # type: ignore[arg-type]
-    return PLIAttack(view, settings, seed=0)
+    settings = PLISettings(**{"max_width": 16, "lr": 1e-3, "epochs_per_round": 1, "gamma": 0.3, "prior": NAIVE, **knobs})  # type: ignore[arg-type]
+    return PLIAttack(view, settings, AttackContext(seed=0))
 
 
 def _attack_round(attack: PLIAttack, record: RoundRecord, round: int) -> Tensor:
@@ -111,24 +115,24 @@ def test_attack_resumes_exactly_from_its_state_dict(tmp_path: Path) -> None:
     """Networks persisted on disk between rounds; a restored attack continues exactly where the checkpoint was."""
     view, record = _attack_setup()
     r = record(torch.randn(48, 6))
-    settings = PLISettings(max_width=16, lr=1e-3, epochs_per_round=1)
-    attack = PLIAttack(view, settings, seed=0, store=ClientStateStore(tmp_path / "a"))
+    settings = PLISettings(max_width=16, lr=1e-3, epochs_per_round=1, prior=NAIVE)
+    attack = PLIAttack(view, settings, AttackContext(seed=0, store=ClientStateStore(tmp_path / "a")))
     _attack_round(attack, r, 1)
     checkpoint = attack.state_dict()
     straight = _attack_round(attack, r, 2)
-    resumed = PLIAttack(view, settings, seed=0, store=ClientStateStore(tmp_path / "a"))
+    resumed = PLIAttack(view, settings, AttackContext(seed=0, store=ClientStateStore(tmp_path / "a")))
     resumed.load_state_dict(checkpoint)
     assert torch.equal(_attack_round(resumed, r, 2), straight)
-    fresh = PLIAttack(view, settings, seed=0)
+    fresh = PLIAttack(view, settings, AttackContext(seed=0))
     assert not torch.equal(_attack_round(fresh, r, 2), straight)  # the restored networks, not new ones, made round 2
 
 
 def test_pli_with_the_learned_prior_on_digits(tmp_path: Path) -> None:
     """FedMD on digits with the learned (restorer) prior: Table S-3's prior SSIM is logged and beats the naive prior's."""
-    common = ["attacks=[pli]", "protocol.rounds=1", "attack.max_width=32", "attack.epochs_per_round=1",
-              "observers.confidence_gap.enabled=false", "attack.prior.epochs=5", "attack.prior.width=16"]
-    learned = run(compose(None, tiny(tmp_path / "l", *common, "attack.prior.kind=learned")))
-    naive = run(compose(None, tiny(tmp_path / "n", *common, "attack.prior.kind=naive")))
+    common = ["attacks=[pli]", "protocol.rounds=1", "attack.pli.max_width=32", "attack.tbi.max_width=32", "attack.pli.epochs_per_round=1", "attack.tbi.epochs_per_round=1",
+              "observers.confidence_gap.enabled=false", "attack.pli.prior.epochs=5", "attack.pli.prior.width=16"]
+    learned = run(compose(None, tiny(tmp_path / "l", *common, "attack.pli.prior.kind=learned")))
+    naive = run(compose(None, tiny(tmp_path / "n", *common, "attack.pli.prior.kind=naive")))
     assert learned["attack/pli/prior_ssim"] > naive["attack/pli/prior_ssim"] + 0.05
     assert (tmp_path / "l" / "run" / "images" / "attack_pli_prior_round_0001.png").is_file()
 
@@ -162,7 +166,7 @@ def test_pli_beats_its_prior_and_tbi_on_att_faces_with_fedmd(tmp_path: Path) -> 
     """
     cfg = compose(REPO / "conf" / "experiment" / "pli_fedmd_att_faces.yaml",
                   [f"output_dir={tmp_path / 'run'}", "logger.wandb.mode=disabled", "logger.progress=never", "protocol.rounds=2",
-                   "attack.max_width=64", "evaluation.classifier=null", "observers.confidence_gap.enabled=false"])
+                   "attack.pli.max_width=64", "attack.tbi.max_width=64", "evaluation.classifier=null", "observers.confidence_gap.enabled=false"])
     metrics = run(cfg)
     prior = json.loads((tmp_path / "run" / "rounds.jsonl").read_text().splitlines()[1])["attack/pli/prior_accuracy"]
     chance = metrics["attack/pli/chance"]
@@ -175,7 +179,7 @@ def test_pli_beats_its_prior_and_tbi_on_att_faces_with_fedmd(tmp_path: Path) -> 
 
 def test_attacks_are_passive(tmp_path: Path) -> None:
     """Running PLI and TBI changes nothing the protocol does: same protocol metrics as without attacks."""
-    small = ["attack.max_width=16", "attack.epochs_per_round=1", "attack.prior.epochs=1", "attack.prior.width=8", "evaluation.epochs=2"]
+    small = ["attack.pli.max_width=16", "attack.tbi.max_width=16", "attack.pli.epochs_per_round=1", "attack.tbi.epochs_per_round=1", "attack.pli.prior.epochs=1", "attack.pli.prior.width=8", "evaluation.epochs=2"]
     watched = run(compose(None, tiny(tmp_path / "a", *small, "attacks=[pli,tbi]")))
     alone = run(compose(None, tiny(tmp_path / "b")))
     protocol = {k: v for k, v in alone.items() if k.startswith("protocol/")}

@@ -8,7 +8,7 @@ import torch
 from sklearn.datasets import load_digits
 from torch.utils.data import DataLoader
 
-from fdattack.attacks.priors import TranslatorSettings, learned_prior, naive_prior, train_learned_prior, translation_pairs
+from fdattack.attacks.priors import PriorKind, PriorSettings, TranslatorKind, learned_prior, naive_prior, train_learned_prior, translation_pairs
 from fdattack.data.domains import box_blur
 from fdattack.data.imageset import AUXILIARY, SENSITIVE, ImageSet
 from fdattack.lit.translation import CycleGANLitModule, RestorerLitModule, lsgan_loss
@@ -107,7 +107,7 @@ def test_learned_prior_beats_the_naive_prior_on_target_digits() -> None:
     images, labels = _digits(400)
     targets = [0, 1, 2]
     public = _public(images, labels, targets)
-    settings = TranslatorSettings("restorer", epochs=8, lr=1e-3, batch_size=8, width=16, pairs_per_label=60)
+    settings = PriorSettings(PriorKind.learned, TranslatorKind.restorer, epochs=8, lr=1e-3, batch_size=8, width=16, pairs_per_label=60)
     learned = train_learned_prior(public, targets, 10, settings, lambda x: box_blur(x, 3), seed=0)
     naive = naive_prior(public, 10)
     for j in targets:

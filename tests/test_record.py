@@ -11,8 +11,8 @@ import torch
 
 from fdattack.config import compose
 from fdattack.experiment import Experiment
-from fdattack.attacks.base import Attack
-from fdattack.fd.record import PublicQuery, RoundRecord, Upload
+from fdattack.attacks.base import Attack, AttackContext
+from fdattack.fd.record import PublicBatch, PublicQuery, RoundRecord, Upload
 from tests.conftest import REPO, tiny
 
 
@@ -20,6 +20,7 @@ class Collector(Attack):
     name = "collector"
 
     def __init__(self) -> None:
+        super().__init__(None, None, AttackContext(seed=0))  # type: ignore[arg-type]  # a test observer: no view needed
         self.records: list[RoundRecord] = []
 
     def on_record(self, record: RoundRecord) -> None:
@@ -66,15 +67,15 @@ def test_records_hold_no_private_data(tmp_path: Path, protocol: str) -> None:
         for upload in record.uploads.values():
             assert upload.kind in ("logits", "probs")
             # outputs refer to public rows only
-            assert upload.public_indices is not None and int(upload.public_indices.max()) < len(split.public)
-            assert upload.outputs is not None and upload.outputs.shape == (len(upload.public_indices), split.num_classes)
+            assert upload.batch is not None and int(upload.batch.rows.max()) < len(split.public) and upload.batch.added is None
+            assert upload.outputs is not None and upload.outputs.shape == (len(upload.batch), split.num_classes)
         assert isinstance(record.query, PublicQuery)
         assert not any(isinstance(v, type(exp.data)) for v in vars(record).values())
 
 
 def test_uploads_are_copies_observers_cannot_alter() -> None:
     outputs = torch.zeros(3, 2)
-    upload = Upload(client=0, kind="logits", public_indices=torch.arange(3), outputs=outputs)
+    upload = Upload(client=0, kind="logits", batch=PublicBatch(torch.arange(3)), outputs=outputs)
     copy = upload.frozen_copy()
     copy.outputs.add_(1.0)  # type: ignore[union-attr]
     assert float(outputs.abs().sum()) == 0.0

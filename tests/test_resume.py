@@ -19,7 +19,7 @@ ARGS = [
     "protocol.num_clients=3", "protocol.rounds=4", "protocol.transfer_public_epochs=1", "protocol.transfer_private_epochs=1",
     "protocol.digest_epochs=3", "protocol.revisit_epochs=3", "logger.wandb.mode=disabled", "logger.progress=never",
     # small attacks, so that their per-client networks on disk, learned prior and evaluation classifier resume too
-    "attacks=[pli,tbi]", "attack.max_width=16", "attack.epochs_per_round=1", "attack.prior.epochs=1", "attack.prior.width=8",
+    "attacks=[pli,tbi]", "attack.pli.max_width=16", "attack.tbi.max_width=16", "attack.pli.epochs_per_round=1", "attack.tbi.epochs_per_round=1", "attack.pli.prior.epochs=1", "attack.pli.prior.width=8",
     "evaluation.epochs=2",
 ]
 

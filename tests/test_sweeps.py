@@ -31,7 +31,7 @@ def test_sweep_file_is_valid_and_maps_onto_config_keys(path: Path) -> None:
 
 def test_invalid_sweep_file_is_one_line_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     bad = tmp_path / "bad.yaml"
-    bad.write_text("method: sideways\nparameters: {attack.tau: {values: [1]}}\n")
+    bad.write_text("method: sideways\nparameters: {attack.pli.tau: {values: [1]}}\n")
     assert main(["sweep", str(bad)]) == 2
     err = capsys.readouterr().err.strip()
     assert str(bad) in err and len(err.splitlines()) == 1
@@ -46,5 +46,5 @@ def test_two_point_local_sweep_end_to_end(tmp_path: Path, capsys: pytest.Capture
     assert "trial_000" in out and "trial_001" in out and "attack/pli/accuracy" in out
     trials = sorted((tmp_path / "pli_tau_gamma").iterdir())
     assert [t.name for t in trials] == ["trial_000", "trial_001"]
-    taus = [OmegaConf.load(t / "config.yaml").attack.tau for t in trials]
+    taus = [OmegaConf.load(t / "config.yaml").attack.pli.tau for t in trials]
     assert taus == [0.3, 1.0] and all((t / "metrics.json").is_file() for t in trials)

@@ -16,10 +16,9 @@ from pathlib import Path
 
 import pytest
 import torch
-from lightning.fabric import Fabric
 from torch import Tensor
 
-from fdattack.attacks.base import Attack
+from fdattack.attacks.base import Attack, AttackContext
 from fdattack.attacks.pli import PLIAttack
 from fdattack.attacks.pli_inputs import tempered_softmax
 from fdattack.attacks.results import AttackResult
@@ -30,7 +29,8 @@ from fdattack.data.imageset import UNLABELED
 from fdattack.evaluation import Evaluator, Oracle, ReconstructionScorer
 from fdattack.experiment import Experiment
 from fdattack.fd.engine import LocalTrainer, ModelHandle, predict_logits
-from fdattack.fd.protocols.base import Protocol
+from fdattack.defenses import Release
+from fdattack.fd.protocols.base import Protocol, as_sent
 from fdattack.fd.record import QueryRefusedError, RoundRecord, StaleQueryError
 from fdattack.lit.classifier import ClassifierLitModule
 from fdattack.metrics.identity import IdentityScorer
@@ -38,11 +38,12 @@ from tests.conftest import REPO, tiny
 from tests.object_graph import reachable
 
 #: what no attack may reach: the ground truth, the protocol, its engine and its models
-FORBIDDEN = (Oracle, FederatedSplit, FederatedData, Protocol, LocalTrainer, Fabric, ModelHandle, ClassifierLitModule, Evaluator,
+# attacks train on an engine of their own; the run's engine and Fabric list every client module
+FORBIDDEN = (Oracle, FederatedSplit, FederatedData, Protocol, ModelHandle, ClassifierLitModule, Evaluator,
              ReconstructionScorer, IdentityScorer, Experiment)
 EXPERIMENTS = {"fedmd": "fedmd_digits", "fedgems": "fedgems_digits", "dsfl": "dsfl_digits", "cronus": "cronus_digits"}
 ATTACKS = {"fedmd": ["pli", "tbi"], "fedgems": ["pli", "tbi"], "dsfl": ["pli", "tbi"], "cronus": ["tbi"]}
-SMALL = ["attack.max_width=16", "attack.epochs_per_round=1", "attack.prior.epochs=1", "attack.prior.width=8",
+SMALL = ["attack.pli.max_width=16", "attack.tbi.max_width=16", "attack.pli.epochs_per_round=1", "attack.tbi.epochs_per_round=1", "attack.pli.prior.epochs=1", "attack.pli.prior.width=8",
          "evaluation.classifier=null", "observers.confidence_gap.enabled=false"]
 
 
@@ -52,6 +53,7 @@ class Probe(Attack):
     name = "probe"
 
     def __init__(self, exp: Experiment) -> None:
+        super().__init__(exp.view, None, AttackContext(seed=0))
         self.exp = exp  # the test's own handle on the run (never given to an attack)
         self.records: list[RoundRecord] = []
         self.models: dict[int | str, dict[str, Tensor]] = {}
@@ -94,15 +96,19 @@ def _sent_at(exp: Experiment, probe: Probe, model: int | str, rows: Tensor, tau:
     if model == "server":
         return torch.softmax(logits / tau, dim=-1)
     kind, temperature = exp.protocol.upload_kind()
-    return tempered_softmax(exp.protocol.sent_outputs(int(model), logits), kind, temperature, tau)
+    sent, _ = as_sent(logits, temperature, exp.protocol.upload_defenses, Release(int(model), 0, "probe", kind, b""))
+    return tempered_softmax(sent, kind, temperature, tau)
 
 
 def _private_rows(split: FederatedSplit) -> Tensor:
     return torch.cat([p.images for p in split.private]).flatten(1)
 
 
-def _assert_nothing_private(objects: list[object], split: FederatedSplit) -> None:
+def _assert_nothing_private(objects: list[object], split: FederatedSplit, run_engine: LocalTrainer | None = None) -> None:
     private = _private_rows(split)
+    if run_engine is not None:
+        ids = {id(o) for o in objects}
+        assert id(run_engine) not in ids and id(run_engine.fabric) not in ids, "an attack reaches the run's engine"
     storages = {p.images.untyped_storage().data_ptr() for p in split.private} | {p.labels.untyped_storage().data_ptr() for p in split.private}
     for obj in objects:
         assert not isinstance(obj, FORBIDDEN), f"an attack reaches a {type(obj).__name__}"
@@ -144,7 +150,7 @@ def test_attacks_see_exactly_their_threat_model(tmp_path: Path, protocol: str) -
     assert {id(o) for o in probe.open_walk} & nets
     assert not {id(o) for o in reachable(*probe.records)} & nets
     attacks = [a for a in exp.attacks if a is not probe]
-    _assert_nothing_private(list(reachable(*attacks, *probe.records)), split)
+    _assert_nothing_private(list(reachable(*attacks, *probe.records)), split, exp.engine)
 
     # (c) without public labels the attacker holds none
     if protocol in ("dsfl", "cronus"):
@@ -160,13 +166,8 @@ def test_attacks_see_exactly_their_threat_model(tmp_path: Path, protocol: str) -
 def test_query_grants_the_round_rows_and_answers_as_uploads(tmp_path: Path) -> None:
     """DS-FL with a public subset per round: queries refuse other rows; answers equal the uploads and pass the upload transforms."""
     cfg = compose(REPO / "conf" / "experiment" / "dsfl_digits.yaml", tiny(tmp_path, "protocol.rounds=1", "protocol.public_per_round=40",
-                                                                          "observers.confidence_gap.enabled=false"))
+                                                                          "observers.confidence_gap.enabled=false", "defenses=[rounding]"))
     exp = Experiment(cfg)
-
-    def rounded(client: int, payload: Tensor, kind: str) -> Tensor:  # a defense-like transform (rounding to 2 decimals)
-        return torch.round(payload * 100) / 100
-
-    exp.protocol.upload_transforms.append(rounded)
 
     class Checker(Attack):
         name = "checker"
@@ -175,7 +176,8 @@ def test_query_grants_the_round_rows_and_answers_as_uploads(tmp_path: Path) -> N
         def on_record(self, record: RoundRecord) -> None:
             if record.phase != "upload":
                 return
-            query, rows = record.query, record.public_indices
+            assert record.batch is not None
+            query, rows = record.query, record.batch.rows
             assert query is not None and rows is not None and torch.equal(query.rows, rows) and len(rows) == 40
             for k, upload in record.uploads.items():
                 answer = query(k, rows)
@@ -187,7 +189,7 @@ def test_query_grants_the_round_rows_and_answers_as_uploads(tmp_path: Path) -> N
                 query(5, rows)
             Checker.checked += 1
 
-    exp.attacks.append(Checker())
+    exp.attacks.append(Checker(exp.view, None, AttackContext(seed=0)))
     exp.run()
     assert Checker.checked == 1
 
@@ -203,10 +205,10 @@ def test_fedmd_queries_may_ask_for_any_public_row(tmp_path: Path) -> None:
         def on_record(self, record: RoundRecord) -> None:
             if record.attack_point and record.query is not None:
                 n = len(exp.data.split.public)
-                assert record.public_indices is not None and len(record.public_indices) == 30 and len(record.query.rows) == n
+                assert record.batch is not None and len(record.batch) == 30 and len(record.query.rows) == n
                 seen.append(record.query(1, torch.tensor([0, n - 1])).shape[0])
 
-    exp.attacks.append(Checker())
+    exp.attacks.append(Checker(exp.view, None, AttackContext(seed=0)))
     exp.run()
     assert seen == [2]
 
@@ -215,6 +217,6 @@ def test_learned_prior_is_refused_without_public_labels(tmp_path: Path) -> None:
     """DS-FL declares its public set unlabeled, so PLI cannot build Eq. 9's per-label prior even when the data has labels."""
     from fdattack.errors import ConfigError
 
-    cfg = compose(REPO / "conf" / "experiment" / "dsfl_digits.yaml", tiny(tmp_path, "attacks=[pli]", "attack.prior.kind=learned", "data.label_space=all"))
-    with pytest.raises(ConfigError, match="attack.prior.kind=learned needs every public label"):
-        Experiment(cfg)
+    overrides = tiny(tmp_path, "attacks=[pli]", "attack.pli.prior.kind=learned", "data.label_space=all")
+    with pytest.raises(ConfigError, match=r"attacks: pli needs the public set's labels \(public_labels\), which protocol.name=dsfl does not offer here; change attack.pli.\* \(its settings ask for it\)"):
+        compose(REPO / "conf" / "experiment" / "dsfl_digits.yaml", overrides)

@@ -1,9 +1,42 @@
-"""The attack contract: an observer of round records, built from an :class:`~fdattack.fd.threat.AttackerView`."""
+"""The attack contract: an observer of round records, built from an :class:`~fdattack.fd.threat.AttackerView`.
+
+An attack is one registered class (``@ATTACKS.register("name")``) with its ``Settings`` dataclass
+(the knobs under ``attack.<name>``, defaults and help text in one place) and the capabilities it
+needs (:class:`~fdattack.fd.threat.Capability`), which the config checks against what the protocol
+offers. Everything else it gets from the run comes in an :class:`AttackContext`.
+"""
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Optional
+
 from fdattack.attacks.results import AttackResult
+from fdattack.attacks.state_store import ClientStateStore
+from fdattack.fd.adversary import Adversary
+from fdattack.fd.engine import LocalTrainer
 from fdattack.fd.observer import Observer
+from fdattack.fd.threat import SERVER_POWERS, AttackerView, Capability
+from fdattack.registry import Registry
+
+
+@dataclass
+class AttackContext:
+    """What the run lends an attack besides its view and settings.
+
+    Attributes:
+        seed: the run seed (attacks derive their own streams from it).
+        store: where per-client training state waits between rounds (memory by default).
+        progress: progress bars over the attack's training: auto | always | never.
+        engine: the run's engine (``trainer.accelerator``/``precision``/DDP); None = a single CPU process.
+        adversary: the active powers granted (only to attacks that need one), or None.
+    """
+
+    seed: int
+    store: ClientStateStore = field(default_factory=ClientStateStore)
+    progress: str = "never"
+    engine: Optional[LocalTrainer] = None
+    adversary: Optional[Adversary] = None
 
 
 class Attack(Observer):
@@ -11,10 +44,37 @@ class Attack(Observer):
 
     Subclasses collect what they need in :meth:`on_record` (a record's query answers only during its
     phase) and do their work in :meth:`on_round_end`.
+
+    Args:
+        view: what the attacker knows.
+        settings: an instance of :attr:`Settings`.
+        context: seed, state store, progress, engine and adversary.
     """
 
-    name: str = "attack"
+    name: ClassVar[str] = "attack"
+    #: the attack's knobs (``attack.<name>.*``)
+    Settings: ClassVar[type]
+    #: what the attack needs from the protocol, whatever its settings
+    needs: ClassVar[frozenset[Capability]] = frozenset()
+
+    def __init__(self, view: AttackerView, settings: Any, context: AttackContext) -> None:
+        self.view = view
+        self.settings = settings
+        self.context = context
+
+    @classmethod
+    def required(cls, settings: Any) -> frozenset[Capability]:
+        """What the attack needs with these settings (:attr:`needs` unless a setting adds to it)."""
+        return cls.needs
+
+    @classmethod
+    def adversary_powers(cls, settings: Any) -> frozenset[Capability]:
+        """The server powers among :meth:`required` (an :class:`Adversary` is granted when any)."""
+        return cls.required(settings) & SERVER_POWERS
 
     def on_round_end(self, round: int) -> list[AttackResult]:
         """Called once per round after its last phase; the results go to the evaluation side."""
         return []
+
+
+ATTACKS: Registry[type[Attack]] = Registry("attack", "attacks")

@@ -3,53 +3,48 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
 
 import torch
 from torch import Tensor
 
-from fdattack.attacks.base import Attack
+from fdattack.attacks.base import Attack, AttackContext
 from fdattack.attacks.pli_inputs import tempered_softmax
-from fdattack.attacks.state_store import ClientStateStore
+from fdattack.config.knobs import knob
 from fdattack.errors import ConfigError
 from fdattack.fd.record import PublicQuery
-from fdattack.fd.threat import AttackerView
+from fdattack.fd.threat import AttackerView, Capability
 from fdattack.lit.inversion import InversionLitModule
 from fdattack.models.inversion import InversionDecoder
 
 
-@dataclass(frozen=True)
+@dataclass
 class InversionSettings:
     """Knobs of the inversion networks (pli.md §7.8): temperature of their inputs, Adam, batches, epochs, width."""
 
-    tau: float = 3.0
-    lr: float = 3e-5
-    weight_decay: float = 1e-4
-    batch_size: int = 8
-    epochs_per_round: int = 3
-    max_width: int = 1024
+    tau: float = knob(3.0, "softmax temperature of the inversion inputs", gt=0)
+    lr: float = knob(3e-5, "inversion-network Adam learning rate", gt=0)
+    weight_decay: float = knob(1e-4, "inversion-network Adam weight decay", ge=0)
+    batch_size: int = knob(8, "inversion-network batch size", ge=1)
+    epochs_per_round: int = knob(3, "inversion epochs per communication round", ge=0)
+    max_width: int = knob(1024, "widest inversion-network feature map (1024 in the paper)", ge=8)
 
 
 class InversionAttack(Attack):
     """Base of the inversion attacks: one :class:`InversionLitModule` per key, restored from ``store`` each round.
 
-    Args:
-        view: what the attacker knows (public set, targets, J).
-        settings: the inversion networks' knobs.
-        seed: seed of the networks' initialisation and shuffling.
-        store: where the networks wait between rounds (default: memory).
-        progress: progress bars over the inversion training (auto | always | never).
+    The context's store keeps the networks between rounds; its seed seeds their initialisation and shuffling.
     """
 
-    def __init__(self, view: AttackerView, settings: InversionSettings, seed: int, store: Optional[ClientStateStore] = None,
-                 progress: str = "never") -> None:
+    needs = frozenset({Capability.public_data, Capability.public_outputs})
+
+    def __init__(self, view: AttackerView, settings: InversionSettings, context: AttackContext) -> None:
+        super().__init__(view, settings, context)
         if view.public is None:
             raise ConfigError(f"attacks: {self.name} inverts outputs on public data, and protocol {view.protocol} has none; set attacks=[]")
-        self.view = view
-        self.settings = settings
-        self.seed = seed
-        self.progress = progress
-        self.store = store if store is not None else ClientStateStore()
+        self.settings: InversionSettings = settings
+        self.seed = context.seed
+        self.progress = context.progress
+        self.store = context.store
         self.targets = torch.as_tensor(view.target_labels, dtype=torch.long)
         self.num_classes = view.num_classes
 

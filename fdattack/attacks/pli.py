@@ -10,32 +10,38 @@ never scores itself: it returns :class:`~fdattack.attacks.results.Reconstruction
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
+from typing import Any, Optional
 
 import torch
 from torch import Tensor
 
+from fdattack.attacks.base import ATTACKS, AttackContext
 from fdattack.attacks.inversion import InversionAttack, InversionSettings
 from fdattack.attacks.pli_inputs import optimal_inputs
-from fdattack.attacks.priors import PriorSettings, build_prior
+from fdattack.attacks.priors import PriorKind, PriorSettings, build_prior
 from fdattack.attacks.results import AttackResult, Reconstructions
-from fdattack.attacks.state_store import ClientStateStore
-from fdattack.errors import ConfigError
+from fdattack.config.knobs import Choice, knob
 from fdattack.fd.record import RoundRecord
-from fdattack.fd.threat import AttackerView
+from fdattack.fd.threat import AttackerView, Capability
 from fdattack.metrics.image import pairwise_ssim, standard_ssim, total_variation
 from fdattack.tracking.progress import progress_iter
 
 
-@dataclass(frozen=True)
-class PLISettings(InversionSettings):
-    """PLI's knobs (pli.md §7.8): gamma (prior weight), alpha (entropy weight), beta (TV weight), the ablations."""
+class PLIVariant(Choice):
+    full = "full"
+    client_only = "client_only"
 
-    gamma: float = 0.03
-    alpha: float = 5.0
-    beta: float = 0.1
-    variant: str = "full"  # full | client_only (Table 3 row 1: G sees p^k only, optimal input one-hot(j))
-    finetune: bool = True  # Eq. 10 after each Eq. 3 epoch (skipped anyway when gamma = 0)
+
+@dataclass
+class PLISettings(InversionSettings):
+    """PLI's knobs (pli.md §7.8): gamma (prior weight), alpha (entropy weight), beta (TV weight), the ablations, the prior."""
+
+    gamma: float = knob(0.03, "prior weight (Eqs. 3 and 10)", ge=0)
+    alpha: float = knob(5.0, "entropy weight in Q (Eq. 4)", gt=0)
+    beta: float = knob(0.1, "TV weight in the client selection (Eq. 11)", ge=0)
+    variant: PLIVariant = knob(PLIVariant.full, "ablation (pli.md §8.2, Table 3): full | client_only (G sees client probabilities only, reconstructs from one-hot(j))")
+    finetune: bool = knob(True, "Eq. 10 fine-tuning on the optimal inputs after every Eq. 3 epoch (skipped anyway when gamma = 0)")
+    prior: PriorSettings = knob(PriorSettings(), "the prior images x̄_j (pli.md §7.4)")
 
 
 @dataclass(frozen=True)
@@ -74,31 +80,32 @@ def select_reconstructions(candidates: Tensor, beta: float) -> Tensor:
     return choice
 
 
+@ATTACKS.register("pli")
 class PLIAttack(InversionAttack):
     """One inversion network per client, trained on the outputs collected at the protocol's attack point.
 
     Args:
-        view: what the server knows; it must have a server model f_0.
-        settings: the attack's knobs.
-        seed: seed of the networks' initialisation and shuffling.
-        prior: how the prior images are built (pli.md §7.4); None = Eq. 8's naive prior.
-        store: where the clients' networks wait between rounds (default: memory).
-        progress: progress bar over the clients' inversion training (auto | always | never).
+        view: what the server knows; the protocol must offer a server model f_0 (checked from :meth:`required`).
+        settings: the attack's knobs, its prior among them.
+        context: seed, the store where the clients' networks wait between rounds, progress, engine.
 
     Raises:
-        ConfigError: no server model, or a learned prior where the public labels are unknown.
+        ConfigError: a learned prior where the public labels are unknown, a restorer without a known degradation.
     """
 
     name = "pli"
+    Settings = PLISettings
+    needs = InversionAttack.needs | {Capability.server_model}
 
-    def __init__(self, view: AttackerView, settings: PLISettings, seed: int, prior: Optional[PriorSettings] = None,
-                 store: Optional[ClientStateStore] = None, progress: str = "never") -> None:
-        super().__init__(view, settings, seed, store, progress)
-        if not view.has_server_model:
-            raise ConfigError(f"attacks: pli needs a server model f_0, which this {view.protocol} run does not train "
-                              "(protocol.server_model=true for fedmd, protocol.train_global_model=true for dsfl)")
+    @classmethod
+    def required(cls, settings: Any) -> frozenset[Capability]:
+        learned = settings.prior.kind == PriorKind.learned
+        return cls.needs | {Capability.public_labels} if learned else cls.needs
+
+    def __init__(self, view: AttackerView, settings: PLISettings, context: AttackContext) -> None:
+        super().__init__(view, settings, context)
         self.settings: PLISettings = settings
-        self.prior_settings = (prior if prior is not None else PriorSettings(kind="naive")).resolved(view)
+        self.prior_settings = settings.prior.resolved(view)
         self.d0_rows = view.sensitive_rows()
         self.prior: Optional[Tensor] = None
         self.collected: Optional[PLIInputs] = None

@@ -17,6 +17,7 @@ from typing import Optional
 import torch
 from torch import Tensor
 
+from fdattack.config.knobs import Choice, knob
 from fdattack.data.imageset import AUXILIARY, SENSITIVE, ImageSet
 from fdattack.errors import ConfigError
 from fdattack.fd.threat import AttackerView, Degradation
@@ -24,25 +25,29 @@ from fdattack.lit.translation import CycleGANLitModule, RestorerLitModule, Trans
 from fdattack.tracking.progress import progress_iter
 
 
-@dataclass(frozen=True)
-class TranslatorSettings:
-    """How A_phi is trained: ``kind`` cyclegan | restorer | auto, epochs, Adam lr (None = the model's default),
-    batch size (1 in the paper), ngf/ndf width, and the training pairs drawn per public label."""
-
-    kind: str = "auto"
-    epochs: int = 10
-    lr: Optional[float] = 1e-3
-    batch_size: int = 8
-    width: int = 32
-    pairs_per_label: int = 100
+class PriorKind(Choice):
+    auto = "auto"
+    naive = "naive"
+    learned = "learned"
 
 
-@dataclass(frozen=True)
+class TranslatorKind(Choice):
+    auto = "auto"
+    restorer = "restorer"
+    cyclegan = "cyclegan"
+
+
+@dataclass
 class PriorSettings:
-    """Which prior (``kind`` naive | learned | auto) and, for the learned one, its translation model."""
+    """Which prior (pli.md §7.4) and, for the learned one, how its translation model A_phi is trained."""
 
-    kind: str = "auto"
-    translator: TranslatorSettings = TranslatorSettings()
+    kind: PriorKind = knob(PriorKind.auto, "naive (Eq. 8, mean sensitive public image) | learned (Eq. 9, translated insensitive public images per label; needs every public label) | auto (learned where the protocol gives the attacker every public label, naive for DS-FL / data.label_space=targets)")
+    translator: TranslatorKind = knob(TranslatorKind.auto, "learned prior's translation model: restorer (paired, for a known degradation such as blur) | cyclegan (unpaired looks) | auto (restorer when the degradation is known, cyclegan otherwise)")
+    epochs: int = knob(10, "translation-model training epochs over its public pairs (paper: 100, batch 1)", ge=0)
+    lr: Optional[float] = knob(1e-3, "translation-model Adam learning rate, set for batch 8 and short CPU runs; null = the paper's 1e-4 (restorer) / 2e-4 (cyclegan), pli.md §13.10", gt=0)
+    batch_size: int = knob(8, "translation-model batch size (1 in the paper)", ge=1)
+    width: int = knob(32, "ngf = ndf of the translation networks (64 in the paper's code)", ge=1)
+    pairs_per_label: int = knob(100, "training pairs drawn per public label: restorer (degrade(x), x) for x in D_0; cyclegan (insensitive, sensitive) of each non-target identity", ge=1)
 
     def resolved(self, view: AttackerView) -> "PriorSettings":
         """``auto`` made concrete from what the attacker knows: learned where it knows every public label
@@ -52,24 +57,26 @@ class PriorSettings:
             ConfigError: a learned prior without public labels, or a restorer without a known degradation.
         """
         labeled = view.public_labels_known and view.public is not None and bool((view.public.labels >= 0).all())
-        kind = self.kind if self.kind != "auto" else ("learned" if labeled else "naive")
-        if kind == "naive":
-            return PriorSettings("naive", self.translator)
+        kind = self.kind if self.kind != PriorKind.auto else (PriorKind.learned if labeled else PriorKind.naive)
+        if kind == PriorKind.naive:
+            return dataclasses.replace(self, kind=PriorKind.naive)
         if not labeled:
-            raise ConfigError(f"attack.prior.kind=learned needs every public label, which this {view.protocol} run does not give the "
+            raise ConfigError(f"attack.pli.prior.kind=learned needs every public label, which this {view.protocol} run does not give the "
                               "attacker (unlabeled public set, or data.label_space=targets); use naive")
-        translator = self.translator.kind if self.translator.kind != "auto" else ("restorer" if view.degradation is not None else "cyclegan")
-        if translator == "restorer" and view.degradation is None:
-            raise ConfigError("attack.prior.translator=restorer needs a known degradation (data.aux_domain=blur); use cyclegan")
-        return PriorSettings("learned", dataclasses.replace(self.translator, kind=translator))
+        translator = self.translator
+        if translator == TranslatorKind.auto:
+            translator = TranslatorKind.restorer if view.degradation is not None else TranslatorKind.cyclegan
+        if translator == TranslatorKind.restorer and view.degradation is None:
+            raise ConfigError("attack.pli.prior.translator=restorer needs a known degradation (data.aux_domain=blur); use cyclegan")
+        return dataclasses.replace(self, kind=PriorKind.learned, translator=translator)
 
 
 def build_prior(view: AttackerView, settings: PriorSettings, seed: int, progress: str = "never") -> Tensor:
     """The (J, C, H, W) prior images from the attacker's view alone (``settings`` already resolved)."""
     assert view.public is not None
-    if settings.kind == "naive":
+    if settings.kind == PriorKind.naive:
         return naive_prior(view.public, view.num_classes)
-    return train_learned_prior(view.public, list(view.target_labels), view.num_classes, settings.translator, view.degradation, seed, progress)
+    return train_learned_prior(view.public, list(view.target_labels), view.num_classes, settings, view.degradation, seed, progress)
 
 
 def naive_prior(public: ImageSet, num_classes: int) -> Tensor:
@@ -103,12 +110,12 @@ def translation_pairs(public: ImageSet, target_labels: list[int], kind: str, deg
     return public.images[torch.cat(a_rows)], public.images[torch.cat(b_rows)]
 
 
-def build_translator(settings: TranslatorSettings, channels: int, image_size: int, seed: int) -> TranslationLitModule:
+def build_translator(settings: PriorSettings, channels: int, image_size: int, seed: int) -> TranslationLitModule:
     """A fresh A_phi of the requested kind."""
     lr = {} if settings.lr is None else {"lr": settings.lr}
     with torch.random.fork_rng(devices=[]):  # seeded initialisation that leaves the run's random stream alone
         torch.manual_seed(seed)
-        if settings.kind == "cyclegan":
+        if settings.translator == TranslatorKind.cyclegan:
             return CycleGANLitModule(channels, image_size, settings.width, seed=seed, **lr)
         return RestorerLitModule(channels, image_size, settings.width, **lr)
 
@@ -139,11 +146,11 @@ def learned_prior(translator: TranslationLitModule, public: ImageSet, num_classe
     return prior
 
 
-def train_learned_prior(public: ImageSet, target_labels: list[int], num_classes: int, settings: TranslatorSettings,
+def train_learned_prior(public: ImageSet, target_labels: list[int], num_classes: int, settings: PriorSettings,
                         degrade: Optional[Degradation], seed: int, progress: str = "never") -> Tensor:
     """Pairs, A_phi and Eq. 9 in one call; returns the (J, C, H, W) prior."""
     generator = torch.Generator().manual_seed(seed)
-    a, b = translation_pairs(public, target_labels, settings.kind, degrade, settings.pairs_per_label, generator)
+    a, b = translation_pairs(public, target_labels, str(settings.translator), degrade, settings.pairs_per_label, generator)
     translator = build_translator(settings, public.images.shape[1], public.images.shape[-1], seed)
     fit_translator(translator, a, b, settings.epochs, settings.batch_size, seed, progress)
     return learned_prior(translator, public, num_classes)

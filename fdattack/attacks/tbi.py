@@ -13,12 +13,20 @@ from typing import Optional
 import torch
 from torch import Tensor
 
+from fdattack.attacks.base import ATTACKS, AttackContext
 from fdattack.attacks.inversion import InversionAttack, InversionSettings
 from fdattack.attacks.results import AttackResult, Reconstructions
-from fdattack.attacks.state_store import ClientStateStore
+from fdattack.config.knobs import knob
 from fdattack.fd.record import RoundRecord
 from fdattack.fd.threat import AttackerView
 from fdattack.tracking.progress import progress_iter
+
+
+@dataclass
+class TBISettings(InversionSettings):
+    """TBI's knobs: the inversion network's, and the authors' closure bug."""
+
+    last_client_only: bool = knob(False, "reproduce the authors' closure bug (all outputs from the last client)")
 
 
 @dataclass(frozen=True)
@@ -29,15 +37,16 @@ class TBIInputs:
     outputs: list[Tensor]
 
 
+@ATTACKS.register("tbi")
 class TBIAttack(InversionAttack):
     """Pooled TBI: no server logits, no prior, no selection. ``last_client_only`` is the authors' closure bug."""
 
     name = "tbi"
+    Settings = TBISettings
 
-    def __init__(self, view: AttackerView, settings: InversionSettings, seed: int, store: Optional[ClientStateStore] = None,
-                 progress: str = "never", last_client_only: bool = False) -> None:
-        super().__init__(view, settings, seed, store, progress)
-        self.last_client_only = last_client_only
+    def __init__(self, view: AttackerView, settings: TBISettings, context: AttackContext) -> None:
+        super().__init__(view, settings, context)
+        self.last_client_only = settings.last_client_only
         self.collected: Optional[TBIInputs] = None
 
     def on_record(self, record: RoundRecord) -> None:

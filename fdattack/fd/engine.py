@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Callable, Sequence
 
 import lightning as L
 import torch
@@ -45,12 +45,19 @@ class ModelHandle:
         module: the plain LightningModule (its weights are what a checkpoint stores).
         wrapped: the Fabric-wrapped module (DDP wrapper under ``strategy=ddp``).
         optimizer: the Fabric-wrapped optimizer kept across phases and rounds.
+        wrap_optimizer: applied to every optimizer built for the module (a training defense's), or None.
     """
 
     name: str
     module: ClassifierLitModule
     wrapped: torch.nn.Module
     optimizer: torch.optim.Optimizer
+    wrap_optimizer: Callable[[torch.optim.Optimizer], torch.optim.Optimizer] | None = None
+
+    def new_optimizer(self) -> torch.optim.Optimizer:
+        """A fresh optimizer from the module's ``configure_optimizers``, through :attr:`wrap_optimizer`."""
+        optimizer = self.module.configure_optimizers()
+        return optimizer if self.wrap_optimizer is None else self.wrap_optimizer(optimizer)
 
     def state_dict(self) -> dict:
         return {"model": self.module.state_dict(), "optimizer": self.optimizer.state_dict()}
@@ -109,11 +116,13 @@ class LocalTrainer:
     def is_global_zero(self) -> bool:
         return self.fabric.is_global_zero
 
-    def setup(self, name: str, module: ClassifierLitModule) -> ModelHandle:
-        """Move ``module`` to the device, wrap it (DDP when asked) and build its optimizer."""
+    def setup(self, name: str, module: ClassifierLitModule,
+              wrap_optimizer: Callable[[torch.optim.Optimizer], torch.optim.Optimizer] | None = None) -> ModelHandle:
+        """Move ``module`` to the device, wrap it (DDP when asked) and build its optimizer (through ``wrap_optimizer``)."""
         optimizer = module.configure_optimizers()
+        optimizer = optimizer if wrap_optimizer is None else wrap_optimizer(optimizer)
         wrapped, optimizer = self.fabric.setup(module, optimizer)
-        return ModelHandle(name=name, module=module, wrapped=wrapped, optimizer=optimizer)
+        return ModelHandle(name=name, module=module, wrapped=wrapped, optimizer=optimizer, wrap_optimizer=wrap_optimizer)
 
     # ---------------------------------------------------------------- training
     def _batches(self, data: ImageSet, seed: int) -> list[Tensor]:
@@ -135,7 +144,7 @@ class LocalTrainer:
             return result
         handle = job.handle
         if job.fresh_optimizer:
-            handle.optimizer = self.fabric.setup_optimizers(handle.module.configure_optimizers())
+            handle.optimizer = self.fabric.setup_optimizers(handle.new_optimizer())
         handle.module.use_objective(job.objective)
         handle.wrapped.train()
         device = self.fabric.device

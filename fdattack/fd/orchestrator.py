@@ -57,7 +57,7 @@ class RoundOrchestrator:
     def run_round(self, round: int) -> RoundResult:
         """One communication round: every phase, one record per phase."""
         torch.manual_seed(derive_seed(self.protocol.seed, "round", round))
-        ctx = RoundContext(round=round, participants=self.protocol.participants(round), public_indices=self.protocol.public_indices(round))
+        ctx = RoundContext(round=round, participants=self.protocol.participants(round), batch=self.protocol.public_batch(round))
         self._run_phases(ctx, self.protocol.round_phases(round))
         metrics = {**ctx.metrics, "protocol/dropped_uploads": float(len(ctx.dropped))}
         return RoundResult(round=round, metrics=metrics)
@@ -74,8 +74,7 @@ class RoundOrchestrator:
                 for observer in self.observers:
                     observer.on_record(record)
             finally:
-                if record.query is not None:
-                    record.query.close()
+                self.protocol.close_phase(record.query)
 
     def _check_uploads(self, ctx: RoundContext, phase: str) -> None:
         """Refuse (or drop, when configured) uploads that carry NaN or inf."""
@@ -101,12 +100,12 @@ class RoundOrchestrator:
             protocol=self.protocol.name,
             participants=tuple(ctx.participants),
             dropped=tuple(ctx.dropped),
-            public_indices=None if ctx.public_indices is None else ctx.public_indices.clone(),
+            batch=None if ctx.batch is None else ctx.batch.clone(),
             uploads=MappingProxyType({k: u.frozen_copy() for k, u in ctx.uploads.items()}),
             aggregate=None if ctx.aggregate is None else ctx.aggregate.detach().clone(),
             aggregate_kind=ctx.aggregate_kind,
             global_state=None if ctx.global_state is None else MappingProxyType({k: v.clone() for k, v in ctx.global_state.items()}),
             server_outputs=None if ctx.server_outputs is None else ctx.server_outputs.detach().clone(),
             attack_point=phase.attack_point,
-            query=self.protocol.public_query(ctx, phase.name),
+            query=self.protocol.open_phase(ctx, phase.name),
         )

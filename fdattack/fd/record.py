@@ -21,14 +21,37 @@ PayloadKind = Literal["logits", "probs", "weights"]
 
 
 @dataclass(frozen=True)
+class PublicBatch:
+    """The public samples of one round: rows of the public set, then any images the server added.
+
+    Attributes:
+        rows: (N,) public rows, in the order the clients answer them.
+        added: (M, C, H, W) attacker-made images appended after the rows (unlabeled), or None.
+    """
+
+    rows: Tensor
+    added: Tensor | None = None
+
+    def __len__(self) -> int:
+        return len(self.rows) + self.num_added
+
+    @property
+    def num_added(self) -> int:
+        return 0 if self.added is None else len(self.added)
+
+    def clone(self) -> "PublicBatch":
+        return PublicBatch(self.rows.clone(), None if self.added is None else self.added.clone())
+
+
+@dataclass(frozen=True)
 class Upload:
     """One client's message to the server.
 
     Attributes:
         client: client index k.
         kind: ``"logits"`` (raw), ``"probs"`` (softmax at ``temperature``) or ``"weights"`` (FedAvg).
-        public_indices: (N,) rows of the public set the outputs refer to (None for weights).
-        outputs: (N, J) logits or probabilities, or None for weights.
+        batch: the round's public samples the outputs refer to (None for weights).
+        outputs: (N + M, J) logits or probabilities on ``batch`` (its rows, then its added images), or None for weights.
         state: model weights (FedAvg), or None.
         num_samples: n_k, the client's private-set size (FedAvg weighting).
         temperature: softmax temperature of ``probs`` uploads.
@@ -36,7 +59,7 @@ class Upload:
 
     client: int
     kind: PayloadKind
-    public_indices: Tensor | None = None
+    batch: PublicBatch | None = None
     outputs: Tensor | None = None
     state: Mapping[str, Tensor] | None = None
     num_samples: int = 0
@@ -58,7 +81,7 @@ class Upload:
         return Upload(
             client=self.client,
             kind=self.kind,
-            public_indices=None if self.public_indices is None else self.public_indices.clone(),
+            batch=None if self.batch is None else self.batch.clone(),
             outputs=None if self.outputs is None else self.outputs.detach().clone(),
             state=state,
             num_samples=self.num_samples,
@@ -148,12 +171,12 @@ class RoundRecord:
         protocol: protocol name.
         participants: clients taking part in this round.
         dropped: clients whose upload was refused this round (NaN/inf with ``on_bad_upload=drop``).
-        public_indices: (N,) public rows used this round (None = none).
+        batch: the round's public samples (None = none).
         uploads: client -> :class:`Upload`, as sent (empty before the upload phase).
         aggregate: what the server sent back: (N, J) consensus/ERA/robust mean, or None.
         aggregate_kind: ``"logits"``, ``"probs"`` or ``"weights"``.
         global_state: FedAvg's aggregated weights, or None.
-        server_outputs: (N, J) server-model logits on ``public_indices`` where a server model exists.
+        server_outputs: (N + M, J) server-model logits on ``batch`` where a server model exists.
         attack_point: True on the phase after which the protocol's passive attacks run (pli.md §5).
         query: black-box :class:`PublicQuery` on public samples, open during this phase only (None without public data).
     """
@@ -163,7 +186,7 @@ class RoundRecord:
     protocol: str
     participants: tuple[int, ...]
     dropped: tuple[int, ...] = ()
-    public_indices: Tensor | None = None
+    batch: PublicBatch | None = None
     uploads: Mapping[int, Upload] = field(default_factory=lambda: MappingProxyType({}))
     aggregate: Tensor | None = None
     aggregate_kind: str | None = None

@@ -13,6 +13,7 @@ to prove it. Model access reaches attacks only through the round records: a phas
 from __future__ import annotations
 
 from dataclasses import dataclass
+from enum import Enum
 from typing import Callable, Literal, Optional
 
 import torch
@@ -25,6 +26,47 @@ from fdattack.data.imageset import UNLABELED, ImageSet
 QueryRows = Literal["public", "round", "none"]
 #: ``images (N, C, H, W) -> their insensitive look``
 Degradation = Callable[[Tensor], Tensor]
+
+
+class Capability(str, Enum):
+    """What an attack or defense may need and a protocol may offer; compatibility is checked from these.
+
+    The last four are the active server's documented powers (DESIGN.md's ``Adversary``), reached only
+    through :class:`~fdattack.fd.adversary.Adversary`.
+    """
+
+    public_data = "public_data"  #: the public set (labels only with public_labels)
+    public_outputs = "public_outputs"  #: clients' outputs on public rows, through a record's phase-bound query
+    public_labels = "public_labels"  #: the public set's labels
+    server_model = "server_model"  #: a server model f_0 whose outputs the attacker reads
+    white_box = "white_box"  #: the global model's weights every round
+    output_uploads = "output_uploads"  #: clients upload outputs on public data (what upload defenses transform)
+    choose_public_batch = "choose_public_batch"  #: pick the public rows of the next round
+    add_public_samples = "add_public_samples"  #: add attacker-made images to the next round's public batch
+    send_aggregate = "send_aggregate"  #: send one client a chosen aggregate this round
+    query_chosen_batch = "query_chosen_batch"  #: ask a client for its outputs on attacker-chosen images
+
+    def __str__(self) -> str:
+        return self.value
+
+
+#: one line per capability, for error messages
+CAPABILITY_TEXT = {
+    Capability.public_data: "a public set",
+    Capability.public_outputs: "the clients' outputs on public data",
+    Capability.public_labels: "the public set's labels",
+    Capability.server_model: "a server model f_0",
+    Capability.white_box: "the global model's weights",
+    Capability.output_uploads: "uploads of outputs on public data",
+    Capability.choose_public_batch: "the power to choose the round's public rows",
+    Capability.add_public_samples: "the power to add images to the round's public batch",
+    Capability.send_aggregate: "the power to send one client a chosen aggregate",
+    Capability.query_chosen_batch: "the power to query a client on chosen images",
+}
+
+#: the active powers of an honest-but-not-passive server that schedules the public batch
+SERVER_POWERS = frozenset({Capability.choose_public_batch, Capability.add_public_samples, Capability.send_aggregate,
+                           Capability.query_chosen_batch})
 
 
 @dataclass(frozen=True)
@@ -40,6 +82,7 @@ class ThreatModel:
         query_rows: the public rows a query may ask for: ``public`` (any, as PLI runs FedMD/FedGEMS,
             pli.md §13.9), ``round`` (the round's rows: what the clients were asked for) or ``none``.
         white_box_global: whether the attacker holds the global model's weights (FedAvg's participating client).
+        adversary: the active powers the server has in this protocol (granted to attacks that declare them).
     """
 
     attacker: str
@@ -48,6 +91,20 @@ class ThreatModel:
     public_domains_known: bool = True
     query_rows: QueryRows = "round"
     white_box_global: bool = False
+    adversary: frozenset[Capability] = frozenset()
+
+    def offers(self, has_server_model: bool) -> frozenset[Capability]:
+        """The capabilities an attack can be granted under this threat model."""
+        offered = set(self.adversary)
+        if self.query_rows != "none":
+            offered |= {Capability.public_data, Capability.public_outputs}
+            if self.public_labels_known:
+                offered.add(Capability.public_labels)
+        if has_server_model:
+            offered.add(Capability.server_model)
+        if self.white_box_global:
+            offered.add(Capability.white_box)
+        return frozenset(offered)
 
     def describe(self) -> dict[str, object]:
         """Flat summary for the start-up line and the run config."""
@@ -57,6 +114,7 @@ class ThreatModel:
             "public_labels": "known" if self.public_labels_known else "unknown",
             "query_rows": self.query_rows,
             "white_box_global": self.white_box_global,
+            "adversary": ",".join(sorted(c.value for c in self.adversary)) or "none",
         }
 
 

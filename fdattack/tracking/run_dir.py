@@ -44,7 +44,7 @@ def to_jsonable(value: Any) -> Any:
 
 def _comparable(cfg: DictConfig) -> dict:
     """The plain config tree without the keys that may change on resume."""
-    tree = OmegaConf.to_container(cfg, resolve=True)
+    tree = OmegaConf.to_container(cfg, resolve=True, enum_to_str=True)
     if not isinstance(tree, dict):
         return {}
     for key in RESUME_FREE_KEYS:
@@ -144,7 +144,7 @@ class RunDirectory:
         """
         if not self.is_writer:
             return
-        new = OmegaConf.create(OmegaConf.to_container(cfg, resolve=True))
+        new = OmegaConf.create(OmegaConf.to_container(cfg, resolve=True, enum_to_str=True))
         if self._resuming and self.config_path.is_file():
             try:
                 old = OmegaConf.load(self.config_path)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
-from typing import Callable, ClassVar
+from typing import Callable, ClassVar, Sequence
 
 import numpy as np
 import torch
@@ -18,11 +18,14 @@ from omegaconf import DictConfig
 from torch import Tensor
 
 from fdattack.data.federated import FederatedSplit
-from fdattack.data.imageset import ImageSet
+from fdattack.config.schema import ProtocolConfig
+from fdattack.data.imageset import UNLABELED, ImageSet
+from fdattack.defenses.base import Defense, Release, TrainingDefense, UploadDefense, dense_bytes
 from fdattack.errors import ConfigError
 from fdattack.fd.engine import FitJob, LocalTrainer, ModelHandle, derive_seed, predict_logits
-from fdattack.fd.record import PayloadKind, PublicQuery, Upload
-from fdattack.fd.threat import ThreatModel
+from fdattack.fd.adversary import Adversary
+from fdattack.fd.record import PayloadKind, PublicBatch, PublicQuery, Upload
+from fdattack.fd.threat import Capability, ThreatModel
 from fdattack.lit.classifier import ClassifierLitModule, Objective
 from fdattack.models import build_classifier
 from fdattack.registry import Registry
@@ -34,7 +37,7 @@ class RoundContext:
 
     round: int
     participants: list[int]
-    public_indices: Tensor | None = None
+    batch: PublicBatch | None = None
     uploads: dict[int, Upload] = field(default_factory=dict)
     aggregate: Tensor | None = None
     aggregate_kind: str | None = None
@@ -47,6 +50,11 @@ class RoundContext:
     def senders(self) -> list[int]:
         """Participants whose upload was accepted, in client order."""
         return [k for k in self.participants if k in self.uploads]
+
+    def count_bytes(self, direction: str, size: int) -> None:
+        """Add ``size`` bytes to ``comm/upload_bytes`` or ``comm/download_bytes`` of this round."""
+        key = f"comm/{direction}_bytes"
+        self.metrics[key] = self.metrics.get(key, 0.0) + float(size)
 
 
 @dataclass(frozen=True)
@@ -62,19 +70,28 @@ class Protocol(ABC):
     """Base class of FedMD, FedGEMS, DS-FL, Cronus and FedAvg.
 
     Args:
-        cfg: the ``protocol`` config node (its dataclass is chosen by ``protocol.name``).
+        cfg: the ``protocol`` config node (the protocol's own :attr:`Config` dataclass).
         model_cfg: the ``model`` config node.
         split: the federated data (public, private per client, test).
         engine: the trainer every phase goes through.
         seed: the run seed; every random draw derives from it, round and phase.
+        defenses: upload defenses (applied in order to every payload a client releases) and training
+            defenses (wrapping every client's network, objective and optimizer).
     """
 
     name: ClassVar[str]
+    #: the protocol's config dataclass (``protocol.*`` keys; its defaults live there)
+    Config: ClassVar[type[ProtocolConfig]]
     has_server_model: ClassVar[bool] = False
+    #: whether clients upload outputs on public data (FedAvg uploads weights)
+    uploads_outputs: ClassVar[bool] = True
     #: what the attacker is granted (printed at start-up; the attacker's view and queries are built from it)
     threat_model: ClassVar[ThreatModel]
+    #: capability -> the override that turns it on, for capabilities that depend on this protocol's config
+    enable_hints: ClassVar[dict[Capability, str]] = {}
 
-    def __init__(self, cfg: DictConfig, model_cfg: DictConfig, split: FederatedSplit, engine: LocalTrainer, seed: int) -> None:
+    def __init__(self, cfg: DictConfig, model_cfg: DictConfig, split: FederatedSplit, engine: LocalTrainer, seed: int,
+                 defenses: Sequence[Defense] = ()) -> None:
         self.cfg = cfg
         self.model_cfg = model_cfg
         self.split = split
@@ -83,33 +100,63 @@ class Protocol(ABC):
         self.num_clients = int(cfg.num_clients)
         if len(split.private) != self.num_clients:
             raise ConfigError(f"protocol.num_clients={self.num_clients} but the data has {len(split.private)} private sets")
+        #: applied, in order, to every payload a client sends and to every query answer
+        self.upload_defenses = tuple(d for d in defenses if isinstance(d, UploadDefense))
+        self.training_defenses = tuple(d for d in defenses if isinstance(d, TrainingDefense))
+        #: the active powers granted to attacks (:meth:`grant_adversary`)
+        self.adversaries: list[Adversary] = []
         archs = list(model_cfg.clients) or [model_cfg.name]
         self.client_archs = [archs[k % len(archs)] for k in range(self.num_clients)]
-        self.clients = [self._make_model(f"client{k}", self.client_archs[k]) for k in range(self.num_clients)]
+        self.clients = [self._make_model(f"client{k}", self.client_archs[k], client=k) for k in range(self.num_clients)]
         self.server: ModelHandle | None = None
-        if self.uses_server_model():
+        if self.server_model_enabled(cfg):
             self.server = self._make_model("server", model_cfg.server or model_cfg.name)
-        #: transforms applied, in order, to every payload a client sends and to every query answer
-        self.upload_transforms: list[UploadTransform] = []
+
+    # ------------------------------------------------------------------ what the protocol offers
+    @classmethod
+    def server_model_enabled(cls, cfg: DictConfig) -> bool:
+        """Whether this configuration trains a server model f_0."""
+        return cls.has_server_model
+
+    @classmethod
+    def offers(cls, cfg: DictConfig) -> frozenset[Capability]:
+        """What attacks and defenses can be granted in this configuration (checked against their needs)."""
+        offered = cls.threat_model.offers(cls.server_model_enabled(cfg))
+        return offered | {Capability.output_uploads} if cls.uploads_outputs else offered
+
+    def grant_adversary(self, powers: frozenset[Capability]) -> Adversary:
+        """An :class:`Adversary` with ``powers`` (a subset of what the threat model gives the server)."""
+        refused = powers - self.threat_model.adversary
+        if refused:
+            raise ConfigError(f"protocol.name={self.name} gives the server no {', '.join(sorted(p.value for p in refused))}")
+        adversary = Adversary(frozenset(powers), len(self.split.public), self.split.image_shape)
+        self.adversaries.append(adversary)
+        return adversary
 
     # ------------------------------------------------------------------ construction
-    def uses_server_model(self) -> bool:
-        """Whether this configuration trains a server model f_0."""
-        return self.has_server_model
-
-    def _make_model(self, name: str, arch: str) -> ModelHandle:
+    def _make_model(self, name: str, arch: str, client: int | None = None) -> ModelHandle:
+        """A classifier set up by the engine; a client's network and optimizer go through the training defenses."""
         torch.manual_seed(derive_seed(self.seed, "init", name))
         c, h, _ = self.split.image_shape
         try:
             net = build_classifier(arch, c, h, self.split.num_classes)
         except ValueError as err:
             raise ConfigError(f"model {arch!r} for {name}: {err} (see data.image_size)") from None
+        defenses = self.training_defenses if client is not None else ()
+        for defense in defenses:
+            net = defense.wrap_network(client, net)  # type: ignore[arg-type]
         optim = self.cfg.optim
         module = ClassifierLitModule(
-            net, self.split.num_classes, optimizer=optim.name, lr=optim.lr, weight_decay=optim.weight_decay,
+            net, self.split.num_classes, optimizer=str(optim.name), lr=optim.lr, weight_decay=optim.weight_decay,
             momentum=optim.momentum, nesterov=optim.nesterov,
         )
-        return self.engine.setup(name, module)
+        wrap = None
+        if defenses:
+            def wrap(optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
+                for defense in defenses:
+                    optimizer = defense.wrap_optimizer(client, optimizer)  # type: ignore[arg-type]
+                return optimizer
+        return self.engine.setup(name, module, wrap_optimizer=wrap)
 
     # ------------------------------------------------------------------ schedule
     def setup_phases(self) -> list[Phase]:
@@ -124,8 +171,8 @@ class Protocol(ABC):
         """Clients taking part in ``round`` (all of them unless the protocol samples)."""
         return list(range(self.num_clients))
 
-    def public_indices(self, round: int) -> Tensor:
-        """Public rows used in ``round``: all, or ``public_per_round`` drawn without replacement (sorted)."""
+    def public_rows(self, round: int) -> Tensor:
+        """Public rows drawn for ``round``: all, or ``public_per_round`` without replacement (sorted)."""
         n = len(self.split.public)
         m = self.cfg.public_per_round
         if m is None or m >= n:
@@ -133,20 +180,39 @@ class Protocol(ABC):
         rng = np.random.default_rng(derive_seed(self.seed, "public", round))
         return torch.as_tensor(np.sort(rng.choice(n, size=int(m), replace=False)), dtype=torch.long)
 
+    def public_batch(self, round: int) -> PublicBatch | None:
+        """The round's public samples: the protocol's draw, or the rows an adversary chose, plus any images it added."""
+        rows, added = self.public_rows(round), []
+        for adversary in self.adversaries:
+            chosen, extra = adversary.take_public_choice()
+            rows = chosen if chosen is not None else rows
+            if extra is not None:
+                added.append(extra)
+        return PublicBatch(rows, torch.cat(added) if added else None)
+
     # ------------------------------------------------------------------ helpers for phases
     def seed_for(self, round: int, phase: str, model: str | int) -> int:
         return derive_seed(self.seed, round, phase, model)
 
     def public_subset(self, ctx: RoundContext) -> ImageSet:
-        assert ctx.public_indices is not None
-        return self.split.public.subset(ctx.public_indices)
+        """The round's public samples as an image set: the chosen rows, then the added images (unlabeled)."""
+        assert ctx.batch is not None
+        subset = self.split.public.subset(ctx.batch.rows)
+        if ctx.batch.added is None:
+            return subset
+        return subset.concat(ImageSet.from_images(ctx.batch.added, torch.full((ctx.batch.num_added,), UNLABELED, dtype=torch.long)))
+
+    def _objective_for(self, client: int, objective: Objective) -> Objective:
+        for defense in self.training_defenses:
+            objective = defense.wrap_objective(client, objective)
+        return objective
 
     def train_clients(self, ctx: RoundContext, phase: str, clients: list[int], data: Callable[[int], ImageSet], epochs: int,
                       objective: Objective, targets: Tensor | Callable[[int], Tensor] | None = None) -> None:
         """Train ``clients`` (each on ``data(k)``, with soft targets ``targets`` or ``targets(k)``) in one engine call."""
         fresh = bool(self.cfg.optim.fresh_per_phase)
         jobs = [
-            FitJob(self.clients[k], data(k), epochs, objective, self.seed_for(ctx.round, phase, k),
+            FitJob(self.clients[k], data(k), epochs, self._objective_for(k, objective), self.seed_for(ctx.round, phase, k),
                    targets=targets(k) if callable(targets) else targets, fresh_optimizer=fresh)
             for k in clients
         ]
@@ -164,22 +230,37 @@ class Protocol(ABC):
         if result.steps:
             ctx.metrics[f"protocol/{phase}_loss"] = result.mean_loss
 
+    def aggregate_for(self, ctx: RoundContext) -> Callable[[int], Tensor]:
+        """``k -> what client k receives``: the round's aggregate, or the one an adversary chose for k; counts the download."""
+        assert ctx.aggregate is not None
+        aggregate = ctx.aggregate
+
+        def received(k: int) -> Tensor:
+            chosen = next((a.aggregate_for(k) for a in self.adversaries if a.aggregate_for(k) is not None), None)
+            if chosen is not None and chosen.shape != aggregate.shape:
+                raise ValueError(f"round {ctx.round}: the aggregate chosen for client {k} has shape {tuple(chosen.shape)}, "
+                                 f"the protocol's has {tuple(aggregate.shape)}")
+            sent = aggregate if chosen is None else chosen
+            ctx.count_bytes("download", dense_bytes(sent))
+            return sent
+
+        return received
+
     def upload_kind(self) -> tuple[PayloadKind, float]:
         """What clients send on public samples: ``("logits", 1.0)`` or ``("probs", temperature)``."""
         return "logits", 1.0
 
-    def sent_outputs(self, client: int, logits: Tensor) -> Tensor:
-        """Client ``client``'s logits as it sends them: in :meth:`upload_kind`, through :attr:`upload_transforms`."""
-        return as_sent(client, logits, *self.upload_kind(), tuple(self.upload_transforms))
-
     def upload_outputs(self, ctx: RoundContext) -> None:
-        """Every participant sends its outputs on the round's public samples, as :meth:`sent_outputs` makes them."""
+        """Every participant sends its outputs on the round's public samples, through the upload defenses."""
+        assert ctx.batch is not None
         kind, temperature = self.upload_kind()
-        public = self.public_subset(ctx)
-        logits = self.engine.predict_many([self.clients[k] for k in ctx.participants], public)
+        logits = self.engine.predict_many([self.clients[k] for k in ctx.participants], self.public_subset(ctx))
+        key = batch_key(ctx.batch)
         for row, k in enumerate(ctx.participants):
-            out = self.sent_outputs(k, logits[row])
-            ctx.uploads[k] = Upload(client=k, kind=kind, public_indices=ctx.public_indices, outputs=out, temperature=temperature)
+            release = Release(k, ctx.round, "upload", kind, key)
+            out, size = as_sent(logits[row], temperature, self.upload_defenses, release)
+            ctx.count_bytes("upload", size)
+            ctx.uploads[k] = Upload(client=k, kind=kind, batch=ctx.batch, outputs=out, temperature=temperature)
 
     def stacked_uploads(self, ctx: RoundContext) -> Tensor:
         """(K', N, J) outputs of the accepted uploads."""
@@ -190,26 +271,35 @@ class Protocol(ABC):
             ctx.server_outputs = self.engine.predict(self.server, self.public_subset(ctx))
 
     # ------------------------------------------------------------------ attacker's black-box view
-    def public_query(self, ctx: RoundContext, phase: str) -> PublicQuery | None:
-        """A query handle for the record of ``phase``: the rows :attr:`threat_model` grants, the round's clients.
+    def open_phase(self, ctx: RoundContext, phase: str) -> PublicQuery | None:
+        """Query access for the record of ``phase``: a :class:`PublicQuery` on the rows :attr:`threat_model` grants,
+        and the adversaries' queries on chosen images, both for the round's clients.
 
-        The answer function holds the queried networks (the plain ``net`` of each LightningModule, which,
-        unlike the module, references neither Fabric nor the protocol's objectives), the public images and
-        the upload transforms: never the protocol, its data or its engine. The orchestrator closes the
-        handle when the phase ends, and with it the last reference to the networks.
+        The answerer holds the queried networks (the plain ``net`` of each LightningModule, which, unlike the
+        module, references neither Fabric nor the protocol's objectives), the public images and the upload
+        defenses: never the protocol, its data or its engine. :meth:`close_phase` drops it.
         """
         grant = self.threat_model.query_rows
         if grant == "none":
             return None
-        rows = ctx.public_indices if grant == "round" and ctx.public_indices is not None else torch.arange(len(self.split.public))
+        rows = ctx.batch.rows if grant == "round" and ctx.batch is not None else torch.arange(len(self.split.public))
         kind, temperature = self.upload_kind()
         answer = _QueryAnswerer(
             {k: self.clients[k].module.net for k in ctx.participants},
             None if self.server is None else self.server.module.net,
-            self.split.public.images, tuple(self.upload_transforms), kind, temperature,
+            self.split.public.images, self.upload_defenses, kind, temperature, ctx.round, phase,
             self.engine.fabric.device, self.engine.predict_batch_size,
         )
+        for adversary in self.adversaries:
+            adversary.open_phase(answer.on_images, ctx.round, phase, tuple(ctx.participants))
         return PublicQuery(answer, ctx.round, phase, rows, tuple(ctx.participants), self.server is not None, kind, temperature)
+
+    def close_phase(self, query: PublicQuery | None) -> None:
+        """End a phase's query access (the public query and the adversaries' alike)."""
+        if query is not None:
+            query.close()
+        for adversary in self.adversaries:
+            adversary.close_phase()
 
     # ------------------------------------------------------------------ persistence
     def extra_state(self) -> dict:
@@ -224,6 +314,7 @@ class Protocol(ABC):
             "clients": [h.state_dict() for h in self.clients],
             "server": None if self.server is None else self.server.state_dict(),
             "extra": self.extra_state(),
+            "adversaries": [a.state_dict() for a in self.adversaries],
         }
 
     def load_state_dict(self, state: dict) -> None:
@@ -232,6 +323,8 @@ class Protocol(ABC):
         if self.server is not None:
             self.server.load_state_dict(state["server"])
         self.load_extra_state(state["extra"])
+        for adversary, queued in zip(self.adversaries, state.get("adversaries", []), strict=False):
+            adversary.load_state_dict(queued)
 
     def describe(self) -> dict[str, object]:
         """The self-describing threat model and shape of this protocol (printed at start-up)."""
@@ -244,39 +337,57 @@ class Protocol(ABC):
         }
 
 
-#: ``(client, payload, kind) -> payload`` applied to what a client sends (defenses such as noise on logits)
-UploadTransform = Callable[[int, Tensor, PayloadKind], Tensor]
+def batch_key(batch: PublicBatch) -> bytes:
+    """What a payload on ``batch`` answers, for :class:`~fdattack.defenses.base.Release`."""
+    key = Release.key_of(batch.rows)
+    return key if batch.added is None else key + Release.key_of(batch.added)
 
 
-def as_sent(client: int, logits: Tensor, kind: PayloadKind, temperature: float, transforms: tuple[UploadTransform, ...]) -> Tensor:
-    """(N, J) logits of ``client`` turned into its payload: raw or softmax at ``temperature``, then each transform."""
-    out = logits if kind == "logits" else torch.softmax(logits / temperature, dim=-1)
-    for transform in transforms:
-        out = transform(client, out, kind)
-    return out
+def as_sent(logits: Tensor, temperature: float, defenses: Sequence[UploadDefense], release: Release) -> tuple[Tensor, int]:
+    """(N, J) logits turned into the payload a client releases, and its size on the wire in bytes.
+
+    The payload is the logits, or their softmax at ``temperature`` for ``probs``, then each upload defense in order.
+    """
+    out = logits if release.kind == "logits" else torch.softmax(logits / temperature, dim=-1)
+    size = dense_bytes(out)
+    for defense in defenses:
+        out = defense.transform(out, release)
+        size = defense.encoded_bytes(out, release, size)
+    return out, size
 
 
 class _QueryAnswerer:
-    """Answers :class:`PublicQuery` calls from the queried networks alone, as the clients would send their outputs."""
+    """Answers queries from the queried networks alone, as the clients would send their outputs."""
 
     def __init__(self, clients: dict[int, torch.nn.Module], server: torch.nn.Module | None, public_images: Tensor,
-                 transforms: tuple[UploadTransform, ...], kind: PayloadKind, temperature: float, device: torch.device, batch_size: int) -> None:
+                 defenses: Sequence[UploadDefense], kind: PayloadKind, temperature: float, round: int, phase: str,
+                 device: torch.device, batch_size: int) -> None:
         self.clients = clients
         self.server = server
         self.public_images = public_images
-        self.transforms = transforms
+        self.defenses = tuple(defenses)
         self.kind = kind
         self.temperature = temperature
+        self.round = round
+        self.phase = phase
         self.device = device
         self.batch_size = batch_size
 
     def __call__(self, model: int | str, rows: Tensor) -> Tensor:
+        """Outputs on public ``rows``: the server's logits, or a client's payload."""
         images = self.public_images[rows]
         if model == "server":
             assert self.server is not None
             return predict_logits(self.server, images, self.device, self.batch_size)
-        logits = predict_logits(self.clients[int(model)], images, self.device, self.batch_size)
-        return as_sent(int(model), logits, self.kind, self.temperature, self.transforms)
+        return self._client_payload(int(model), images, Release.key_of(rows))
+
+    def on_images(self, client: int, images: Tensor) -> Tensor:
+        """A client's payload on attacker-chosen images (:meth:`Adversary.query`)."""
+        return self._client_payload(client, images, b"images" + Release.key_of(images))
+
+    def _client_payload(self, client: int, images: Tensor, key: bytes) -> Tensor:
+        logits = predict_logits(self.clients[client], images, self.device, self.batch_size)
+        return as_sent(logits, self.temperature, self.defenses, Release(client, self.round, self.phase, self.kind, key))[0]
 
 
 PROTOCOLS: Registry[type[Protocol]] = Registry("protocol", "protocol.name")

@@ -2,13 +2,28 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
+from fdattack.config.knobs import knob
+from fdattack.config.schema import ProtocolConfig
 from fdattack.fd.aggregation import robust_mean
 from fdattack.fd.objectives import cross_entropy, kl_to_probs, mixed_ce_kl
 from fdattack.fd.protocols.base import PROTOCOLS, Phase, Protocol, RoundContext
 from fdattack.fd.record import PayloadKind
-from fdattack.fd.threat import ThreatModel
+from fdattack.fd.threat import SERVER_POWERS, ThreatModel
+
+
+@dataclass
+class CronusConfig(ProtocolConfig):
+    name: str = "cronus"
+    warmup_private_epochs: int = knob(0, "epochs of CE on the private set before round 1", ge=0)
+    private_epochs: int = knob(5, "per round: local-update epochs of CE on the private set", ge=0)
+    kd_epochs: int = knob(10, "per round: epochs of KL to the robust-mean probabilities on the public subset", ge=0)
+    mixed_kd: bool = knob(False, "one kd_epochs phase on private + public mixed, instead of separate phases")
+    filter_eps: float = knob(0.1, "Diakonikolas filter: assumed corrupted fraction", gt=0, lt=0.5)
+    filter_tau: float = knob(0.1, "Diakonikolas filter: confidence", gt=0, lt=1)
 
 
 @PROTOCOLS.register("cronus")
@@ -20,11 +35,13 @@ class CronusProtocol(Protocol):
     """
 
     name = "cronus"
+    Config = CronusConfig
     threat_model = ThreatModel(
         attacker="server, honest-but-curious",
         sees="every client's softmax probabilities on every public sample of the round",
         public_labels_known=False,  # the protocol never uses them
         query_rows="round",
+        adversary=SERVER_POWERS,
     )
 
     def upload_kind(self) -> tuple[PayloadKind, float]:
@@ -55,15 +72,15 @@ class CronusProtocol(Protocol):
 
     def _distill(self, ctx: RoundContext) -> None:
         public = self.public_subset(ctx)
-        self.train_clients(ctx, "distill", ctx.senders, lambda k: public, self.cfg.kd_epochs, kl_to_probs, targets=ctx.aggregate)
+        self.train_clients(ctx, "distill", ctx.senders, lambda k: public, self.cfg.kd_epochs, kl_to_probs, targets=self.aggregate_for(ctx))
 
     def _mixed(self, ctx: RoundContext) -> None:
-        aggregate = ctx.aggregate
-        assert aggregate is not None
+        received = self.aggregate_for(ctx)
         public = self.public_subset(ctx)
         private = self.split.private
 
         def targets(k: int) -> torch.Tensor:  # zero rows mark private samples (CE only)
+            aggregate = received(k)
             return torch.cat([torch.zeros(len(private[k]), aggregate.shape[1]), aggregate])
 
         self.train_clients(ctx, "distill", ctx.senders, lambda k: private[k].concat(public), self.cfg.kd_epochs, mixed_ce_kl, targets=targets)

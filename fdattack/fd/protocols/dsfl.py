@@ -2,13 +2,34 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
+from fdattack.config.knobs import Choice, knob
+from fdattack.config.schema import ProtocolConfig
 from fdattack.fd.aggregation import era
 from fdattack.fd.objectives import cross_entropy, soft_cross_entropy
 from fdattack.fd.protocols.base import PROTOCOLS, Phase, Protocol, RoundContext
 from fdattack.fd.record import PayloadKind
-from fdattack.fd.threat import ThreatModel
+from fdattack.fd.threat import SERVER_POWERS, Capability, ThreatModel
+
+
+class DSFLUpload(Choice):
+    probs = "probs"
+    logits = "logits"
+
+
+@dataclass
+class DSFLConfig(ProtocolConfig):
+    name: str = "dsfl"
+    warmup_private_epochs: int = knob(0, "epochs of CE on the private set before round 1", ge=0)
+    private_epochs: int = knob(2, "per round: client epochs of CE on the private set", ge=0)
+    distill_epochs: int = knob(2, "per round: client epochs of soft CE to the ERA labels (skipped when K = 1)", ge=0)
+    server_epochs: int = knob(1, "per round: global-model epochs of soft CE to the ERA labels", ge=0)
+    train_global_model: bool = knob(True, "train DS-FL's global model (the server model f_0)")
+    era_temperature: float = knob(0.1, "ERA sharpening temperature", gt=0)
+    upload: DSFLUpload = knob(DSFLUpload.probs, "what clients send: probs (softmax, PLI's DS-FL) | logits (server applies softmax, PDA-FD)")
 
 
 @PROTOCOLS.register("dsfl")
@@ -20,16 +41,20 @@ class DSFLProtocol(Protocol):
     """
 
     name = "dsfl"
+    Config = DSFLConfig
     has_server_model = True
+    enable_hints = {Capability.server_model: "protocol.train_global_model=true"}
     threat_model = ThreatModel(
         attacker="server, honest-but-curious",
         sees="every client's outputs (softmax or logits) on every public sample of the round",
         public_labels_known=False,  # the public set is unlabeled
         query_rows="round",
+        adversary=SERVER_POWERS,
     )
 
-    def uses_server_model(self) -> bool:
-        return bool(self.cfg.train_global_model)
+    @classmethod
+    def server_model_enabled(cls, cfg: DSFLConfig) -> bool:
+        return bool(cfg.train_global_model)
 
     def upload_kind(self) -> tuple[PayloadKind, float]:
         return ("probs", 1.0) if self.cfg.upload == "probs" else ("logits", 1.0)
@@ -70,4 +95,4 @@ class DSFLProtocol(Protocol):
 
     def _distill(self, ctx: RoundContext) -> None:
         public = self.public_subset(ctx)
-        self.train_clients(ctx, "distill", ctx.senders, lambda k: public, self.cfg.distill_epochs, soft_cross_entropy, targets=ctx.aggregate)
+        self.train_clients(ctx, "distill", ctx.senders, lambda k: public, self.cfg.distill_epochs, soft_cross_entropy, targets=self.aggregate_for(ctx))

@@ -3,15 +3,34 @@
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import numpy as np
+from torch import Tensor
 
+from fdattack.config.knobs import knob
+from fdattack.config.schema import OptimConfig, OptimizerName, ProtocolConfig
 from fdattack.errors import ConfigError
 from fdattack.fd.aggregation import fedavg
 from fdattack.fd.engine import derive_seed
 from fdattack.fd.objectives import cross_entropy
 from fdattack.fd.protocols.base import PROTOCOLS, Phase, Protocol, RoundContext
 from fdattack.fd.threat import ThreatModel
+
+
+def state_bytes(state: dict[str, Tensor]) -> int:
+    """Bytes of a model's weights and buffers as stored."""
+    return sum(t.numel() * t.element_size() for t in state.values())
+
+
+@dataclass
+class FedAvgConfig(ProtocolConfig):
+    """FedAvg's optimizer defaults are the paper's: SGD, lr 0.01, B = 10, a fresh optimizer every round."""
+
+    name: str = "fedavg"
+    fraction: float = knob(1.0, "C: fraction of clients sampled per round", gt=0, le=1)
+    local_epochs: int = knob(1, "E: local epochs per round", ge=0)
+    optim: OptimConfig = knob(OptimConfig(name=OptimizerName.sgd, lr=0.01, batch_size=10, fresh_per_phase=True), "optimizer of clients and server")
 from fdattack.fd.record import Upload
 
 
@@ -23,6 +42,8 @@ class FedAvgProtocol(Protocol):
     """
 
     name = "fedavg"
+    Config = FedAvgConfig
+    uploads_outputs = False
     has_server_model = True
     threat_model = ThreatModel(
         attacker="a participating client (white-box access to the global model each round)",
@@ -43,7 +64,7 @@ class FedAvgProtocol(Protocol):
         rng = np.random.default_rng(derive_seed(self.seed, "participants", round))
         return sorted(int(k) for k in rng.choice(self.num_clients, size=m, replace=False))
 
-    def public_indices(self, round: int):  # type: ignore[no-untyped-def]
+    def public_batch(self, round: int) -> None:
         return None
 
     def round_phases(self, round: int) -> list[Phase]:
@@ -58,12 +79,14 @@ class FedAvgProtocol(Protocol):
         global_state = self.server.module.state_dict()
         for k in ctx.participants:
             self.clients[k].module.load_state_dict(global_state)
+            ctx.count_bytes("download", state_bytes(global_state))
         self.train_clients(ctx, "local_train", ctx.participants, lambda k: self.split.private[k], self.cfg.local_epochs, cross_entropy)
 
     def _upload(self, ctx: RoundContext) -> None:
         for k in ctx.participants:
             state = {name: t.detach().cpu().clone() for name, t in self.clients[k].module.state_dict().items()}
             ctx.uploads[k] = Upload(client=k, kind="weights", state=state, num_samples=len(self.split.private[k]))
+            ctx.count_bytes("upload", state_bytes(state))
 
     def _aggregate(self, ctx: RoundContext) -> None:
         assert self.server is not None

@@ -2,15 +2,34 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 from torch import Tensor
 
+from fdattack.config.knobs import Choice, knob
+from fdattack.config.schema import ProtocolConfig
 from fdattack.data.imageset import IndexedBatch
 from fdattack.fd.aggregation import fedgems_ensemble, fedgems_fusion_loss
 from fdattack.fd.objectives import cross_entropy, fedgems_client
 from fdattack.fd.protocols.base import PROTOCOLS, Phase, Protocol, RoundContext
-from fdattack.fd.threat import ThreatModel
+from fdattack.fd.threat import Capability, ThreatModel
 from fdattack.lit.classifier import Objective
+
+
+class KLMode(Choice):
+    code = "code"
+    standard = "standard"
+
+
+@dataclass
+class FedGEMSConfig(ProtocolConfig):
+    name: str = "fedgems"
+    private_epochs: int = knob(2, "per round: client epochs of CE on the private set", ge=0)
+    public_epochs: int = knob(2, "per round: client epochs of eps*CE + (1-eps)*KL to the server logits on the public set", ge=0)
+    server_epochs: int = knob(1, "per round: server epochs of selective knowledge fusion", ge=0)
+    epsilon: float = knob(0.75, "weight of CE against KL", ge=0, le=1)
+    kl_mode: KLMode = knob(KLMode.code, "code (nn.KLDivLoss mean, teacher in the log slot, as the authors' code) | standard (batchmean KL(teacher||student))")
 
 
 @PROTOCOLS.register("fedgems")
@@ -24,12 +43,15 @@ class FedGEMSProtocol(Protocol):
     """
 
     name = "fedgems"
+    Config = FedGEMSConfig
     has_server_model = True
     threat_model = ThreatModel(
         attacker="server, honest-but-curious (may request logits on any public sample)",
         sees="client logits on requested public samples; its own server model",
         public_labels_known=True,
         query_rows="public",  # the server requests logits; PLI requests all of D_0 (pli.md §13.9)
+        # no added samples: the fusion needs a label and a knowledge-pool row for every public sample
+        adversary=frozenset({Capability.choose_public_batch, Capability.send_aggregate, Capability.query_chosen_batch}),
     )
 
     def __init__(self, *args, **kwargs) -> None:  # type: ignore[no-untyped-def]
@@ -54,8 +76,8 @@ class FedGEMSProtocol(Protocol):
 
     def _fusion_objective(self, ctx: RoundContext, ensemble: Tensor) -> Objective:
         """Server loss of §5.2(b); S1 rows update the pool with the server's detached logits."""
-        rows_of = ctx.public_indices
-        assert rows_of is not None
+        assert ctx.batch is not None
+        rows_of = ctx.batch.rows
 
         def objective(logits: Tensor, batch: IndexedBatch) -> Tensor:
             rows = rows_of[batch["index"].cpu()]
@@ -81,7 +103,7 @@ class FedGEMSProtocol(Protocol):
     def _distill(self, ctx: RoundContext) -> None:
         public = self.public_subset(ctx)
         objective = fedgems_client(self.cfg.epsilon, self.cfg.kl_mode)
-        self.train_clients(ctx, "distill", ctx.participants, lambda k: public, self.cfg.public_epochs, objective, targets=ctx.aggregate)
+        self.train_clients(ctx, "distill", ctx.participants, lambda k: public, self.cfg.public_epochs, objective, targets=self.aggregate_for(ctx))
 
     def extra_state(self) -> dict:
         return {"pool": self.pool.clone(), "has_pool": self.has_pool.clone()}

@@ -2,10 +2,25 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
+from fdattack.config.knobs import knob
+from fdattack.config.schema import ProtocolConfig
 from fdattack.fd.aggregation import mean_logits
 from fdattack.fd.objectives import cross_entropy, l1_to_logits
 from fdattack.fd.protocols.base import PROTOCOLS, Phase, Protocol, RoundContext
-from fdattack.fd.threat import ThreatModel
+from fdattack.fd.threat import SERVER_POWERS, Capability, ThreatModel
+
+
+@dataclass
+class FedMDConfig(ProtocolConfig):
+    name: str = "fedmd"
+    transfer_public_epochs: int = knob(5, "transfer phase: epochs of CE on the labeled public set, before round 1", ge=0)
+    transfer_private_epochs: int = knob(5, "transfer phase: epochs of CE on the private set, before round 1", ge=0)
+    digest_epochs: int = knob(1, "per round: epochs of L1 to the consensus on the public set (skipped when K = 1)", ge=0)
+    revisit_epochs: int = knob(1, "per round: epochs of CE on the private set", ge=0)
+    server_model: bool = knob(True, "train the attacker-added server model f_0 on the labeled public set (PLI Eq. 1)")
+    server_epochs: int = knob(1, "per round: epochs of the server model on the public set", ge=0)
 
 
 @PROTOCOLS.register("fedmd")
@@ -17,15 +32,19 @@ class FedMDProtocol(Protocol):
     """
 
     name = "fedmd"
+    Config = FedMDConfig
+    enable_hints = {Capability.server_model: "protocol.server_model=true"}
     threat_model = ThreatModel(
         attacker="server, honest-but-curious",
         sees="raw logits of every client on every public sample of the round",
         public_labels_known=True,
         query_rows="public",  # PLI's attack point is a "6th upload" on any public row (pli.md §13.9)
+        adversary=SERVER_POWERS,
     )
 
-    def uses_server_model(self) -> bool:
-        return bool(self.cfg.server_model)
+    @classmethod
+    def server_model_enabled(cls, cfg: FedMDConfig) -> bool:
+        return bool(cfg.server_model)
 
     def setup_phases(self) -> list[Phase]:
         return [Phase("transfer_public", self._transfer_public), Phase("transfer_private", self._transfer_private)]
@@ -55,7 +74,7 @@ class FedMDProtocol(Protocol):
 
     def _digest(self, ctx: RoundContext) -> None:
         public = self.public_subset(ctx)
-        self.train_clients(ctx, "digest", ctx.senders, lambda k: public, self.cfg.digest_epochs, l1_to_logits, targets=ctx.aggregate)
+        self.train_clients(ctx, "digest", ctx.senders, lambda k: public, self.cfg.digest_epochs, l1_to_logits, targets=self.aggregate_for(ctx))
 
     def _revisit(self, ctx: RoundContext) -> None:
         self.train_clients(ctx, "revisit", ctx.participants, lambda k: self.split.private[k], self.cfg.revisit_epochs, cross_entropy)

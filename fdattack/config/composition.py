@@ -1,0 +1,205 @@
+"""Composition of a run config from the schemas, the registries, group files, the experiment and overrides.
+
+A run's config is composed in this order, later layers winning:
+
+1. the schema defaults (:mod:`fdattack.config.schema`; the embedded default is FedMD on scikit-learn's
+   digits), with ``protocol`` from the chosen protocol's own dataclass, ``attack.<name>`` from every
+   registered attack's settings and ``defense.<name>`` from every registered defense's;
+2. group files named in the experiment's ``defaults:`` list, then group tokens on the command line
+   (``protocol=dsfl`` loads ``conf/protocol/dsfl.yaml`` into the ``protocol`` node);
+3. the experiment YAML's own keys;
+4. ``key=value`` dotlist overrides (``attack.pli.tau=1``).
+
+The schema is struct-mode: a misspelt key or a value of the wrong type is a :class:`ConfigError`
+naming the key; a key of the old flat ``attack:`` layout names its new place.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Any
+
+from omegaconf import DictConfig, ListConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+from fdattack.config.schema import ExperimentConfig
+from fdattack.errors import ConfigError
+
+PACKAGE_ROOT = Path(__file__).resolve().parents[1]
+REPO_CONF_DIR = PACKAGE_ROOT.parent / "conf"
+GROUPS = ("data", "model", "protocol", "attack", "trainer", "logger")
+
+#: keys of the flat ``attack:`` node before each attack had its own, and where they went
+MOVED_ATTACK_KEYS = {
+    **{key: ("pli", "tbi") for key in ("tau", "lr", "weight_decay", "batch_size", "epochs_per_round", "max_width")},
+    **{key: ("pli",) for key in ("gamma", "alpha", "beta", "variant", "finetune", "prior")},
+    "tbi_last_client_only": ("tbi",),
+}
+
+
+def registries() -> tuple[Any, Any, Any]:
+    """(PROTOCOLS, ATTACKS, DEFENSES), importing every registered component."""
+    from fdattack.attacks import ATTACKS
+    from fdattack.defenses import DEFENSES
+    from fdattack.fd.protocols import PROTOCOLS
+
+    return PROTOCOLS, ATTACKS, DEFENSES
+
+
+def settings_node(kind: str, entries: list[tuple[str, type]]) -> Any:
+    """A dataclass instance with one field per registered component, each holding that component's settings."""
+    fields = [(name, cls, dataclasses.field(default_factory=cls)) for name, cls in entries]
+    return dataclasses.make_dataclass(f"{kind.capitalize()}Settings", fields)()
+
+
+def schema_for(protocol_name: str) -> DictConfig:
+    """The struct-mode schema of a run of ``protocol_name``, with every registered attack's and defense's settings."""
+    protocols, attacks, defenses = registries()
+    if protocol_name not in protocols:
+        raise ConfigError(f"protocol.name={protocol_name!r} is not a known protocol; choose one of: {', '.join(protocols.names())}")
+    root = ExperimentConfig(
+        protocol=protocols.get(protocol_name).Config(),
+        attack=settings_node("attack", [(n, c.Settings) for n, c in attacks.items()]),
+        defense=settings_node("defense", [(n, c.Settings) for n, c in defenses.items()]),
+    )
+    schema = OmegaConf.structured(root)
+    OmegaConf.set_struct(schema, True)
+    return schema
+
+
+def _omegaconf_error(err: OmegaConfBaseException, source: str, protocol_name: str) -> ConfigError:
+    """Translate an OmegaConf error into one line naming the key."""
+    key = str(getattr(err, "full_key", None) or getattr(err, "key", None) or "?")
+    msg = str(err).splitlines()[0]
+    if "not in" in msg or "Key '" in msg and "not" in msg:
+        parent = key.rpartition(".")[0]
+        hint = f" with protocol.name={protocol_name}" if parent == "protocol" else ""
+        return ConfigError(f"{source}: unknown config key '{key}'{hint}" + (f" (see `fdattack run --help-config` for the keys under '{parent}')" if parent else ""))
+    return ConfigError(f"{source}: {key}: {msg}")
+
+
+def _load_yaml(path: Path, what: str) -> DictConfig:
+    if not path.is_file():
+        raise ConfigError(f"{what} file not found: {path}")
+    try:
+        loaded = OmegaConf.load(path)
+    except Exception as err:  # yaml.YAMLError and OmegaConf errors alike
+        raise ConfigError(f"{path}: not valid YAML ({str(err).splitlines()[0]})") from None
+    if not isinstance(loaded, DictConfig):
+        raise ConfigError(f"{path}: must hold a mapping of config keys, not a {type(loaded).__name__}")
+    return loaded
+
+
+def conf_dirs() -> list[Path]:
+    """Folders searched for group files: ``./conf`` then the repository's ``conf/``."""
+    dirs = [Path.cwd() / "conf", REPO_CONF_DIR]
+    return [d for i, d in enumerate(dirs) if d.is_dir() and d not in dirs[:i]]
+
+
+def _group_file(group: str, name: str) -> Path:
+    for base in conf_dirs():
+        candidate = base / group / f"{name}.yaml"
+        if candidate.is_file():
+            return candidate
+    available = sorted({p.stem for base in conf_dirs() for p in (base / group).glob("*.yaml")})
+    raise ConfigError(f"{group}={name!r}: no file conf/{group}/{name}.yaml; available: {', '.join(available) or 'none'}")
+
+
+def _split_tokens(overrides: list[str]) -> tuple[list[tuple[str, str]], list[str]]:
+    """Separate group tokens (``protocol=dsfl``) from dotlist value overrides."""
+    groups: list[tuple[str, str]] = []
+    dotlist: list[str] = []
+    for token in overrides:
+        if "=" not in token:
+            raise ConfigError(f"override {token!r} is not of the form key=value")
+        key, value = token.split("=", 1)
+        if key in GROUPS and value and not value.startswith("{"):
+            groups.append((key, value))
+        else:
+            dotlist.append(token)
+    return groups, dotlist
+
+
+def check_moved_keys(layer: DictConfig, source: str, attack_names: list[str]) -> None:
+    """Refuse the old flat ``attack.<knob>`` keys with a pointer to ``attack.<name>.<knob>``."""
+    node = layer.get("attack") if isinstance(layer, DictConfig) else None
+    if not isinstance(node, DictConfig):
+        return
+    for key in node:
+        key = str(key)
+        if key in attack_names or key not in MOVED_ATTACK_KEYS:
+            continue
+        leaf = "last_client_only" if key == "tbi_last_client_only" else key
+        new = " and ".join(f"attack.{name}.{leaf}" for name in MOVED_ATTACK_KEYS[key])
+        raise ConfigError(f"{source}: attack.{key} has moved to {new} (each attack has its own knobs under attack.<name>)")
+
+
+def compose(experiment: str | Path | None = None, overrides: list[str] | None = None) -> DictConfig:
+    """Compose, type-check and range-check a run config.
+
+    Args:
+        experiment: path to an experiment YAML, or None for the embedded default.
+        overrides: dotlist tokens ``key=value`` and group tokens ``group=name``.
+
+    Returns:
+        The resolved, read-only config.
+
+    Raises:
+        ConfigError: naming the key or file that is wrong and what is allowed.
+    """
+    from fdattack.config.validation import validate
+
+    overrides = list(overrides or [])
+    group_tokens, dotlist = _split_tokens(overrides)
+    layers: list[tuple[str, DictConfig]] = []
+    exp_cfg: DictConfig | None = None
+    if experiment is not None:
+        exp_path = Path(experiment)
+        exp_cfg = _load_yaml(exp_path, "experiment")
+        defaults = exp_cfg.pop("defaults", None)
+        if defaults is not None:
+            if not isinstance(defaults, (DictConfig, ListConfig)):
+                raise ConfigError(f"{exp_path}: 'defaults' must be a mapping group: name")
+            items = defaults.items() if isinstance(defaults, DictConfig) else [next(iter(d.items())) for d in defaults]
+            for group, name in items:
+                if group not in GROUPS:
+                    raise ConfigError(f"{exp_path}: defaults group {group!r} unknown; groups are {', '.join(GROUPS)}")
+                path = _group_file(str(group), str(name))
+                layers.append((str(path), OmegaConf.create({group: _load_yaml(path, str(group))})))
+    for group, name in group_tokens:
+        path = _group_file(group, name)
+        layers.append((str(path), OmegaConf.create({group: _load_yaml(path, group)})))
+    if exp_cfg is not None:
+        layers.append((str(experiment), exp_cfg))
+    try:
+        dot_cfg = OmegaConf.from_dotlist(dotlist)
+    except OmegaConfBaseException as err:
+        raise ConfigError(f"command line: {str(err).splitlines()[0]}") from None
+    layers.append(("command line", dot_cfg))
+
+    protocol_name = "fedmd"
+    for _, layer in layers:
+        name = OmegaConf.select(layer, "protocol.name", default=None)
+        if name is not None:
+            protocol_name = str(name)
+    cfg = schema_for(protocol_name)
+    attack_names = list(cfg.attack.keys())
+    for source, layer in layers:
+        check_moved_keys(layer, source, attack_names)
+        try:
+            cfg = OmegaConf.merge(cfg, layer)
+        except OmegaConfBaseException as err:
+            raise _omegaconf_error(err, source, protocol_name) from None
+    try:
+        OmegaConf.resolve(cfg)
+    except OmegaConfBaseException as err:
+        raise _omegaconf_error(err, "config", protocol_name) from None
+    validate(cfg)
+    OmegaConf.set_readonly(cfg, True)
+    return cfg
+
+
+def load_config(experiment: str | Path | None = None, overrides: list[str] | None = None) -> DictConfig:
+    """Notebook helper: the same composition as the CLI (``fdattack run EXPERIMENT k=v ...``)."""
+    return compose(experiment, overrides)

@@ -1,0 +1,189 @@
+"""The run-wide config schemas: data, model, optimizer, protocol base, trainer, logger, evaluation, experiment.
+
+Components with their own knobs own their dataclass next to their code (each protocol's config in
+``fd/protocols/``, each attack's settings in ``attacks/``, each defense's in ``defenses/``); the
+registries put them under ``protocol``, ``attack.<name>`` and ``defense.<name>`` (:mod:`fdattack.config.compose`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Optional
+
+from fdattack.config.knobs import Choice, knob
+
+
+class Split(Choice):
+    pli = "pli"
+    random = "random"
+    classes = "classes"
+
+
+class Partition(Choice):
+    disjoint_identities = "disjoint_identities"
+    dirichlet = "dirichlet"
+    shards = "shards"
+    iid = "iid"
+    two_classes = "two_classes"
+
+
+class LabelSpace(Choice):
+    all = "all"
+    targets = "targets"
+
+
+@dataclass
+class DataConfig:
+    name: str = knob("digits", "dataset registry name: digits | mnist | att_faces | image_folder | cifar10 | cifar100 | fashion_mnist | celeba | synthetic")
+    root: Optional[str] = knob(None, "folder of file-based datasets (mnist IDX files, att_faces sN/, image_folder); relative paths are taken from the working directory")
+    download: bool = knob(False, "let torchvision download cifar10/cifar100/fashion_mnist/celeba/mnist into root (needs internet)")
+    image_size: Optional[int] = knob(None, "resize images to image_size x image_size; null keeps the native size", ge=4)
+    second_look_subdir: Optional[str] = knob(None, "name=image_folder: subfolder of each identity holding its insensitive look (LAG: y)")
+    second_look_root: Optional[str] = knob(None, "name=image_folder: parallel tree with the insensitive look under the same file names (masked LFW)")
+    max_per_class: Optional[int] = knob(None, "keep at most this many random images of every label in the pool (the official test split is kept whole); null keeps all", ge=2)
+    max_classes: Optional[int] = knob(None, "keep only the max_classes labels with the most images (image_folder, celeba); null keeps all", ge=2)
+    split: Split = knob(Split.pli, "how public/private/test are formed: pli (target labels private, others public, auxiliary look public) | random (public_fraction of the pool public) | classes (public_classes public, the rest private)")
+    partition: Partition = knob(Partition.disjoint_identities, "how private data is spread over clients")
+    num_targets: Optional[int] = knob(None, "split=pli: number of target (private) labels; null = half of the labels", ge=1)
+    public_fraction: float = knob(0.2, "split=random: fraction of the training pool that becomes the public set", gt=0, lt=1)
+    public_classes: list[int] = knob([], "split=classes: labels that form the public set")
+    test_fraction: float = knob(0.2, "fraction of each private label's images held out as the test set (used when the dataset has no test split)", ge=0, lt=1)
+    dirichlet_alpha: float = knob(1.0, "partition=dirichlet: concentration alpha (smaller = more skewed)", gt=0, finite=True)
+    min_client_size: int = knob(1, "partition=dirichlet: redraw until every client has at least this many samples", ge=0)
+    shards_per_client: int = knob(2, "partition=shards: label-sorted shards given to each client", ge=1)
+    aux_domain: str = knob("blur", "split=pli: how the insensitive public look is made: blur | second_look | none, or a registered domain transform")
+    blur_strength: int = knob(2, "aux_domain=blur: side of the normalized box kernel in pixels", ge=1)
+    synthetic_num_classes: int = knob(10, "name=synthetic: number of classes", ge=2)
+    synthetic_per_class: int = knob(20, "name=synthetic: images per class", ge=2)
+    synthetic_image_size: int = knob(8, "name=synthetic: side length of the generated images", ge=4)
+    synthetic_channels: int = knob(1, "name=synthetic: channels of the generated images", among=(1, 3))
+    label_space: LabelSpace = knob(LabelSpace.all, "all (every label is an output class) | targets (only the target labels, remapped to 0..n-1; other public labels become -1, as PLI's DS-FL)")
+    seed: Optional[int] = knob(None, "seed of the split and partition; null = the run seed")
+
+
+@dataclass
+class ModelConfig:
+    name: str = knob("pli_cnn", "classifier registry name for every client: pli_cnn | fedinverse_cnn | pdafd_cnn | mlp | resnet18_gn | vgg16_bn | mobilenet_v2")
+    clients: list[str] = knob([], "per-client architectures, cycled over the clients (heterogeneous FD); empty = name for all")
+    server: Optional[str] = knob(None, "architecture of the server model where the protocol has one; null = name")
+
+
+class OptimizerName(Choice):
+    adam = "adam"
+    sgd = "sgd"
+
+
+@dataclass
+class OptimConfig:
+    name: OptimizerName = knob(OptimizerName.adam, "optimizer of every local phase")
+    lr: float = knob(1e-3, "learning rate", gt=0, finite=True)
+    weight_decay: float = knob(0.0, "L2 weight decay", ge=0)
+    momentum: float = knob(0.0, "sgd momentum", ge=0, lt=1)
+    nesterov: bool = knob(False, "sgd Nesterov momentum")
+    batch_size: int = knob(64, "mini-batch size for every local phase", ge=1)
+    fresh_per_phase: bool = knob(False, "build a new optimizer at every phase instead of keeping one per model")
+
+
+class OnBadUpload(Choice):
+    error = "error"
+    drop = "drop"
+
+
+@dataclass
+class ProtocolConfig:
+    """Keys every protocol has; each protocol's own dataclass (in ``fd/protocols/``) extends it."""
+
+    name: str = knob("fedmd", "protocol registry name: fedmd | fedgems | dsfl | cronus | fedavg")
+    num_clients: int = knob(4, "K, the number of clients", ge=1)
+    rounds: int = knob(5, "communication rounds T", ge=1)
+    public_per_round: Optional[int] = knob(None, "public samples drawn per round; null = all of the public set", ge=1)
+    on_bad_upload: OnBadUpload = knob(OnBadUpload.error, "what a NaN/inf upload does: error (stop with a message) | drop (leave that client out of the round and record it)")
+    optim: OptimConfig = knob(OptimConfig(), "optimizer of clients and server")
+
+
+@dataclass
+class TrainerConfig:
+    accelerator: str = knob("cpu", "cpu | gpu | cuda | mps | auto (Lightning Fabric accelerator); every phase, attacks included, trains there")
+    devices: Any = knob(1, "number of devices (or a list of ids, or \"auto\")")
+    strategy: str = knob("auto", "auto | ddp | ddp_spawn | fsdp ... (Lightning strategy)")
+    num_nodes: int = knob(1, "nodes for multi-node DDP (torchrun or SLURM launch the ranks)", ge=1)
+    precision: str = knob("32-true", "Lightning precision, e.g. 32-true | bf16-mixed | 16-mixed")
+
+
+class WandbMode(Choice):
+    auto = "auto"
+    online = "online"
+    offline = "offline"
+    disabled = "disabled"
+
+
+@dataclass
+class WandbConfig:
+    mode: WandbMode = knob(WandbMode.auto, "auto (online with credentials, else offline) | online | offline | disabled")
+    project: str = knob("fdattack", "W&B project")
+    entity: Optional[str] = knob(None, "W&B entity (team or user)")
+    group: Optional[str] = knob(None, "W&B run group")
+    tags: list[str] = knob([], "W&B run tags")
+    name: Optional[str] = knob(None, "W&B run name; null = the experiment name")
+
+
+class ProgressMode(Choice):
+    auto = "auto"
+    always = "always"
+    never = "never"
+
+
+class LogLevel(Choice):
+    DEBUG = "DEBUG"
+    INFO = "INFO"
+    WARNING = "WARNING"
+    ERROR = "ERROR"
+
+
+@dataclass
+class LoggerConfig:
+    wandb: WandbConfig = knob(WandbConfig(), "Weights & Biases")
+    progress: ProgressMode = knob(ProgressMode.auto, "progress bars over rounds, phases and attack training: auto (only on a TTY) | always | never")
+    level: LogLevel = knob(LogLevel.INFO, "stdlib logging level")
+
+
+@dataclass
+class ConfidenceGapConfig:
+    enabled: bool = knob(True, "log entropy histograms of client and server outputs on public and private data (PLI spec section 6)")
+    bins: int = knob(20, "histogram bins over [0, log J]", ge=2)
+    max_samples: int = knob(512, "samples per data set used for the histograms", ge=1)
+
+
+@dataclass
+class ObserversConfig:
+    confidence_gap: ConfidenceGapConfig = knob(ConfidenceGapConfig(), "the confidence-gap diagnostic")
+
+
+@dataclass
+class EvaluationConfig:
+    classifier: Optional[str] = knob("pdafd_cnn", "evaluation classifier over the target labels, trained on their private images apart from the federated models (top-1/top-5 of reconstructions); a classifier registry name, or null for none")
+    epochs: int = knob(30, "its training epochs", ge=1)
+    lr: float = knob(1e-3, "its Adam learning rate", gt=0)
+
+
+@dataclass
+class ExperimentConfig:
+    """The whole run. ``protocol``, ``attack`` and ``defense`` are filled from the registries (see compose)."""
+
+    name: str = knob("fedmd_digits", "experiment name (run directory prefix, W&B run name)")
+    seed: int = knob(42, "seed of everything (model init, shuffling, splits unless data.seed is set)")
+    output_dir: Optional[str] = knob(None, "run directory; null = runs/<name>-<timestamp>")
+    resume: bool = knob(False, "continue the run in output_dir after its last completed round")
+    checkpoint_every: int = knob(1, "write a resumable checkpoint every N rounds (the last round always)", ge=1)
+    keep_checkpoints: int = knob(2, "how many round checkpoints to keep (older ones are deleted)", ge=1)
+    data: DataConfig = knob(DataConfig(), "the dataset and its federated split")
+    model: ModelConfig = knob(ModelConfig(), "the client and server architectures")
+    protocol: Any = None  # the protocol's own config dataclass, chosen by protocol.name
+    trainer: TrainerConfig = knob(TrainerConfig(), "where every phase trains")
+    logger: LoggerConfig = knob(LoggerConfig(), "logging")
+    observers: ObserversConfig = knob(ObserversConfig(), "diagnostics")
+    attacks: list[str] = knob(["pli", "tbi"], "attacks run every round, by registry name (attacks=[] for none); each has its knobs under attack.<name>")
+    attack: Any = None  # attack.<name>: each registered attack's settings dataclass
+    defenses: list[str] = knob([], "defenses applied, in order, by registry name (e.g. defenses=[laplace]); each has its knobs under defense.<name>")
+    defense: Any = None  # defense.<name>: each registered defense's settings dataclass
+    evaluation: EvaluationConfig = knob(EvaluationConfig(), "the evaluation side")

@@ -1,0 +1,105 @@
+"""The defense contract: :class:`UploadDefense` (what a client sends) and :class:`TrainingDefense` (how it trains).
+
+Defenses are picked by name (``defenses=[laplace, topk]``), each with its knobs under
+``defense.<name>`` (its ``Settings`` dataclass), and compose in the listed order. An upload defense
+transforms every payload a client releases on public data, the round's upload and every answer to
+a query alike, so an attack never sees an undefended output. A training defense wraps a client's
+network, objective or optimizer (DP-SGD, MID and BiDO are of this kind).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import torch
+from torch import Tensor, nn
+
+from fdattack.fd.record import PayloadKind
+from fdattack.fd.threat import Capability
+from fdattack.lit.classifier import Objective
+from fdattack.registry import Registry
+
+FLOAT_BYTES = 4  #: a dense payload is float32 on the wire
+
+
+@dataclass(frozen=True)
+class Release:
+    """One payload a client releases: who, when, what kind, and on what.
+
+    Attributes:
+        client: client index k.
+        round: communication round (0 = set-up).
+        phase: the phase it is released in (``upload``, or the phase of a query).
+        kind: ``logits`` or ``probs``.
+        key: identifies the inputs (their public rows, or the bytes of attacker-chosen images); a client
+            answers the same inputs the same way within a phase, so repeating a query averages nothing away.
+    """
+
+    client: int
+    round: int
+    phase: str
+    kind: PayloadKind
+    key: bytes
+
+    @staticmethod
+    def key_of(inputs: Tensor) -> bytes:
+        """A short digest of the rows or images a payload answers."""
+        return hashlib.blake2b(inputs.detach().cpu().contiguous().numpy().tobytes(), digest_size=16).digest()
+
+    def generator(self, seed: int, name: str) -> torch.Generator:
+        """A generator seeded by (run seed, defense, round, phase, client, inputs): reproducible and resumable."""
+        digest = hashlib.blake2b(repr((seed, name, self.round, self.phase, self.client)).encode() + self.key, digest_size=8).digest()
+        return torch.Generator().manual_seed(int.from_bytes(digest, "little") & ((1 << 63) - 1))
+
+
+class Defense(ABC):
+    """A registered defense: its name, its settings dataclass and what it needs from the protocol."""
+
+    name: ClassVar[str]
+    Settings: ClassVar[type]
+    needs: ClassVar[frozenset[Capability]] = frozenset()
+
+    def __init__(self, settings: Any, seed: int) -> None:
+        self.settings = settings
+        self.seed = seed
+
+
+class UploadDefense(Defense):
+    """Transforms an (N, J) payload of logits or probabilities before it leaves the client."""
+
+    needs = frozenset({Capability.output_uploads})
+
+    @abstractmethod
+    def transform(self, payload: Tensor, release: Release) -> Tensor:
+        """The defended payload, same shape and kind."""
+
+    def encoded_bytes(self, payload: Tensor, release: Release, size: int) -> int:
+        """Bytes on the wire after this defense, given ``size`` bytes before it (default: unchanged)."""
+        return size
+
+
+class TrainingDefense(Defense):
+    """Wraps how a client trains; each hook returns its argument unchanged unless overridden."""
+
+    def wrap_network(self, client: int, net: nn.Module) -> nn.Module:
+        """The client's network (e.g. MID's information bottleneck)."""
+        return net
+
+    def wrap_objective(self, client: int, objective: Objective) -> Objective:
+        """The client's loss of one phase (e.g. BiDO's HSIC terms)."""
+        return objective
+
+    def wrap_optimizer(self, client: int, optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
+        """The client's optimizer (e.g. DP-SGD's clipped, noised step)."""
+        return optimizer
+
+
+def dense_bytes(payload: Tensor) -> int:
+    """Bytes of a payload sent as float32."""
+    return payload.numel() * FLOAT_BYTES
+
+
+DEFENSES: Registry[type[Defense]] = Registry("defense", "defenses")

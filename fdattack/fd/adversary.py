@@ -1,0 +1,129 @@
+"""The server's documented active powers (DESIGN.md's ``Adversary``), granted per attack by the threat model.
+
+A protocol's :class:`~fdattack.fd.threat.ThreatModel` lists the powers its server has
+(``adversary=...``); an attack that declares one of them in its registry entry gets an
+:class:`Adversary` holding exactly the granted ones. Through it the attack can
+
+- choose the public rows of the next round (``choose_public_batch``),
+- add its own images to the next round's public batch (``add_public_samples``),
+- send one client a chosen aggregate in place of the real one, this round (``send_aggregate``),
+- ask a client for its outputs on chosen images while a phase is open (``query_chosen_batch``).
+
+The adversary holds only what the attack queued and, during a phase, the phase-bound answerer of
+the protocol's queries (the queried networks, never the protocol or its data). Every use is
+counted; the counts are logged per round under ``adversary/<attack>/...``.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Callable, Optional
+
+import torch
+from torch import Tensor
+
+from fdattack.fd.record import QueryRefusedError, StaleQueryError
+from fdattack.fd.threat import Capability
+
+#: ``(client, images (M, C, H, W)) -> (M, J)`` outputs as the client would send them
+ImageAnswer = Callable[[int, Tensor], Tensor]
+
+
+class Adversary:
+    """The powers one attack is granted; every call is checked against them and counted.
+
+    Args:
+        powers: the granted subset of :data:`~fdattack.fd.threat.SERVER_POWERS`.
+        num_public: rows of the public set (to check chosen rows).
+        image_shape: (C, H, W) of the images it may add or query.
+    """
+
+    def __init__(self, powers: frozenset[Capability], num_public: int, image_shape: tuple[int, int, int]) -> None:
+        self.powers = powers
+        self.num_public = num_public
+        self.image_shape = tuple(image_shape)
+        self._rows: Optional[Tensor] = None
+        self._added: list[Tensor] = []
+        self._aggregates: dict[int, Tensor] = {}
+        self._answer: Optional[ImageAnswer] = None
+        self._phase: Optional[tuple[int, str, tuple[int, ...]]] = None
+        self.usage: Counter[str] = Counter()
+
+    def _require(self, power: Capability) -> None:
+        if power not in self.powers:
+            raise QueryRefusedError(f"this attack was not granted {power.value}; it has: {', '.join(sorted(p.value for p in self.powers)) or 'nothing'}")
+
+    def _check_images(self, images: Tensor) -> Tensor:
+        if images.dim() != 4 or tuple(images.shape[1:]) != self.image_shape:
+            raise ValueError(f"images must be (M, {', '.join(map(str, self.image_shape))}); got {tuple(images.shape)}")
+        return images.detach().float().cpu()
+
+    # ------------------------------------------------------------ the attack's side
+    def choose_public_rows(self, rows: Tensor) -> None:
+        """The public rows of the next round's batch, in place of the protocol's draw."""
+        self._require(Capability.choose_public_batch)
+        rows = torch.as_tensor(rows, dtype=torch.long).flatten()
+        if rows.numel() == 0 or int(rows.min()) < 0 or int(rows.max()) >= self.num_public:
+            raise ValueError(f"chosen public rows must be a non-empty subset of 0..{self.num_public - 1}")
+        self._rows = rows.clone()
+        self.usage["chosen_rows"] += rows.numel()
+
+    def add_public_samples(self, images: Tensor) -> None:
+        """Images (unlabeled) appended to the next round's public batch: every client uploads its outputs on them."""
+        self._require(Capability.add_public_samples)
+        images = self._check_images(images)
+        self._added.append(images.clone())
+        self.usage["added_samples"] += len(images)
+
+    def send_aggregate(self, client: int, aggregate: Tensor) -> None:
+        """What ``client`` receives in place of this round's aggregate (same shape as the real one)."""
+        self._require(Capability.send_aggregate)
+        self._aggregates[int(client)] = aggregate.detach().float().cpu().clone()
+        self.usage["sent_aggregates"] += 1
+
+    def query(self, client: int, images: Tensor) -> Tensor:
+        """``client``'s outputs on ``images`` as it would send them (upload kind and defenses); open phases only."""
+        self._require(Capability.query_chosen_batch)
+        if self._answer is None or self._phase is None:
+            raise StaleQueryError("the adversary can query clients only while a phase is open (from on_record)")
+        round, phase, clients = self._phase
+        if int(client) not in clients:
+            raise QueryRefusedError(f"no client {client!r} in round {round}; the round's clients are {clients}")
+        images = self._check_images(images)
+        answer = self._answer(int(client), images)
+        self.usage["queries"] += 1
+        self.usage["query_samples"] += len(images)
+        self.usage["query_bytes"] += answer.numel() * answer.element_size()
+        return answer
+
+    # ------------------------------------------------------------ the protocol's side
+    def take_public_choice(self) -> tuple[Optional[Tensor], Optional[Tensor]]:
+        """The queued rows and added images for the round being drawn (both cleared)."""
+        rows, added = self._rows, (torch.cat(self._added) if self._added else None)
+        self._rows, self._added = None, []
+        return rows, added
+
+    def aggregate_for(self, client: int) -> Optional[Tensor]:
+        """The chosen aggregate queued for ``client`` this round, or None."""
+        return self._aggregates.get(int(client))
+
+    def open_phase(self, answer: ImageAnswer, round: int, phase: str, clients: tuple[int, ...]) -> None:
+        self._answer, self._phase = answer, (round, phase, clients)
+
+    def close_phase(self) -> None:
+        """Drop the phase's answerer (and with it the queried networks)."""
+        self._answer, self._phase = None, None
+
+    def state_dict(self) -> dict:
+        """What is queued for the next round (checkpointed with the run)."""
+        return {"rows": self._rows, "added": list(self._added)}
+
+    def load_state_dict(self, state: dict) -> None:
+        self._rows, self._added = state["rows"], list(state["added"])
+
+    def end_round(self) -> dict[str, float]:
+        """This round's usage counts (then reset); unused chosen aggregates are discarded."""
+        counts = {key: float(value) for key, value in sorted(self.usage.items())}
+        self.usage.clear()
+        self._aggregates.clear()
+        return counts
