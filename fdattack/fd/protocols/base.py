@@ -282,7 +282,10 @@ class Protocol(ABC):
         grant = self.threat_model.query_rows
         if grant == "none":
             return None
-        rows = ctx.batch.rows if grant == "round" and ctx.batch is not None else torch.arange(len(self.split.public))
+        if grant == "round":  # the rows the clients were asked for this round; none in the set-up phases
+            rows = ctx.batch.rows if ctx.batch is not None else torch.empty(0, dtype=torch.long)
+        else:
+            rows = torch.arange(len(self.split.public))
         kind, temperature = self.upload_kind()
         answer = _QueryAnswerer(
             {k: self.clients[k].module.net for k in ctx.participants},
