@@ -9,9 +9,9 @@ import pytest
 import torch
 from torch import nn
 
+from fdattack.functional import entropy
 from fdattack.fd.aggregation import (
     diakonikolas_filter,
-    entropy,
     era,
     fedavg,
     fedgems_ensemble,

@@ -7,7 +7,7 @@ import torch
 
 from fdattack.config import DataConfig
 from fdattack.data import FederatedData
-from fdattack.evaluation import accuracy
+from fdattack.functional import topk_accuracy
 from fdattack.lit import ClassifierLitModule
 from fdattack.models import build_classifier
 
@@ -17,10 +17,10 @@ def test_trainer_fit_learns_digits(tmp_path) -> None:  # type: ignore[no-untyped
     data = FederatedData(DataConfig(name="digits", split="random", partition="iid"), num_clients=1, seed=0)
     data.setup()
     module = ClassifierLitModule(build_classifier("pli_cnn", 1, 8, data.num_classes), data.num_classes, lr=3e-3)
-    before = accuracy(module(data.test.images), data.test.labels)
+    before = topk_accuracy(module(data.test.images), data.test.labels)
     trainer = L.Trainer(max_epochs=5, logger=False, enable_checkpointing=False, enable_progress_bar=False,
                         enable_model_summary=False, default_root_dir=tmp_path)
     trainer.fit(module, data.private_dataloader(0, batch_size=32, shuffle=True, seed=0), data.test_dataloader())
-    after = accuracy(module(data.test.images), data.test.labels)
+    after = topk_accuracy(module(data.test.images), data.test.labels)
     assert after > 0.8 > before
     assert module.hparams.lr == 3e-3 and "net" not in module.hparams

@@ -7,11 +7,12 @@ import math
 import torch
 from torch import Tensor
 
+from fdattack.functional import entropy
+
 
 def confidence_gap_q(p_client: Tensor, p_server: Tensor, label: int, alpha: float) -> Tensor:
     """Q = p^k_j + p^0_j + alpha * H(p^0) (Eq. 4), natural-log entropy of the whole server vector."""
-    entropy = -(p_server * torch.log(p_server.clamp_min(1e-30))).sum(dim=-1)
-    return p_client[..., label] + p_server[..., label] + alpha * entropy
+    return p_client[..., label] + p_server[..., label] + alpha * entropy(p_server)
 
 
 def optimal_server_input(labels: Tensor, num_classes: int, alpha: float) -> Tensor:

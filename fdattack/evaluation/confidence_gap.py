@@ -9,16 +9,10 @@ every round. It reads private data, so it is an evaluation-side diagnostic, not 
 from __future__ import annotations
 
 import torch
-from torch import Tensor
 
 from fdattack.evaluation.oracle import Oracle
 from fdattack.evaluation.report import Report
-
-
-def softmax_entropy(logits: Tensor) -> Tensor:
-    """H(softmax(l)) per row, natural log. Shape (N, J) -> (N,)."""
-    logp = torch.log_softmax(logits.float(), dim=-1)
-    return -(logp.exp() * logp).sum(dim=-1)
+from fdattack.functional import softmax_entropy
 
 
 class ConfidenceGapDiagnostic:

@@ -8,7 +8,8 @@ from fdattack.data.federated import FederatedSplit
 from fdattack.data.imageset import ImageSet
 from fdattack.fd.engine import FitJob, LocalTrainer
 from fdattack.lit.classifier import ClassifierLitModule, cross_entropy
-from fdattack.metrics.identity import IdentityScorer, topk_accuracy
+from fdattack.functional import topk_accuracy
+from fdattack.metrics.identity import IdentityScorer
 from fdattack.models.classifiers import build_classifier
 
 

@@ -3,17 +3,9 @@
 from __future__ import annotations
 
 import torch
-from torch import Tensor
 
 from fdattack.evaluation.oracle import Oracle
-
-
-def accuracy(logits: Tensor, labels: Tensor) -> float:
-    """Top-1 accuracy over rows with a label (>= 0); NaN when there are none."""
-    keep = labels >= 0
-    if not bool(keep.any()):
-        return float("nan")
-    return float((logits[keep].argmax(dim=-1) == labels[keep]).float().mean())
+from fdattack.functional import topk_accuracy
 
 
 def protocol_metrics(oracle: Oracle) -> dict[str, float]:
@@ -22,7 +14,7 @@ def protocol_metrics(oracle: Oracle) -> dict[str, float]:
     for k, handle in enumerate(oracle.clients):
         test = oracle.client_test_set(k)
         if len(test):
-            accs.append(accuracy(oracle.predict(handle, test), test.labels))
+            accs.append(topk_accuracy(oracle.predict(handle, test), test.labels))
     metrics: dict[str, float] = {}
     if accs:
         t = torch.tensor(accs)
@@ -32,5 +24,5 @@ def protocol_metrics(oracle: Oracle) -> dict[str, float]:
             "protocol/client_acc_max": float(t.max()),
         })
     if oracle.server is not None and len(oracle.split.test):
-        metrics["protocol/server_acc"] = accuracy(oracle.predict(oracle.server, oracle.split.test), oracle.split.test.labels)
+        metrics["protocol/server_acc"] = topk_accuracy(oracle.predict(oracle.server, oracle.split.test), oracle.split.test.labels)
     return metrics

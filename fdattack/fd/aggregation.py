@@ -19,6 +19,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from fdattack.functional import entropy
+
 KL_MODES = ("code", "standard")
 
 
@@ -63,11 +65,6 @@ def era(probs: Tensor, temperature: float) -> Tensor:
 
 
 # ---------------------------------------------------------------------------------------------- FedGEMS
-def entropy(p: Tensor, dim: int = -1) -> Tensor:
-    """Shannon entropy H(p) = −Σ_u p_u ln p_u along ``dim`` (natural log, 0 ln 0 = 0)."""
-    return -torch.special.xlogy(p, p).sum(dim=dim)
-
-
 def fedgems_ensemble(client_logits: Tensor, labels: Tensor) -> Tensor:
     """FedGEMS client-knowledge ensemble for samples the server gets wrong (pli.md §5.2, case S3).
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 import torch.nn.functional as F
 from torch import Tensor
 
+from fdattack import functional
 from fdattack.data.imageset import IndexedBatch
 from fdattack.fd.aggregation import fedgems_kl
 from fdattack.lit.classifier import Objective, cross_entropy
@@ -15,13 +16,12 @@ from fdattack.lit.classifier import Objective, cross_entropy
 
 def l1_to_logits(logits: Tensor, batch: IndexedBatch) -> Tensor:
     """FedMD digest: mean absolute error to the consensus logits (``nn.L1Loss``; pli.md §5.1, pdafd.md Eq. 1)."""
-    return F.l1_loss(logits, batch["target"])  # type: ignore[typeddict-item]
+    return functional.l1_to_logits(logits, batch["target"])  # type: ignore[typeddict-item]
 
 
 def soft_cross_entropy(logits: Tensor, batch: IndexedBatch) -> Tensor:
     """DS-FL distillation: -sum_u q_u log softmax(z)_u averaged over the batch (pli.md §5.3)."""
-    target = batch["target"]  # type: ignore[typeddict-item]
-    return -(target * F.log_softmax(logits, dim=-1)).sum(dim=-1).mean()
+    return functional.soft_cross_entropy(logits, batch["target"])  # type: ignore[typeddict-item]
 
 
 def kl_to_probs(logits: Tensor, batch: IndexedBatch) -> Tensor:

@@ -10,13 +10,8 @@ from typing import Callable
 
 import torch
 from torch import Tensor
-from torchmetrics.functional.classification import multiclass_accuracy
 
-
-def topk_accuracy(logits: Tensor, labels: Tensor, k: int) -> float:
-    """Fraction of rows whose label is among the k largest logits (k is capped at the number of classes)."""
-    num_classes = logits.shape[1]
-    return float(multiclass_accuracy(logits, labels, num_classes=num_classes, top_k=min(k, num_classes), average="micro"))
+from fdattack.functional import topk_accuracy
 
 
 class IdentityScorer:
