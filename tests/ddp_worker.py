@@ -19,6 +19,9 @@ if __name__ == "__main__":
     exp.run()
     rank = exp.fabric.global_rank
     states = {f"client{k}": {n: t.detach().cpu() for n, t in c.module.state_dict().items()} for k, c in enumerate(exp.protocol.clients)}
+    for attack in exp.attacks:  # the attacks' networks, trained sharded on both ranks
+        state = attack.store.get(0)  # type: ignore[attr-defined]
+        states[f"attack_{attack.name}"] = {n: t.detach().cpu() for n, t in state["model"].items()}
     if exp.protocol.server is not None:
         states["server"] = {n: t.detach().cpu() for n, t in exp.protocol.server.module.state_dict().items()}
     torch.save(states, weights_dir / f"rank{rank}.pt")

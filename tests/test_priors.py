@@ -8,7 +8,17 @@ import torch
 from sklearn.datasets import load_digits
 from torch.utils.data import DataLoader
 
-from fdattack.attacks.priors import PriorKind, PriorSettings, TranslatorKind, learned_prior, naive_prior, train_learned_prior, translation_pairs
+from fdattack.attacks.priors import (
+    PriorKind,
+    PriorSettings,
+    TranslatorKind,
+    fit_translator,
+    learned_prior,
+    naive_prior,
+    train_learned_prior,
+    translation_pairs,
+)
+from fdattack.fd.engine import default_engine
 from fdattack.data.domains import box_blur
 from fdattack.data.imageset import AUXILIARY, SENSITIVE, ImageSet
 from fdattack.lit.translation import CycleGANLitModule, RestorerLitModule, lsgan_loss
@@ -93,10 +103,7 @@ def test_restorer_learns_to_deblur_real_digits() -> None:
     images, _ = _digits(300)
     train, held = images[:250], images[250:]
     module = RestorerLitModule(1, 8, width=16, lr=1e-3)
-    g_opt, d_opt = module.configure_optimizers()
-    for _ in range(15):
-        for idx in torch.split(torch.randperm(len(train)), 8):
-            module.optimization_step({"a": box_blur(train[idx], 3), "b": train[idx]}, g_opt, d_opt)
+    fit_translator(module, box_blur(train, 3), train, epochs=15, batch_size=8, seed=0, engine=default_engine())
     blurred_mse = torch.nn.functional.mse_loss(box_blur(held, 3), held)
     restored_mse = torch.nn.functional.mse_loss(module.translate(box_blur(held, 3)), held)
     assert restored_mse < 0.5 * blurred_mse
@@ -108,7 +115,7 @@ def test_learned_prior_beats_the_naive_prior_on_target_digits() -> None:
     targets = [0, 1, 2]
     public = _public(images, labels, targets)
     settings = PriorSettings(PriorKind.learned, TranslatorKind.restorer, epochs=8, lr=1e-3, batch_size=8, width=16, pairs_per_label=60)
-    learned = train_learned_prior(public, targets, 10, settings, lambda x: box_blur(x, 3), seed=0)
+    learned = train_learned_prior(public, targets, 10, settings, lambda x: box_blur(x, 3), seed=0, engine=default_engine())
     naive = naive_prior(public, 10)
     for j in targets:
         sharp_mean = images[labels == j].mean(0)

@@ -11,6 +11,7 @@ from fdattack.attacks.base import Attack, AttackContext
 from fdattack.attacks.pli_inputs import tempered_softmax
 from fdattack.config.knobs import knob
 from fdattack.errors import ConfigError
+from fdattack.fd.engine import ModelHandle, default_engine
 from fdattack.fd.record import PublicQuery
 from fdattack.fd.threat import AttackerView, Capability
 from fdattack.lit.inversion import InversionLitModule
@@ -32,7 +33,8 @@ class InversionSettings:
 class InversionAttack(Attack):
     """Base of the inversion attacks: one :class:`InversionLitModule` per key, restored from ``store`` each round.
 
-    The context's store keeps the networks between rounds; its seed seeds their initialisation and shuffling.
+    The context's store keeps the networks between rounds; its seed seeds their initialisation and shuffling;
+    its engine trains them (``trainer.accelerator``/``precision``, sharded under DDP).
     """
 
     needs = frozenset({Capability.public_data, Capability.public_outputs})
@@ -45,6 +47,7 @@ class InversionAttack(Attack):
         self.seed = context.seed
         self.progress = context.progress
         self.store = context.store
+        self.engine = context.engine if context.engine is not None else default_engine(settings.batch_size)
         self.targets = torch.as_tensor(view.target_labels, dtype=torch.long)
         self.num_classes = view.num_classes
 
@@ -60,30 +63,28 @@ class InversionAttack(Attack):
     def _gamma(self) -> float:
         return 0.0
 
-    def _restored(self, key: int) -> tuple[InversionLitModule, torch.optim.Optimizer]:
-        """The network of ``key`` as the last finished round left it (freshly initialised before its first round)."""
+    def _restored(self, key: int) -> ModelHandle:
+        """The network of ``key`` as the last finished round left it (freshly initialised before its first round), set up
+        on the engine."""
         with torch.random.fork_rng(devices=[]):  # a passive attack leaves the run's random stream alone
             torch.manual_seed(self.seed + 7919 * key)
             module = self._module()
-        optimizer = module.configure_optimizers()
+        handle = self.engine.setup(f"{self.name}_{key}", module)
         state = self.store.get(key)
         if state is not None:
-            module.load_state_dict(state["model"])
-            optimizer.load_state_dict(state["optimizer"])
-        return module, optimizer
+            handle.load_state_dict(state)
+        return handle
+
+    def _stored(self, round: int, key: int, handle: ModelHandle) -> None:
+        """Put the network of ``key`` in the store for ``round`` and let the engine forget it."""
+        self.store.put(round, key, handle.state_dict())
+        self.engine.release(handle)
 
     def _tempered(self, query: PublicQuery, model: int | str, rows: Tensor) -> Tensor:
         """softmax(output / tau) of ``model`` on public ``rows``, from what the query answers (logits or probs)."""
         outputs = query(model, rows)
         kind, temperature = ("logits", 1.0) if model == "server" else (query.kind, query.temperature)
         return tempered_softmax(outputs, kind, temperature, self.settings.tau)
-
-    @staticmethod
-    def _step(module: InversionLitModule, optimizer: torch.optim.Optimizer, batch: dict[str, Tensor]) -> None:
-        loss = module.loss(batch)
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        optimizer.step()
 
     def state_dict(self) -> dict:
         return {"store": self.store.state_dict()}

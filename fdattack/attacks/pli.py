@@ -21,10 +21,14 @@ from fdattack.attacks.pli_inputs import optimal_inputs
 from fdattack.attacks.priors import PriorKind, PriorSettings, build_prior
 from fdattack.attacks.results import AttackResult, Reconstructions
 from fdattack.config.knobs import Choice, knob
+from fdattack.fd.engine import TensorRows, derive_seed
 from fdattack.fd.record import RoundRecord
 from fdattack.fd.threat import AttackerView, Capability
 from fdattack.metrics.image import pairwise_ssim, standard_ssim, total_variation
 from fdattack.tracking.progress import progress_iter
+
+
+FINETUNE_BATCH = 64  #: Eq. 10 goes over the optimal inputs in order, in chunks of this size
 
 
 class PLIVariant(Choice):
@@ -131,26 +135,24 @@ class PLIAttack(InversionAttack):
         return self.prior[labels.clamp(0, self.num_classes - 1)]
 
     def _train_client(self, k: int, inputs: PLIInputs, round: int) -> Tensor:
-        """Eq. 3 on (p0, pk) pairs of D_0, then Eq. 10 on the optimal inputs; returns this client's candidates."""
+        """Eq. 3 on (p0, pk) pairs of D_0, then Eq. 10 on the optimal inputs, each epoch; returns this client's candidates."""
         s = self.settings
         assert self.view.public is not None
-        module, optimizer = self._restored(k)
+        handle = self._restored(k)
         images, labels = self.view.public.images[inputs.rows], self.view.public.labels[inputs.rows]
         optimal = optimal_inputs(self.targets, self.num_classes, s.alpha)
-        if s.variant == "client_only":
+        if s.variant == PLIVariant.client_only:
             pairs, optimal = inputs.clients[k], torch.nn.functional.one_hot(self.targets, self.num_classes).float()
         else:
             pairs = torch.cat([inputs.server, inputs.clients[k]], dim=-1)
-        generator = torch.Generator().manual_seed(self.seed * 1000003 + round * 101 + k)
-        module.train()
-        for _ in range(s.epochs_per_round):
-            for idx in torch.split(torch.randperm(len(pairs), generator=generator), s.batch_size):
-                self._step(module, optimizer, {"input": pairs[idx], "x": images[idx], "prior": self._prior_of(labels[idx])})
+        eq3 = TensorRows(input=pairs, x=images, prior=self._prior_of(labels))
+        eq10 = TensorRows(input=optimal, prior=self._prior_of(self.targets))
+        for epoch in range(s.epochs_per_round):
+            self.engine.fit_module(handle, eq3, 1, derive_seed(self.seed, "pli", round, k, epoch), batch_size=s.batch_size)
             if s.gamma > 0 and s.finetune:
-                for chunk in torch.split(torch.arange(len(self.targets)), 64):
-                    self._step(module, optimizer, {"input": optimal[chunk], "prior": self._prior_of(self.targets[chunk])})
-        self.store.put(round, k, {"model": module.state_dict(), "optimizer": optimizer.state_dict()})
-        return module.reconstruct(optimal)
+                self.engine.fit_module(handle, eq10, 1, 0, batch_size=FINETUNE_BATCH, shuffle=False)
+        self._stored(round, k, handle)
+        return handle.module.reconstruct(optimal).cpu()  # type: ignore[operator]
 
     def on_round_end(self, round: int) -> list[AttackResult]:
         inputs, self.collected = self.collected, None
@@ -158,7 +160,7 @@ class PLIAttack(InversionAttack):
             return []
         results: list[AttackResult] = []
         if self.prior is None:  # built once, before the first attack, and reported as what PLI must beat (Table S-3)
-            self.prior = build_prior(self.view, self.prior_settings, self.seed, self.progress)
+            self.prior = build_prior(self.view, self.prior_settings, self.seed, self.engine, self.progress)
             results.append(Reconstructions(self.prior[self.targets], self.targets.clone(), role="prior"))
         clients = progress_iter(sorted(inputs.clients), f"{self.name} inversion, round {round}", self.progress)
         candidates = torch.stack([self._train_client(k, inputs, round) for k in clients])

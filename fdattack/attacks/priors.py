@@ -20,6 +20,7 @@ from torch import Tensor
 from fdattack.config.knobs import Choice, knob
 from fdattack.data.imageset import AUXILIARY, SENSITIVE, ImageSet
 from fdattack.errors import ConfigError
+from fdattack.fd.engine import LocalTrainer, TensorRows, derive_seed
 from fdattack.fd.threat import AttackerView, Degradation
 from fdattack.lit.translation import CycleGANLitModule, RestorerLitModule, TranslationLitModule
 from fdattack.tracking.progress import progress_iter
@@ -71,12 +72,13 @@ class PriorSettings:
         return dataclasses.replace(self, kind=PriorKind.learned, translator=translator)
 
 
-def build_prior(view: AttackerView, settings: PriorSettings, seed: int, progress: str = "never") -> Tensor:
-    """The (J, C, H, W) prior images from the attacker's view alone (``settings`` already resolved)."""
+def build_prior(view: AttackerView, settings: PriorSettings, seed: int, engine: LocalTrainer, progress: str = "never") -> Tensor:
+    """The (J, C, H, W) prior images from the attacker's view alone (``settings`` already resolved); a translation
+    model trains on ``engine``."""
     assert view.public is not None
     if settings.kind == PriorKind.naive:
         return naive_prior(view.public, view.num_classes)
-    return train_learned_prior(view.public, list(view.target_labels), view.num_classes, settings, view.degradation, seed, progress)
+    return train_learned_prior(view.public, list(view.target_labels), view.num_classes, settings, view.degradation, seed, engine, progress)
 
 
 def naive_prior(public: ImageSet, num_classes: int) -> Tensor:
@@ -120,15 +122,14 @@ def build_translator(settings: PriorSettings, channels: int, image_size: int, se
         return RestorerLitModule(channels, image_size, settings.width, **lr)
 
 
-def fit_translator(module: TranslationLitModule, a: Tensor, b: Tensor, epochs: int, batch_size: int, seed: int,
+def fit_translator(module: TranslationLitModule, a: Tensor, b: Tensor, epochs: int, batch_size: int, seed: int, engine: LocalTrainer,
                    progress: str = "never") -> TranslationLitModule:
-    """Train A_phi on the (a, b) pairs with the module's own optimisation step (no Trainer needed)."""
-    optimizers = module.configure_optimizers()
-    generator = torch.Generator().manual_seed(seed)
-    module.train()
-    for _ in progress_iter(range(epochs), "translation model", progress):
-        for idx in torch.split(torch.randperm(len(a), generator=generator), batch_size):
-            module.optimization_step({"a": a[idx], "b": b[idx]}, *optimizers)
+    """Train A_phi on the (a, b) pairs through ``engine`` (the module's own manual-optimisation training_step)."""
+    handle = engine.setup("translator", module)
+    pairs = TensorRows(a=a, b=b)
+    for epoch in progress_iter(range(epochs), "translation model", progress):
+        engine.fit_module(handle, pairs, 1, derive_seed(seed, "translator", epoch), batch_size=batch_size)
+    engine.release(handle)
     return module
 
 
@@ -147,10 +148,10 @@ def learned_prior(translator: TranslationLitModule, public: ImageSet, num_classe
 
 
 def train_learned_prior(public: ImageSet, target_labels: list[int], num_classes: int, settings: PriorSettings,
-                        degrade: Optional[Degradation], seed: int, progress: str = "never") -> Tensor:
+                        degrade: Optional[Degradation], seed: int, engine: LocalTrainer, progress: str = "never") -> Tensor:
     """Pairs, A_phi and Eq. 9 in one call; returns the (J, C, H, W) prior."""
     generator = torch.Generator().manual_seed(seed)
     a, b = translation_pairs(public, target_labels, str(settings.translator), degrade, settings.pairs_per_label, generator)
     translator = build_translator(settings, public.images.shape[1], public.images.shape[-1], seed)
-    fit_translator(translator, a, b, settings.epochs, settings.batch_size, seed, progress)
+    fit_translator(translator, a, b, settings.epochs, settings.batch_size, seed, engine, progress)
     return learned_prior(translator, public, num_classes)

@@ -17,6 +17,7 @@ from fdattack.attacks.base import ATTACKS, AttackContext
 from fdattack.attacks.inversion import InversionAttack, InversionSettings
 from fdattack.attacks.results import AttackResult, Reconstructions
 from fdattack.config.knobs import knob
+from fdattack.fd.engine import TensorRows, derive_seed
 from fdattack.fd.record import RoundRecord
 from fdattack.fd.threat import AttackerView
 from fdattack.tracking.progress import progress_iter
@@ -66,14 +67,12 @@ class TBIAttack(InversionAttack):
         s = self.settings
         pairs = torch.cat(inputs.outputs)
         images = self.view.public.images[inputs.rows].repeat(len(inputs.outputs), 1, 1, 1)
-        module, optimizer = self._restored(0)
-        generator = torch.Generator().manual_seed(self.seed * 1000003 + round)
-        module.train()
-        for _ in progress_iter(range(s.epochs_per_round), f"tbi inversion, round {round}", self.progress):
-            for idx in torch.split(torch.randperm(len(pairs), generator=generator), s.batch_size):
-                self._step(module, optimizer, {"input": pairs[idx], "x": images[idx]})
-        self.store.put(round, 0, {"model": module.state_dict(), "optimizer": optimizer.state_dict()})
+        handle = self._restored(0)
+        rows = TensorRows(input=pairs, x=images)
+        for epoch in progress_iter(range(s.epochs_per_round), f"tbi inversion, round {round}", self.progress):
+            self.engine.fit_module(handle, rows, 1, derive_seed(self.seed, "tbi", round, epoch), batch_size=s.batch_size)
+        self._stored(round, 0, handle)
         self.store.finish_round(round)
-        recon: Tensor = module.reconstruct(torch.nn.functional.one_hot(self.targets, self.num_classes).float())
+        recon: Tensor = handle.module.reconstruct(torch.nn.functional.one_hot(self.targets, self.num_classes).float()).cpu()  # type: ignore[operator]
         return [Reconstructions(recon, self.targets.clone())]
 

@@ -1,10 +1,13 @@
-"""The one place where client and server models are trained and queried: Lightning Fabric.
+"""The one place where models are trained and queried: Lightning Fabric.
 
-Every training phase of every protocol goes through :class:`LocalTrainer`, so
-``trainer.accelerator``, ``trainer.devices``, ``trainer.strategy=ddp`` and ``trainer.num_nodes``
-apply to all of them. Fabric drives the same :class:`~fdattack.lit.ClassifierLitModule`'s
-``training_step`` and ``configure_optimizers`` that ``lightning.Trainer`` would call, without a
-Trainer per client-phase (``benchmarks/bench_engine.py`` measures the difference).
+Every training phase goes through :class:`LocalTrainer`: the protocols' clients and servers, the
+attacks' networks (PLI's and TBI's inversion networks, the translation models of PLI's prior) and
+the evaluation classifier, so ``trainer.accelerator``, ``trainer.precision``, ``trainer.devices``,
+``trainer.strategy=ddp`` and ``trainer.num_nodes`` apply to all of them. Fabric drives any
+LightningModule's own ``training_step`` and ``configure_optimizers``, with automatic optimisation (the
+engine steps) or manual (the module steps, as under a ``lightning.Trainer``), without a Trainer per
+phase (``benchmarks/bench_engine.py`` and ``bench_inversion.py`` measure the difference). Attacks get an
+engine on a Fabric of their own: a Fabric keeps every module it set up, and the run's holds the clients.
 
 Protocols hand whole lists of jobs to :meth:`LocalTrainer.fit_many` and :meth:`LocalTrainer.predict_many`,
 so a later vectorised path (same-architecture clients as one ``torch.func`` batch) replaces these two
@@ -12,22 +15,25 @@ loops without touching the protocols.
 
 Under DDP every rank runs the same orchestration; each rank trains on its shard of every
 mini-batch sequence (shards padded to equal length so ranks never wait on each other), gradients are
-all-reduced by the DDP wrapper, and ranks therefore hold identical weights.
+all-reduced by the DDP wrapper, and ranks therefore hold identical weights. Attack training is
+sharded the same way (not repeated on every rank, not left to rank 0): ``tests/test_ddp.py`` checks
+that both ranks end with the same inversion network.
 """
 
 from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass
-from typing import Callable, Sequence
+from typing import Callable, Mapping, Protocol, Sequence
 
 import lightning as L
 import torch
 from lightning.fabric import Fabric
 from torch import Tensor
 
-from fdattack.data.imageset import ImageSet, IndexedBatch
-from fdattack.lit.classifier import ClassifierLitModule, Objective
+from fdattack.data.imageset import ImageSet
+from fdattack.lit.classifier import Objective
+from fdattack.lit.modes import eval_mode
 
 
 def derive_seed(*keys: object) -> int:
@@ -36,43 +42,88 @@ def derive_seed(*keys: object) -> int:
     return int.from_bytes(digest, "little") & ((1 << 63) - 1)
 
 
+class Batchable(Protocol):
+    """Rows that an epoch draws mini-batches from: :class:`~fdattack.data.imageset.ImageSet`, :class:`TensorRows`."""
+
+    def __len__(self) -> int: ...
+
+    def batch(self, indices: Tensor) -> Mapping[str, Tensor]: ...
+
+
+class TensorRows:
+    """Aligned tensors (same first dimension) as a :class:`Batchable`: ``TensorRows(input=p, x=images)``."""
+
+    def __init__(self, **tensors: Tensor) -> None:
+        lengths = {len(t) for t in tensors.values()}
+        if len(lengths) != 1:
+            raise ValueError(f"TensorRows needs tensors of one length, got {sorted(lengths)}")
+        self.tensors = tensors
+
+    def __len__(self) -> int:
+        return len(next(iter(self.tensors.values())))
+
+    def batch(self, indices: Tensor) -> dict[str, Tensor]:
+        return {name: tensor[indices] for name, tensor in self.tensors.items()}
+
+
+class _WithTargets:
+    """An image set whose batches also carry the aligned soft targets (distillation phases)."""
+
+    def __init__(self, data: ImageSet, targets: Tensor) -> None:
+        self.data, self.targets = data, targets
+
+    def __len__(self) -> int:
+        return len(self.data)
+
+    def batch(self, indices: Tensor) -> dict[str, Tensor]:
+        return {**self.data.batch(indices), "target": self.targets[indices]}
+
+
 @dataclass
 class ModelHandle:
-    """A LightningModule set up by Fabric, with its persistent optimizer.
+    """A LightningModule set up by Fabric, with its persistent optimizer(s).
 
     Attributes:
-        name: ``"client3"`` or ``"server"``, used in messages and checkpoints.
+        name: ``"client3"``, ``"server"``, ``"pli_client2"`` ..., used in messages and checkpoints.
         module: the plain LightningModule (its weights are what a checkpoint stores).
         wrapped: the Fabric-wrapped module (DDP wrapper under ``strategy=ddp``).
-        optimizer: the Fabric-wrapped optimizer kept across phases and rounds.
+        optimizers: the Fabric-wrapped optimizers of ``configure_optimizers``, kept across phases and rounds.
         wrap_optimizer: applied to every optimizer built for the module (a training defense's), or None.
     """
 
     name: str
-    module: ClassifierLitModule
+    module: L.LightningModule
     wrapped: torch.nn.Module
-    optimizer: torch.optim.Optimizer
+    optimizers: list[torch.optim.Optimizer]
     wrap_optimizer: Callable[[torch.optim.Optimizer], torch.optim.Optimizer] | None = None
 
-    def new_optimizer(self) -> torch.optim.Optimizer:
-        """A fresh optimizer from the module's ``configure_optimizers``, through :attr:`wrap_optimizer`."""
-        optimizer = self.module.configure_optimizers()
-        return optimizer if self.wrap_optimizer is None else self.wrap_optimizer(optimizer)
+    @property
+    def optimizer(self) -> torch.optim.Optimizer:
+        """The first (for most modules the only) optimizer."""
+        return self.optimizers[0]
+
+    def new_optimizers(self) -> list[torch.optim.Optimizer]:
+        """Fresh optimizers from the module's ``configure_optimizers``, through :attr:`wrap_optimizer`."""
+        built = self.module.configure_optimizers()
+        optimizers = list(built) if isinstance(built, (list, tuple)) else [built]
+        return optimizers if self.wrap_optimizer is None else [self.wrap_optimizer(o) for o in optimizers]
 
     def state_dict(self) -> dict:
-        return {"model": self.module.state_dict(), "optimizer": self.optimizer.state_dict()}
+        return {"model": self.module.state_dict(), "optimizer": [o.state_dict() for o in self.optimizers]}
 
     def load_state_dict(self, state: dict) -> None:
         self.module.load_state_dict(state["model"])
-        self.optimizer.load_state_dict(state["optimizer"])
+        saved = state["optimizer"] if isinstance(state["optimizer"], list) else [state["optimizer"]]
+        for optimizer, optimizer_state in zip(self.optimizers, saved, strict=True):
+            optimizer.load_state_dict(optimizer_state)
 
 
 @dataclass
 class FitJob:
-    """One model trained for ``epochs`` over ``data`` with ``objective``.
+    """One classifier trained for ``epochs`` over ``data`` with ``objective`` (the protocols' phases).
 
     Attributes:
-        handle: the model to train.
+        handle: the model to train (its module a :class:`~fdattack.lit.ClassifierLitModule`).
         data: the samples; rows of ``targets`` (if any) align with them and reach the objective as ``batch["target"]``.
         epochs: passes over ``data`` (0 = nothing).
         objective: the loss ``(logits, batch) -> scalar``.
@@ -92,7 +143,7 @@ class FitJob:
 
 @dataclass
 class FitResult:
-    """Optimizer steps taken and their mean loss."""
+    """Optimizer steps taken and their mean loss (NaN where the module's steps return no loss)."""
 
     steps: int = 0
     mean_loss: float = float("nan")
@@ -103,7 +154,7 @@ class LocalTrainer:
 
     Args:
         fabric: a launched Fabric (see :func:`make_fabric`).
-        batch_size: mini-batch size per device.
+        batch_size: default mini-batch size per device.
         predict_batch_size: batch size of inference passes.
     """
 
@@ -116,51 +167,91 @@ class LocalTrainer:
     def is_global_zero(self) -> bool:
         return self.fabric.is_global_zero
 
-    def setup(self, name: str, module: ClassifierLitModule,
+    def setup(self, name: str, module: L.LightningModule,
               wrap_optimizer: Callable[[torch.optim.Optimizer], torch.optim.Optimizer] | None = None) -> ModelHandle:
-        """Move ``module`` to the device, wrap it (DDP when asked) and build its optimizer (through ``wrap_optimizer``)."""
-        optimizer = module.configure_optimizers()
-        optimizer = optimizer if wrap_optimizer is None else wrap_optimizer(optimizer)
-        wrapped, optimizer = self.fabric.setup(module, optimizer)
-        return ModelHandle(name=name, module=module, wrapped=wrapped, optimizer=optimizer, wrap_optimizer=wrap_optimizer)
+        """Move ``module`` to the device, wrap it (DDP when asked) and build its optimizers (through ``wrap_optimizer``)."""
+        handle = ModelHandle(name=name, module=module, wrapped=module, optimizers=[], wrap_optimizer=wrap_optimizer)
+        wrapped, *optimizers = self.fabric.setup(module, *handle.new_optimizers())
+        handle.wrapped, handle.optimizers = wrapped, list(optimizers)
+        return handle
+
+    def release(self, handle: ModelHandle) -> None:
+        """Forget a module set up for one job (an attack's network of one round), so that Fabric does not keep it.
+
+        Fabric registers every LightningModule it sets up as a callback and offers no way to undo it; without
+        this, the networks an attack sets up every round would stay in memory for the whole run.
+        """
+        callbacks = self.fabric._callbacks
+        if handle.module in callbacks:
+            callbacks.remove(handle.module)
 
     # ---------------------------------------------------------------- training
-    def _batches(self, data: ImageSet, seed: int) -> list[Tensor]:
-        """This rank's mini-batch index lists for one epoch: a seeded permutation, sharded by rank."""
-        n = len(data)
-        generator = torch.Generator().manual_seed(seed)
-        order = torch.randperm(n, generator=generator)
+    def _batches(self, n: int, seed: int, batch_size: int, shuffle: bool = True) -> list[Tensor]:
+        """This rank's mini-batch index lists for one epoch: a seeded permutation (or 0..n-1), sharded by rank.
+
+        Under DDP the order is padded to a multiple of the world size, so every rank takes the same number of steps.
+        """
+        order = torch.randperm(n, generator=torch.Generator().manual_seed(seed)) if shuffle else torch.arange(n)
         world, rank = self.fabric.world_size, self.fabric.global_rank
         if world > 1:
             per_rank = -(-n // world)
             order = torch.cat([order, order[: per_rank * world - n]]) if per_rank * world > n else order
             order = order[rank::world]
-        return list(torch.split(order, self.batch_size))
+        return list(torch.split(order, batch_size))
+
+    def fit_module(self, handle: ModelHandle, data: Batchable, epochs: int, seed: int, batch_size: int | None = None,
+                   shuffle: bool = True) -> FitResult:
+        """Run ``epochs`` epochs of the module's own ``training_step`` over ``data``.
+
+        With automatic optimisation the engine takes the step (zero_grad, ``fabric.backward``, step) on the
+        module's single optimizer; with ``automatic_optimization = False`` the module's training_step steps
+        its own optimizers (``self.optimizers()``, ``self.manual_backward``), as under a ``lightning.Trainer``.
+        Epoch e shuffles with ``derive_seed(seed, e)``.
+        """
+        result = FitResult()
+        if epochs <= 0 or len(data) == 0:
+            return result
+        module, device = handle.module, self.fabric.device
+        automatic = module.automatic_optimization
+        handle.wrapped.train()
+        total, losses = torch.zeros((), device=device), 0
+        for epoch in range(epochs):
+            for batch_idx, idx in enumerate(self._batches(len(data), derive_seed(seed, epoch), batch_size or self.batch_size, shuffle)):
+                batch = {k: v.to(device, non_blocking=True) for k, v in data.batch(idx).items()}
+                loss = handle.wrapped.training_step(batch, batch_idx)
+                if automatic:
+                    handle.optimizer.zero_grad(set_to_none=True)
+                    self.fabric.backward(loss)
+                    handle.optimizer.step()
+                if isinstance(loss, Tensor):
+                    total += loss.detach()
+                    losses += 1
+                result.steps += 1
+        self._share_buffers(module)
+        result.mean_loss = float(total) / losses if losses else float("nan")
+        return result
+
+    def _share_buffers(self, module: torch.nn.Module) -> None:
+        """Under DDP, give every rank rank 0's buffers (BatchNorm statistics), as DDP does before each forward.
+
+        Parameters agree through the all-reduced gradients; buffers are updated by each rank's own shard, so
+        without this the ranks would leave a phase with different running statistics.
+        """
+        if self.fabric.world_size > 1:
+            for buffer in module.buffers():
+                torch.distributed.broadcast(buffer.data, src=0)
 
     def fit(self, job: FitJob) -> FitResult:
-        """Run ``job.epochs`` epochs of ``job.objective`` on ``job.data`` (Lightning's training_step)."""
-        result = FitResult()
+        """Run ``job.epochs`` epochs of ``job.objective`` on ``job.data`` (a classifier's training_step)."""
         if job.epochs <= 0 or len(job.data) == 0:
-            return result
+            return FitResult()
         handle = job.handle
         if job.fresh_optimizer:
-            handle.optimizer = self.fabric.setup_optimizers(handle.new_optimizer())
-        handle.module.use_objective(job.objective)
-        handle.wrapped.train()
-        device = self.fabric.device
-        images = job.data
-        total = torch.zeros((), device=device)
-        for epoch in range(job.epochs):
-            for batch_idx, idx in enumerate(self._batches(images, derive_seed(job.seed, epoch))):
-                batch = _to_device(images.batch(idx), job.targets, idx, device)
-                loss = handle.wrapped.training_step(batch, batch_idx)
-                handle.optimizer.zero_grad(set_to_none=True)
-                self.fabric.backward(loss)
-                handle.optimizer.step()
-                total += loss.detach()
-                result.steps += 1
-        result.mean_loss = float(total) / max(result.steps, 1)
-        return result
+            fresh = self.fabric.setup_optimizers(*handle.new_optimizers())
+            handle.optimizers = list(fresh) if isinstance(fresh, (list, tuple)) else [fresh]
+        handle.module.use_objective(job.objective)  # type: ignore[operator]
+        data: Batchable = job.data if job.targets is None else _WithTargets(job.data, job.targets)
+        return self.fit_module(handle, data, job.epochs, job.seed)
 
     def fit_many(self, jobs: Sequence[FitJob]) -> list[FitResult]:
         """Train several models, each on its own job (the client loop of every protocol)."""
@@ -180,20 +271,11 @@ class LocalTrainer:
 @torch.no_grad()
 def predict_logits(module: torch.nn.Module, images: Tensor, device: torch.device, batch_size: int) -> Tensor:
     """Logits (N, J) of ``module`` in eval mode (its mode is restored), on CPU, in batches of ``batch_size`` on ``device``."""
-    was_training = module.training
-    module.eval()
-    outputs = [module(images[start : start + batch_size].to(device)).float().cpu() for start in range(0, images.shape[0], batch_size)]
-    module.train(was_training)
+    with eval_mode(module):
+        outputs = [module(images[start : start + batch_size].to(device)).float().cpu() for start in range(0, images.shape[0], batch_size)]
     if not outputs:
         return torch.empty(0, 0)
     return torch.cat(outputs)
-
-
-def _to_device(batch: IndexedBatch, targets: Tensor | None, idx: Tensor, device: torch.device) -> IndexedBatch:
-    out = {k: v.to(device, non_blocking=True) for k, v in batch.items()}
-    if targets is not None:
-        out["target"] = targets[idx].to(device, non_blocking=True)
-    return out  # type: ignore[return-value]
 
 
 def make_fabric(accelerator: str, devices: object, strategy: str, num_nodes: int, precision: str) -> Fabric:
@@ -201,6 +283,11 @@ def make_fabric(accelerator: str, devices: object, strategy: str, num_nodes: int
     fabric = Fabric(accelerator=accelerator, devices=devices, strategy=strategy, num_nodes=num_nodes, precision=precision)  # type: ignore[arg-type]
     fabric.launch()
     return fabric
+
+
+def default_engine(batch_size: int = 64) -> LocalTrainer:
+    """A single-process CPU engine, for attacks and modules used outside a run."""
+    return LocalTrainer(make_fabric("cpu", 1, "auto", 1, "32-true"), batch_size=batch_size)
 
 
 def seed_everything_quietly(seed: int) -> None:

@@ -7,6 +7,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from fdattack.lit.modes import eval_mode
+
 
 class InversionLitModule(L.LightningModule):
     """Trains an inversion network G (pli.md §7.2, §7.5; TBI §8.1 with ``gamma = 0``).
@@ -52,11 +54,8 @@ class InversionLitModule(L.LightningModule):
     @torch.no_grad()
     def reconstruct(self, inputs: Tensor) -> Tensor:
         """G in eval mode (BatchNorm running statistics), as the paper reconstructs (§4.2)."""
-        was = self.training
-        self.eval()
-        out = self(inputs.to(self.device))
-        self.train(was)
-        return out
+        with eval_mode(self):
+            return self(inputs.to(self.device))
 
     def configure_optimizers(self) -> torch.optim.Optimizer:
         return torch.optim.Adam(self.parameters(), lr=self.hparams.lr, weight_decay=self.hparams.weight_decay)

@@ -11,8 +11,9 @@ Two LightningModules, trained on public data only:
   reasonable restorer that raises prior SSIM).
 
 Batches are dicts ``{"a": insensitive (B, C, H, W), "b": sensitive (B, C, H, W)}`` in [-1, 1]. Both use
-manual optimisation: under a ``lightning.Trainer`` ``training_step`` does the updates; without one,
-call :meth:`optimization_step` with the optimizers from :meth:`configure_optimizers`.
+manual optimisation: ``training_step`` takes the generator and discriminator steps itself
+(``self.optimizers()``, ``self.manual_backward``), under a ``lightning.Trainer`` or fdattack's Fabric
+engine (:meth:`fdattack.fd.engine.LocalTrainer.fit_module`).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from fdattack.lit.modes import eval_mode
 from fdattack.models.translation import ImagePool, PatchDiscriminator, ResnetGenerator
 
 
@@ -39,15 +41,9 @@ class TranslationLitModule(L.LightningModule):
         super().__init__()
         self.automatic_optimization = False
 
-    def _backward(self, loss: Tensor) -> None:
-        if self._trainer is not None:
-            self.manual_backward(loss)
-        else:
-            loss.backward()
-
     def _update(self, optimizer: torch.optim.Optimizer, loss: Tensor) -> None:
         optimizer.zero_grad(set_to_none=True)
-        self._backward(loss)
+        self.manual_backward(loss)
         optimizer.step()
 
     def optimization_step(self, batch: dict[str, Tensor], g_opt: torch.optim.Optimizer, d_opt: torch.optim.Optimizer) -> dict[str, Tensor]:
@@ -62,11 +58,8 @@ class TranslationLitModule(L.LightningModule):
     @torch.no_grad()
     def translate(self, images: Tensor, batch_size: int = 64) -> Tensor:
         """A_phi(x): the insensitive look mapped to the sensitive look, in eval mode."""
-        was = self.training
-        self.eval()
-        out = torch.cat([self.generator(chunk.to(self.device)).cpu() for chunk in torch.split(images, batch_size)])
-        self.train(was)
-        return out
+        with eval_mode(self):
+            return torch.cat([self.generator(chunk.to(self.device)).cpu() for chunk in torch.split(images, batch_size)])
 
     def forward(self, images: Tensor) -> Tensor:
         return self.generator(images)
