@@ -21,13 +21,13 @@ from torchvision.utils import save_image
 from fdattack.attacks import ATTACKS, Attack, AttackContext
 from fdattack.attacks.state_store import ClientStateStore
 from fdattack.data.domains import DOMAIN_TRANSFORMS
+from fdattack.defenses import DEFENSES, Defense
 from fdattack.data.federated import FederatedData
 from fdattack.errors import CheckpointError
 from fdattack.evaluation import ConfidenceGapDiagnostic, Evaluator, Oracle, ReconstructionScorer, Report, train_identity_scorer
 from fdattack.fd.engine import LocalTrainer, derive_seed, make_fabric, seed_everything_quietly
 from fdattack.fd.orchestrator import RoundOrchestrator
 from fdattack.fd.protocols import PROTOCOLS
-from fdattack.defenses import DEFENSES, Defense
 from fdattack.fd.protocols.base import Protocol
 from fdattack.fd.threat import AttackerView, Degradation, attacker_view
 from fdattack.tracking import Progress, RunDirectory, WandbRun, attack_summary, load_checkpoint, rng_state, save_checkpoint, set_rng_state
@@ -64,7 +64,7 @@ def build_attacks(cfg: DictConfig, view: AttackerView, protocol: Protocol, engin
 
     Args:
         protocol: grants the adversaries (the attacks never receive it).
-        engine: the run's engine, which attack training goes through.
+        engine: the attacks' engine (a Fabric of their own on the run's devices), which their training goes through.
         state_root: folder where attacks keep their per-client networks between rounds (None: memory).
     """
     attacks: list[Attack] = []

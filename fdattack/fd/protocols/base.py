@@ -17,13 +17,13 @@ import torch
 from omegaconf import DictConfig
 from torch import Tensor
 
-from fdattack.data.federated import FederatedSplit
 from fdattack.config.schema import ProtocolConfig
+from fdattack.data.federated import FederatedSplit
 from fdattack.data.imageset import UNLABELED, ImageSet
 from fdattack.defenses.base import Defense, Release, TrainingDefense, UploadDefense, dense_bytes
 from fdattack.errors import ConfigError
-from fdattack.fd.engine import FitJob, LocalTrainer, ModelHandle, derive_seed, predict_logits
 from fdattack.fd.adversary import Adversary
+from fdattack.fd.engine import FitJob, LocalTrainer, ModelHandle, derive_seed, predict_logits
 from fdattack.fd.record import PayloadKind, PublicBatch, PublicQuery, Upload
 from fdattack.fd.threat import Capability, ThreatModel
 from fdattack.lit.classifier import ClassifierLitModule, Objective
