@@ -32,7 +32,8 @@ def test_entropy_and_kl_hand_values() -> None:
     assert float(kl_divergence(p, q)) == pytest.approx(0.5 * math.log(2) + 0.5 * math.log(2 / 3))
     assert float(kl_divergence(q, q)) == 0.0
     rows = torch.softmax(torch.randn(100, 5), -1), torch.softmax(torch.randn(100, 5), -1)
-    assert bool((kl_divergence(*rows) >= 0).all())
+    assert bool((kl_divergence(*rows) > 0).all())  # Gibbs: positive wherever the rows differ
+    assert bool((entropy(rows[0]) <= math.log(5)).all())
     assert math.isfinite(float(kl_divergence(torch.tensor([0.5, 0.5]), torch.tensor([1.0, 0.0]))))  # a missed class: large, finite
 
 
@@ -78,12 +79,21 @@ def test_offline_lira_ranks_members_above_and_never_ties_at_saturation() -> None
     assert torch.isfinite(offline_lira(target, torch.ones(3, 3))).all()  # σ = 0: floored, not a division by zero
 
 
+def test_offline_lira_variance_is_per_sample_unless_pooled() -> None:
+    reference = torch.tensor([[0.0, 0.0], [2.0, 4.0]])  # per-sample μ = (1, 2), unbiased σ = (√2, 2√2)
+    target = torch.tensor([3.0, 3.0])
+    per_sample = torch.tensor([2 / math.sqrt(2), 1 / (2 * math.sqrt(2))], dtype=torch.float64)
+    assert torch.allclose(offline_lira(target, reference), per_sample)
+    pooled = math.sqrt((1 + 1 + 4 + 4) / (4 - 2))  # squared deviations from each sample's mean over K·N − N degrees of freedom
+    assert torch.allclose(offline_lira(target, reference, global_variance=True), torch.tensor([2 / pooled, 1 / pooled], dtype=torch.float64))
+
+
 def test_online_lira_is_the_gaussian_log_likelihood_ratio() -> None:
-    inside = torch.tensor([[1.0], [3.0]])  # μ_in = 2, σ_in = sqrt(2)
-    outside = torch.tensor([[-1.0], [1.0]])  # μ_out = 0, σ_out = sqrt(2)
+    inside = torch.tensor([[1.0], [3.0]])  # μ_in = 2, σ_in = √2
+    outside = torch.tensor([[-2.0], [2.0]])  # μ_out = 0, σ_out = 2√2
     x = torch.tensor([1.5])
-    s = math.sqrt(2)
-    expected = (-0.5 * ((1.5 - 2) / s) ** 2) - (-0.5 * (1.5 / s) ** 2)
+    s_in, s_out = math.sqrt(2), 2 * math.sqrt(2)
+    expected = (-0.5 * ((1.5 - 2) / s_in) ** 2 - math.log(s_in)) - (-0.5 * (1.5 / s_out) ** 2 - math.log(s_out))
     assert float(online_lira(x, inside, outside)) == pytest.approx(expected)
 
 
@@ -99,3 +109,4 @@ def test_forward_difference_gradient_estimates_the_gradient_of_a_black_box() -> 
     few = [forward_difference_gradient(loss, x, m=5, epsilon=1e-3, generator=torch.Generator().manual_seed(s))[0] for s in range(400)]
     mean = torch.stack(few).mean(0)  # unbiased up to O(ε): the average of many 5-direction estimates approaches ∇L
     assert float(torch.nn.functional.cosine_similarity(mean.flatten(), true.flatten(), dim=0)) > 0.95
+    assert float((mean - true).norm() / true.norm()) < 0.25  # in magnitude too: E[d (uᵀg) u] = g needs the factor d
