@@ -11,6 +11,7 @@ from fdattack.functional import (
     entropy,
     forward_difference_gradient,
     kl_divergence,
+    kl_divergence_from_logits,
     l1_to_logits,
     offline_lira,
     offline_lira_log_probability,
@@ -35,6 +36,18 @@ def test_entropy_and_kl_hand_values() -> None:
     assert bool((kl_divergence(*rows) > 0).all())  # Gibbs: positive wherever the rows differ
     assert bool((entropy(rows[0]) <= math.log(5)).all())
     assert math.isfinite(float(kl_divergence(torch.tensor([0.5, 0.5]), torch.tensor([1.0, 0.0]))))  # a missed class: large, finite
+
+
+def test_kl_from_logits_is_kl_to_the_softmax() -> None:
+    p, logits = torch.tensor([[0.25, 0.75], [1.0, 0.0]]), torch.tensor([[0.0, 0.0], [math.log(3.0), 0.0]])
+    expected = [0.25 * math.log(0.5) + 0.75 * math.log(1.5), math.log(4 / 3)]  # softmax rows (1/2, 1/2) and (3/4, 1/4)
+    per_row = kl_divergence_from_logits(p, logits)
+    assert torch.allclose(per_row, torch.tensor(expected))
+    assert torch.allclose(per_row, kl_divergence(p, torch.softmax(logits, -1)))
+    assert float(kl_divergence_from_logits(p, logits, reduction="batchmean")) == pytest.approx(sum(expected) / 2)
+    assert float(kl_divergence_from_logits(torch.tensor([[0.0, 1.0]]), torch.tensor([[0.0, 200.0]]))) == pytest.approx(0.0, abs=1e-6)
+    with pytest.raises(ValueError, match="reduction"):
+        kl_divergence_from_logits(p, logits, reduction="sum")  # type: ignore[arg-type]
 
 
 def test_distillation_losses_hand_values() -> None:

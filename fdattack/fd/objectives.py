@@ -26,7 +26,7 @@ def soft_cross_entropy(logits: Tensor, batch: IndexedBatch) -> Tensor:
 
 def kl_to_probs(logits: Tensor, batch: IndexedBatch) -> Tensor:
     """Cronus distillation: KL(p_teacher || softmax(z)), batchmean (pdafd.md §3, A19)."""
-    return F.kl_div(F.log_softmax(logits, dim=-1), batch["target"], reduction="batchmean")  # type: ignore[typeddict-item]
+    return functional.kl_divergence_from_logits(batch["target"], logits, reduction="batchmean")  # type: ignore[typeddict-item]
 
 
 def fedgems_client(epsilon: float, kl_mode: str) -> Objective:
@@ -53,7 +53,7 @@ def mixed_ce_kl(logits: Tensor, batch: IndexedBatch) -> Tensor:
     if (~soft).any():
         loss = loss + F.cross_entropy(logits[~soft], batch["y"][~soft]) * (~soft).float().mean()
     if soft.any():
-        loss = loss + F.kl_div(F.log_softmax(logits[soft], -1), target[soft], reduction="batchmean") * soft.float().mean()
+        loss = loss + functional.kl_divergence_from_logits(target[soft], logits[soft], reduction="batchmean") * soft.float().mean()
     return loss
 
 
