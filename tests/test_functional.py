@@ -14,6 +14,7 @@ from fdattack.functional import (
     kl_divergence_from_logits,
     l1_to_logits,
     offline_lira,
+    offline_lira_float32_lambda,
     offline_lira_log_probability,
     online_lira,
     scaled_confidence,
@@ -83,13 +84,14 @@ def test_offline_lira_ranks_members_above_and_never_ties_at_saturation() -> None
     target = torch.tensor([1.0, 9.0, 40.0])
     score = offline_lira(target, reference)
     assert torch.allclose(score, torch.tensor([0.0, 8.0, 39.0], dtype=torch.float64))
-    cdf32 = torch.distributions.Normal(0.0, 1.0).cdf(score.float())
-    assert float(cdf32[1]) == float(cdf32[2]) == 1.0  # the authors' float32 CDF ties these two
+    cdf32 = offline_lira_float32_lambda(target, reference)
+    assert float(cdf32[0]) == 0.5 and float(cdf32[1]) == float(cdf32[2]) == 1.0  # the authors' float32 CDF ties these two
     log_lambda = offline_lira_log_probability(target, reference)
     assert float(log_lambda[0]) == pytest.approx(math.log(0.5)) and log_lambda[1] < log_lambda[2] <= 0  # log space keeps them apart
     pooled = offline_lira(target, reference + torch.tensor([0.0, 0.0, 1.0]), global_variance=True)
     assert pooled.shape == (3,) and torch.isfinite(pooled).all()
     assert torch.isfinite(offline_lira(target, torch.ones(3, 3))).all()  # σ = 0: floored, not a division by zero
+    assert torch.equal(offline_lira_float32_lambda(torch.tensor([0.5, 1.0, 2.0]), torch.ones(3, 3)), torch.tensor([0.0, 0.5, 1.0]))
 
 
 def test_offline_lira_variance_is_per_sample_unless_pooled() -> None:

@@ -4,7 +4,7 @@ The scaled confidence φ = log(p_y / (1 − p_y)) is computed from logits as z_y
 it stays finite and ordered where p_y rounds to 1. Offline LiRA fits N(μ_out, σ²_out) to the reference
 ("OUT") models' φ and scores a target φ_t by Φ((φ_t − μ_out) / σ_out) (Eq. 6); the primary score is the
 standardised s = (φ_t − μ_out) / σ_out (or its log Φ in float64), which ranks the same without the ties at
-exactly 1.0 that float32 CDFs give (§6.1 numerics, §13 A24).
+exactly 1.0 that float32 CDFs give (§6.1 numerics, §13 A15); the authors' float32 λ stays available for parity.
 """
 
 from __future__ import annotations
@@ -19,7 +19,8 @@ MIN_STD = 1e-8  #: σ used where the reference scores do not vary
 
 
 def scaled_confidence(logits: Tensor, labels: Tensor) -> Tensor:
-    """φ(f(x)_y) = z_y − logsumexp_{j≠y} z_j for logits (..., N, J) and labels (N,): shape (..., N)."""
+    """φ(f(x)_y) = log(p_y / (1 − p_y)) (Eq. 5) as z_y − logsumexp_{j≠y} z_j, for logits (..., N, J) and labels (N,):
+    shape (..., N), float64."""
     z = logits.double()
     index = labels.to(torch.long).expand(*z.shape[:-1]).unsqueeze(-1)
     true = z.gather(-1, index).squeeze(-1)
@@ -55,6 +56,21 @@ def offline_lira(target: Tensor, reference: Tensor, global_variance: bool = Fals
 def offline_lira_log_probability(target: Tensor, reference: Tensor, global_variance: bool = False) -> Tensor:
     """log λ = log Φ(s) in float64 (Eq. 6 in log space): the paper's score, ranked without saturation."""
     return torch.special.log_ndtr(offline_lira(target, reference, global_variance))
+
+
+def offline_lira_float32_lambda(target: Tensor, reference: Tensor) -> Tensor:
+    """λ = Φ((φ_t − μ_out) / σ_out) (Eq. 6) as the authors compute it, for parity with the paper's tables (A15).
+
+    float32 ``Normal(μ_out, σ_out).cdf`` with the per-sample unbiased std, σ = 0 replaced by 1e-8 ([C]). It is exactly
+    1.0 from s ≈ 5.3 on, so it ties there; rank by :func:`offline_lira` or :func:`offline_lira_log_probability`.
+
+    Args:
+        target: (N,) φ of the target model; reference: (K, N) φ of the K >= 2 reference (OUT) models.
+    """
+    reference = reference.float()
+    sigma = reference.std(dim=0, unbiased=True)
+    sigma = torch.where(sigma == 0, torch.full_like(sigma, MIN_STD), sigma)
+    return torch.distributions.Normal(reference.mean(dim=0), sigma).cdf(target.float())
 
 
 def online_lira(target: Tensor, inside: Tensor, outside: Tensor) -> Tensor:
