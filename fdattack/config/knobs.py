@@ -14,6 +14,8 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any, Iterator, Optional
 
+from omegaconf import DictConfig, OmegaConf
+
 from fdattack.errors import ConfigError
 
 
@@ -81,11 +83,7 @@ def help_of(f: dataclasses.Field) -> str:
 
 def _leaves(node: Any, prefix: str) -> Iterator[tuple[str, dataclasses.Field, Any]]:
     """(key, field, value) of every leaf of a dataclass instance or a config node typed by one."""
-    schema = node if dataclasses.is_dataclass(node) else None
-    if schema is None:
-        from omegaconf import OmegaConf
-
-        schema = OmegaConf.get_type(node)
+    schema = node if dataclasses.is_dataclass(node) else OmegaConf.get_type(node)
     for f in dataclasses.fields(schema):  # type: ignore[arg-type]
         value = getattr(node, f.name)
         if value is not None and (dataclasses.is_dataclass(value) or _is_structured(value)):
@@ -95,8 +93,6 @@ def _leaves(node: Any, prefix: str) -> Iterator[tuple[str, dataclasses.Field, An
 
 
 def _is_structured(value: Any) -> bool:
-    from omegaconf import DictConfig, OmegaConf
-
     return isinstance(value, DictConfig) and dataclasses.is_dataclass(OmegaConf.get_type(value))
 
 

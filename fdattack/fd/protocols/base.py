@@ -236,7 +236,7 @@ class Protocol(ABC):
         aggregate = ctx.aggregate
 
         def received(k: int) -> Tensor:
-            chosen = next((a.aggregate_for(k) for a in self.adversaries if a.aggregate_for(k) is not None), None)
+            chosen = next((c for c in (a.aggregate_for(k) for a in self.adversaries) if c is not None), None)
             if chosen is not None and chosen.shape != aggregate.shape:
                 raise ValueError(f"round {ctx.round}: the aggregate chosen for client {k} has shape {tuple(chosen.shape)}, "
                                  f"the protocol's has {tuple(aggregate.shape)}")
