@@ -14,23 +14,27 @@ import time
 from datetime import datetime
 from functools import partial
 from pathlib import Path
+from typing import Callable
 
 from omegaconf import DictConfig, OmegaConf
 from torchvision.utils import save_image
 
 from fdattack.attacks import ATTACKS, Attack, AttackContext
 from fdattack.attacks.state_store import ClientStateStore
+from fdattack.data.datasets import DATASETS
 from fdattack.data.domains import DOMAIN_TRANSFORMS
 from fdattack.defenses import DEFENSES, Defense
 from fdattack.data.federated import FederatedData
-from fdattack.errors import CheckpointError
+from fdattack.errors import ConfigError, FdattackError
 from fdattack.evaluation import ConfidenceGapDiagnostic, Evaluator, Oracle, ReconstructionScorer, Report, train_identity_scorer
 from fdattack.fd.engine import LocalTrainer, derive_seed, make_fabric, seed_everything_quietly
 from fdattack.fd.orchestrator import RoundOrchestrator
 from fdattack.fd.protocols import PROTOCOLS
 from fdattack.fd.protocols.base import Protocol
 from fdattack.fd.threat import AttackerView, Degradation, attacker_view
-from fdattack.tracking import Progress, RunDirectory, WandbRun, attack_summary, load_checkpoint, rng_state, save_checkpoint, set_rng_state
+from fdattack.models.classifiers import CLASSIFIERS
+from fdattack.tracking import (Progress, RunDirectory, WandbRun, attack_summary, load_checkpoint, resolve_mode, rng_state, save_checkpoint,
+                               set_rng_state)
 
 log = logging.getLogger("fdattack")
 
@@ -45,6 +49,22 @@ def known_degradation(cfg: DictConfig) -> Degradation | None:
     if cfg.data.split != "pli" or cfg.data.aux_domain in ("second_look", "none"):
         return None
     return partial(DOMAIN_TRANSFORMS.get(cfg.data.aux_domain), k=cfg.data.blur_strength)
+
+
+def check_names(cfg: DictConfig) -> None:
+    """The registry names that composition leaves to the build (dataset, domain transform, classifiers), checked before it.
+
+    Raises:
+        ConfigError: the key, the unknown name and the known ones.
+    """
+    DATASETS.get(cfg.data.name)
+    known_degradation(cfg)  # data.aux_domain
+    model, ev = cfg.model, cfg.evaluation
+    for key, names in (("model.name", [model.name]), ("model.clients", model.clients), ("model.server", [model.server] if model.server else []),
+                       ("evaluation.classifier", [ev.classifier] if ev.classifier and cfg.attacks else [])):
+        for name in names:
+            if name not in CLASSIFIERS:
+                raise ConfigError(f"{key}={name!r} is not a known classifier; choose one of: {', '.join(CLASSIFIERS.names())}")
 
 
 def view_for(cfg: DictConfig, protocol: Protocol, data: FederatedData) -> AttackerView:
@@ -65,7 +85,8 @@ def build_attacks(cfg: DictConfig, view: AttackerView, protocol: Protocol, engin
     Args:
         protocol: grants the adversaries (the attacks never receive it).
         engine: the attacks' engine (a Fabric of their own on the run's devices), which their training goes through.
-        state_root: folder where attacks keep their per-client networks between rounds (None: memory).
+        state_root: folder where attacks keep their per-client networks between rounds (None: memory), with the
+            rounds of the ``keep_checkpoints`` newest checkpoints.
     """
     attacks: list[Attack] = []
     for name in cfg.attacks:
@@ -74,7 +95,7 @@ def build_attacks(cfg: DictConfig, view: AttackerView, protocol: Protocol, engin
         powers = cls.adversary_powers(settings)
         context = AttackContext(
             seed=cfg.seed,
-            store=ClientStateStore(state_root / name if state_root is not None else None),
+            store=ClientStateStore(state_root / name if state_root is not None else None, keep=cfg.keep_checkpoints),
             progress=str(cfg.logger.progress),
             engine=engine,
             adversary=protocol.grant_adversary(powers) if powers else None,
@@ -107,7 +128,10 @@ class Experiment:
     The three sides stay apart: the protocol (clients and server), the attacks (built from
     :attr:`view` alone, fed the round records) and the evaluator (the only holder of :attr:`oracle`).
 
-    Building launches the DDP ranks when ``trainer.strategy=ddp`` asks for them, so everything after
+    Building first runs a pre-flight that can fail fast (the W&B mode, registry names, the run
+    directory and, on resume, the stored config) and locks the run directory for the whole run; only
+    then are the data, the protocol, the attacks and the evaluation classifier built. Building
+    launches the DDP ranks when ``trainer.strategy=ddp`` asks for them, so everything after
     construction runs on every rank.
     """
 
@@ -117,6 +141,25 @@ class Experiment:
         self.started = time.perf_counter()
         t = cfg.trainer
         self.fabric = make_fabric(t.accelerator, t.devices, t.strategy, t.num_nodes, t.precision)
+        output_dir = Path(cfg.output_dir) if cfg.output_dir else default_output_dir(cfg)
+        self.output_dir = Path(self.fabric.broadcast(str(output_dir)))
+        self.run_dir = RunDirectory(self.output_dir, is_writer=self.fabric.is_global_zero, keep_checkpoints=cfg.keep_checkpoints)
+        self._on_rank_zero(self._preflight)
+        try:
+            self._build()
+        except BaseException:
+            self.run_dir.release()
+            raise
+
+    def _preflight(self) -> None:
+        """The checks that can fail, before anything is built; claims (locks) the run directory."""
+        resolve_mode(str(self.cfg.logger.wandb.mode))
+        check_names(self.cfg)
+        self.run_dir.claim(self.cfg)
+
+    def _build(self) -> None:
+        """Data, protocol, attacker view, attacks and evaluator (the evaluation classifier trains here)."""
+        cfg, t = self.cfg, self.cfg.trainer
         seed_everything_quietly(cfg.seed)
         self.data = FederatedData(cfg.data, cfg.protocol.num_clients, cfg.seed)
         self.data.setup()
@@ -124,8 +167,6 @@ class Experiment:
         self.protocol = PROTOCOLS.get(cfg.protocol.name)(cfg.protocol, cfg.model, self.data.split, self.engine, cfg.seed, build_defenses(cfg))
         self.oracle = Oracle(self.data.split, self.engine, tuple(self.protocol.clients), self.protocol.server)
         self.view = view_for(cfg, self.protocol, self.data)
-        output_dir = Path(cfg.output_dir) if cfg.output_dir else default_output_dir(cfg)
-        self.output_dir = Path(self.fabric.broadcast(str(output_dir)))
         # only rank 0 writes the run directory; the other ranks keep their attack states in a scratch folder
         self._scratch = None if self.fabric.is_global_zero else tempfile.TemporaryDirectory(prefix="fdattack-attack-state-")
         state_root = self.output_dir / "attack_state" if self._scratch is None else Path(self._scratch.name)
@@ -133,12 +174,18 @@ class Experiment:
         attack_engine = LocalTrainer(make_fabric(t.accelerator, t.devices, t.strategy, t.num_nodes, t.precision), batch_size=cfg.protocol.optim.batch_size)
         self.attacks = build_attacks(cfg, self.view, self.protocol, attack_engine, state_root)
         self.evaluator = build_evaluator(cfg, self.oracle)
-        self.run_dir = RunDirectory(self.output_dir, is_writer=self.fabric.is_global_zero, keep_checkpoints=cfg.keep_checkpoints)
 
     def run(self) -> dict[str, float]:
-        """Run (or resume) every round; write the run directory; return the final metrics."""
+        """Run (or resume) every round; write the run directory; return the final metrics. The run directory's lock is released at the end."""
+        try:
+            return self._run()
+        finally:
+            self.run_dir.release()
+
+    def _run(self) -> dict[str, float]:
+        """:meth:`run` while the run directory is locked."""
         cfg, fabric, run_dir = self.cfg, self.fabric, self.run_dir
-        self._prepare_run_dir()
+        self._on_rank_zero(self._prepare_run_dir)
         start_round, elapsed_before, wandb_id = 0, 0.0, None
         last = run_dir.checkpoints.latest() if cfg.resume else None
         if last is not None:
@@ -203,17 +250,21 @@ class Experiment:
         return report
 
     def _prepare_run_dir(self) -> None:
-        """Rank 0 checks and prepares the run directory; its verdict reaches every rank (no rank waits forever)."""
+        """Lay out the run directory (clearing a stranded run's files) and write ``config.yaml``."""
+        self.run_dir.prepare(resume=self.cfg.resume)
+        self.run_dir.write_config(self.cfg)
+
+    def _on_rank_zero(self, step: Callable[[], None]) -> None:
+        """Run ``step`` on rank 0; its :class:`FdattackError` is raised on every rank (no rank waits forever)."""
         error = None
         if self.fabric.is_global_zero:
             try:
-                self.run_dir.prepare(resume=self.cfg.resume)
-                self.run_dir.write_config(self.cfg)
-            except CheckpointError as err:
-                error = str(err)
+                step()
+            except FdattackError as err:
+                error = err
         error = self.fabric.broadcast(error)
         if error is not None:
-            raise CheckpointError(error)
+            raise error
 
     def _checkpoint(self, round_index: int, elapsed_before: float, tracker: WandbRun) -> None:
         self.run_dir.checkpoints.save(round_index, {

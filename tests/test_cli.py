@@ -35,6 +35,9 @@ def _error_line(capsys: pytest.CaptureFixture[str], argv: list[str]) -> str:
         ("logger.wandb.mode=sometimes", "logger.wandb.mode"),
         ("data.split=weird", "data.split"),
         ("protocol=nope", "conf/protocol/nope.yaml"),
+        ("name=../../x", "name='../../x'"),
+        ("name=/tmp/elsewhere", "name='/tmp/elsewhere'"),
+        ("name=runs/x", "name='runs/x'"),
     ],
 )
 def test_bad_override_is_one_line_naming_the_key(capsys: pytest.CaptureFixture[str], override: str, named: str) -> None:
@@ -103,3 +106,44 @@ def test_corrupt_image_file_is_named(capsys: pytest.CaptureFixture[str], tmp_pat
     corrupt.write_bytes(b"P5\n92 112\n255\n" + b"\x00" * 10)
     err = _error_line(capsys, ["run", "data.name=att_faces", f"data.root={faces}", "data.num_targets=2", *tiny(tmp_path)])
     assert str(corrupt) in err
+
+
+@pytest.mark.parametrize("relative", [True, False])
+def test_group_token_that_is_a_path_reads_nothing_outside_conf(capsys: pytest.CaptureFixture[str], tmp_path: Path,
+                                                               monkeypatch: pytest.MonkeyPatch, relative: bool) -> None:
+    (tmp_path / "conf" / "data").mkdir(parents=True)
+    (tmp_path / "outside.yaml").write_text("name: digits\n")  # a valid group file, but outside conf/
+    monkeypatch.chdir(tmp_path)
+    name = "../../outside" if relative else str(tmp_path / "outside")
+    err = _error_line(capsys, ["run", f"data={name}", "--print-config"])
+    assert f"data={name!r}" in err and "available: att_faces, digits" in err
+
+
+def test_default_name_is_derived_from_protocol_data_and_attacks(capsys: pytest.CaptureFixture[str]) -> None:
+    from fdattack.config import compose
+    from fdattack.experiment import default_output_dir
+
+    cfg = compose(None, ["protocol=dsfl", "data=att_faces"])
+    assert cfg.name == "dsfl_att_faces_pli-tbi"
+    assert default_output_dir(cfg).parent.name == "runs" and default_output_dir(cfg).name.startswith("dsfl_att_faces_pli-tbi-")
+    assert compose(None, ["protocol=cronus", "attacks=[]"]).name == "cronus_digits"
+    assert compose(None, ["name=mine"]).name == "mine"
+    assert compose("conf/experiment/pli_dsfl_att_faces.yaml", ["protocol=fedmd"]).name == "pli_dsfl_att_faces"  # the file's own name wins
+    assert main(["run", "protocol=dsfl", "data=att_faces", "--print-config"]) == 0
+    assert "name: dsfl_att_faces_pli-tbi" in capsys.readouterr().out
+
+
+def test_group_token_replaces_the_experiments_default(capsys: pytest.CaptureFixture[str]) -> None:
+    from fdattack.config import compose
+
+    cfg = compose("conf/experiment/fedmd_digits.yaml", ["protocol=dsfl"])
+    assert cfg.protocol.name == "dsfl" and cfg.protocol.era_temperature == 0.1  # conf/protocol/dsfl.yaml, not fedmd.yaml
+    assert cfg.protocol.num_clients == 4  # the experiment's own keys still merge
+    assert main(["run", "conf/experiment/fedmd_digits.yaml", "protocol=dsfl", "--print-config"]) == 0
+
+
+def test_experiment_key_the_new_protocol_lacks_names_the_experiment(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    experiment = tmp_path / "fedmd_long_digest.yaml"
+    experiment.write_text("defaults: {protocol: fedmd, data: digits}\nprotocol: {digest_epochs: 3}\n")
+    err = _error_line(capsys, ["run", str(experiment), "protocol=dsfl", "--print-config"])
+    assert str(experiment) in err and "protocol.digest_epochs" in err

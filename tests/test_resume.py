@@ -1,4 +1,5 @@
-"""A run killed with SIGKILL after round 2 of 4 and resumed ends exactly like an uninterrupted run."""
+"""A run killed with SIGKILL after round 2 of 4 and resumed ends exactly like an uninterrupted run; so does one resumed
+from an older checkpoint, attacks included."""
 
 from __future__ import annotations
 
@@ -79,3 +80,17 @@ def test_corrupt_checkpoint_is_named(tmp_path: Path, capsys: pytest.CaptureFixtu
     assert main(["run", *ARGS, "protocol.rounds=1", f"output_dir={out}", "resume=true"]) == 2
     err = capsys.readouterr().err.strip()
     assert str(ckpt) in err and len(err.splitlines()) == 1
+
+
+def test_resume_from_an_older_kept_checkpoint_with_attacks_matches(tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    args = ["run", "protocol.num_clients=2", "protocol.rounds=3", "protocol.transfer_public_epochs=1", "protocol.transfer_private_epochs=1",
+            "logger.wandb.mode=disabled", "logger.progress=never", "observers.confidence_gap.enabled=false", "evaluation.classifier=null",
+            "attacks=[tbi]", "attack.tbi.max_width=16", "attack.tbi.epochs_per_round=1", "keep_checkpoints=2", f"output_dir={out}"]
+    assert main(args) == 0
+    finished = json.loads((out / "metrics.json").read_text())
+    rows = [_without_times(json.loads(x)) for x in (out / "rounds.jsonl").read_text().splitlines()]
+    (out / "checkpoints" / "round_0003.pt").unlink()  # "delete the corrupt checkpoint to resume from an earlier one"
+    assert main([*args, "resume=true"]) == 0
+    assert _without_times(json.loads((out / "metrics.json").read_text())) == _without_times(finished)
+    assert [_without_times(json.loads(x)) for x in (out / "rounds.jsonl").read_text().splitlines()] == rows

@@ -60,3 +60,22 @@ def test_missing_or_corrupt_state_is_a_checkpoint_error(tmp_path: Path) -> None:
     (tmp_path / "round_0001" / "client_0.pt").write_bytes(b"not a tensor file")
     with pytest.raises(CheckpointError, match="unreadable"):
         store.get(0)
+
+
+def test_every_kept_checkpoint_keeps_its_round_and_a_later_round_is_dropped_on_resume(tmp_path: Path) -> None:
+    tmp_path = tmp_path / "store"
+    store = ClientStateStore(tmp_path, keep=2)
+    checkpoints = {}
+    for r in range(1, 5):
+        store.put(r, 0, {"w": torch.tensor([float(r)])})
+        store.finish_round(r)
+        checkpoints[r] = store.state_dict()  # a run checkpoint after every round, keep_checkpoints=2
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["round_0003", "round_0004"]
+    resumed = ClientStateStore(tmp_path, keep=2)
+    resumed.load_state_dict(checkpoints[3])  # the newest checkpoint (round 4) was deleted
+    assert resumed.get(0)["w"].item() == 3.0
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["round_0003"]
+    resumed.put(4, 0, {"w": torch.tensor([4.5])})
+    resumed.finish_round(4)
+    resumed.state_dict()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["round_0003", "round_0004"]

@@ -4,7 +4,8 @@ PLI trains one inversion network per client; keeping K of them resident would ma
 (one 64x64 network with Adam state is about 0.5 GB). A store on disk keeps only the network being
 trained in memory. States are written per round (``round_XXXX/client_K.pt``) and a round becomes the
 current one only when every client is done, so a run killed mid-round resumes from whole rounds. The
-round recorded in the last checkpoint is kept on disk until a newer one is checkpointed.
+rounds named by the last ``keep`` run checkpoints (``keep_checkpoints``) stay on disk, so a run can
+resume from any checkpoint that is kept, not only the newest.
 """
 
 from __future__ import annotations
@@ -23,13 +24,18 @@ class ClientStateStore:
     """Per-client state dicts, on disk under ``directory`` or in memory when it is None.
 
     Args:
-        directory: folder of the round subfolders (created on the first write), or None for memory.
+        directory: folder of the round subfolders (created on the first write), or None for memory
+            (a checkpoint then carries the states themselves).
+        keep: how many run checkpoints keep their round's states on disk (the run's ``keep_checkpoints``).
     """
 
-    def __init__(self, directory: Optional[Path] = None) -> None:
+    def __init__(self, directory: Optional[Path] = None, keep: int = 1) -> None:
+        if keep < 1:
+            raise ValueError(f"keep must be >= 1, got {keep}")
         self.directory = directory
+        self.keep = keep
         self.current: Optional[int] = None  # round whose states are read
-        self.pinned: Optional[int] = None  # round named by the last checkpoint
+        self.pinned: list[Optional[int]] = []  # rounds named by the last `keep` checkpoints, oldest first
         self._memory: dict[int, dict[int, dict]] = {}
 
     def _path(self, round: int, client: int) -> Path:
@@ -74,28 +80,30 @@ class ClientStateStore:
         return [int(p.name.split("_")[1]) for p in self.directory.glob("round_*") if p.is_dir()]
 
     def _prune(self) -> None:
+        """Keep the current round, and on disk the pinned ones (a memory store's checkpoints hold their states)."""
+        kept = {self.current, *(self.pinned if self.directory is not None else ())}
         for r in self._rounds():
-            if r not in (self.current, self.pinned):
+            if r not in kept:
                 if self.directory is None:
                     del self._memory[r]
                 else:
                     shutil.rmtree(self.directory / f"round_{r:04d}", ignore_errors=True)
 
     def state_dict(self) -> dict:
-        """What a run checkpoint records; pins the current round's files (memory stores hold the states)."""
-        self.pinned = self.current
+        """What a run checkpoint records; pins the current round's files for this and the next ``keep - 1`` checkpoints."""
+        self.pinned = [*self.pinned, self.current][-self.keep:]
         self._prune()
-        state: dict = {"round": self.current}
+        state: dict = {"round": self.current, "pinned": list(self.pinned)}
         if self.directory is None and self.current is not None:
             state["states"] = {str(k): v for k, v in self._memory[self.current].items()}
         return state
 
     def load_state_dict(self, state: dict) -> None:
-        self.current = self.pinned = state.get("round")
-        if self.current is None:
-            return
+        """Continue from a checkpoint: its round becomes current; rounds after it (a newer, deleted checkpoint's) are dropped."""
+        self.current = state.get("round")
+        self.pinned = list(state.get("pinned", [self.current]))[-self.keep:]
         if "states" in state:
             self._memory = {self.current: {int(k): v for k, v in state["states"].items()}}
-        elif self.directory is None or not (self.directory / f"round_{self.current:04d}").is_dir():
+        elif self.current is not None and (self.directory is None or not (self.directory / f"round_{self.current:04d}").is_dir()):
             raise CheckpointError(f"the checkpoint needs the attack states of round {self.current} under {self.directory}, which are missing")
         self._prune()

@@ -5,10 +5,13 @@ A run's config is composed in this order, later layers winning:
 1. the schema defaults (:mod:`fdattack.config.schema`; the embedded default is FedMD on scikit-learn's
    digits), with ``protocol`` from the chosen protocol's own dataclass, ``attack.<name>`` from every
    registered attack's settings and ``defense.<name>`` from every registered defense's;
-2. group files named in the experiment's ``defaults:`` list, then group tokens on the command line
-   (``protocol=dsfl`` loads ``conf/protocol/dsfl.yaml`` into the ``protocol`` node);
+2. group files named in the experiment's ``defaults:`` list, where a group token on the command line
+   replaces the entry of its group (``protocol=dsfl`` loads ``conf/protocol/dsfl.yaml`` into the
+   ``protocol`` node instead of the experiment's protocol file);
 3. the experiment YAML's own keys;
 4. ``key=value`` dotlist overrides (``attack.pli.tau=1``).
+
+A run without a ``name`` is named after its protocol, data and attacks (``dsfl_att_faces_pli-tbi``).
 
 The schema is struct-mode: a misspelt key or a value of the wrong type is a :class:`ConfigError`
 naming the key; a key of the old flat ``attack:`` layout names its new place.
@@ -97,13 +100,21 @@ def conf_dirs() -> list[Path]:
     return [d for i, d in enumerate(dirs) if d.is_dir() and d not in dirs[:i]]
 
 
+def is_plain_name(name: str) -> bool:
+    """Whether ``name`` is one path component: not empty, not ``.`` or ``..``, without ``/`` or ``\\``."""
+    return name not in ("", ".", "..") and not {"/", "\\", "\0"} & set(name)
+
+
 def _group_file(group: str, name: str) -> Path:
-    for base in conf_dirs():
+    """``conf/<group>/<name>.yaml`` from :func:`conf_dirs`; a name that is a path is refused (no YAML outside ``conf/``)."""
+    plain = is_plain_name(name)
+    for base in conf_dirs() if plain else []:
         candidate = base / group / f"{name}.yaml"
         if candidate.is_file():
             return candidate
-    available = sorted({p.stem for base in conf_dirs() for p in (base / group).glob("*.yaml")})
-    raise ConfigError(f"{group}={name!r}: no file conf/{group}/{name}.yaml; available: {', '.join(available) or 'none'}")
+    available = ", ".join(sorted({p.stem for base in conf_dirs() for p in (base / group).glob("*.yaml")})) or "none"
+    what = f"no file conf/{group}/{name}.yaml" if plain else f"a group token names a file in conf/{group}/, not a path"
+    raise ConfigError(f"{group}={name!r}: {what}; available: {available}")
 
 
 def _split_tokens(overrides: list[str]) -> tuple[list[tuple[str, str]], list[str]]:
@@ -135,6 +146,11 @@ def check_moved_keys(layer: DictConfig, source: str, attack_names: list[str]) ->
         raise ConfigError(f"{source}: attack.{key} has moved to {new} (each attack has its own knobs under attack.<name>)")
 
 
+def default_name(cfg: DictConfig) -> str:
+    """``<protocol>_<data>[_<attack>-<attack>...]``, e.g. ``dsfl_att_faces_pli-tbi``: the name of a run that gives none."""
+    return "_".join([str(cfg.protocol.name), str(cfg.data.name), *(["-".join(map(str, cfg.attacks))] if cfg.attacks else [])])
+
+
 def compose(experiment: str | Path | None = None, overrides: list[str] | None = None) -> DictConfig:
     """Compose, type-check and range-check a run config.
 
@@ -154,6 +170,7 @@ def compose(experiment: str | Path | None = None, overrides: list[str] | None = 
     group_tokens, dotlist = _split_tokens(overrides)
     layers: list[tuple[str, DictConfig]] = []
     exp_cfg: DictConfig | None = None
+    selected: dict[str, str] = {}  # group -> file name: the experiment's defaults, replaced by group tokens
     if experiment is not None:
         exp_path = Path(experiment)
         exp_cfg = _load_yaml(exp_path, "experiment")
@@ -165,9 +182,9 @@ def compose(experiment: str | Path | None = None, overrides: list[str] | None = 
             for group, name in items:
                 if group not in GROUPS:
                     raise ConfigError(f"{exp_path}: defaults group {group!r} unknown; groups are {', '.join(GROUPS)}")
-                path = _group_file(str(group), str(name))
-                layers.append((str(path), OmegaConf.create({group: _load_yaml(path, str(group))})))
-    for group, name in group_tokens:
+                selected[str(group)] = str(name)
+    selected.update(group_tokens)
+    for group, name in selected.items():
         path = _group_file(group, name)
         layers.append((str(path), OmegaConf.create({group: _load_yaml(path, group)})))
     if exp_cfg is not None:
@@ -195,6 +212,11 @@ def compose(experiment: str | Path | None = None, overrides: list[str] | None = 
         OmegaConf.resolve(cfg)
     except OmegaConfBaseException as err:
         raise _omegaconf_error(err, "config", protocol_name) from None
+    if cfg.name is None:
+        cfg.name = default_name(cfg)
+    if not is_plain_name(str(cfg.name)):
+        raise ConfigError(f"name={cfg.name!r} must be a plain name without path separators (it names the run folder under runs/); "
+                          "choose the folder itself with output_dir=PATH")
     validate(cfg)
     OmegaConf.set_readonly(cfg, True)
     return cfg

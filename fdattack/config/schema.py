@@ -170,9 +170,9 @@ class EvaluationConfig:
 class ExperimentConfig:
     """The whole run. ``protocol``, ``attack`` and ``defense`` are filled from the registries (see compose)."""
 
-    name: str = knob("fedmd_digits", "experiment name (run directory prefix, W&B run name)")
+    name: Optional[str] = knob(None, "experiment name (run directory prefix, W&B run name), a plain name without path separators; null = <protocol>_<data>_<attacks>, e.g. dsfl_att_faces_pli-tbi")
     seed: int = knob(42, "seed of everything (model init, shuffling, splits unless data.seed is set)")
-    output_dir: Optional[str] = knob(None, "run directory; null = runs/<name>-<timestamp>")
+    output_dir: Optional[str] = knob(None, "run directory, locked while a run uses it; null = runs/<name>-<timestamp>")
     resume: bool = knob(False, "continue the run in output_dir after its last completed round")
     checkpoint_every: int = knob(1, "write a resumable checkpoint every N rounds (the last round always)", ge=1)
     keep_checkpoints: int = knob(2, "how many round checkpoints to keep (older ones are deleted)", ge=1)

@@ -3,13 +3,20 @@
 ``output_dir/`` holds ``config.yaml`` (the resolved config), ``rounds.jsonl`` (one JSON object per
 completed round), ``metrics.json`` (final flat metrics), ``images/``, ``checkpoints/`` and W&B's
 ``wandb/``. Only the writer (rank 0) touches the disk; on other ranks every method is a no-op.
+
+A run holds an exclusive lock on ``.fdattack.lock`` in the directory from its pre-flight to its end
+(:meth:`RunDirectory.claim`), so a second run on the same directory stops at once. The lock is an
+``flock``: the OS drops it when the process ends, however it ends, so a killed run leaves no stale lock.
 """
 
 from __future__ import annotations
 
+import fcntl
 import json
+import logging
 import math
 import os
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -20,8 +27,59 @@ from omegaconf import DictConfig, OmegaConf
 from fdattack.errors import CheckpointError
 from fdattack.tracking.checkpoint import CheckpointDir, atomic_write
 
+log = logging.getLogger("fdattack")
+
 #: Top-level config keys that may differ between a run and its resumption.
 RESUME_FREE_KEYS = ("resume", "output_dir", "logger.progress", "logger.level")
+#: The lock file; its presence also marks a directory that an fdattack run has used.
+LOCK_NAME = ".fdattack.lock"
+#: What fdattack writes at the top of a run directory: only these are cleared when a stranded run restarts.
+OWN_FILES = frozenset({LOCK_NAME, "config.yaml", "partition.json", "rounds.jsonl", "metrics.json"})
+OWN_FOLDERS = frozenset({"checkpoints", "attack_state", "images", "artifacts", "wandb"})
+
+
+def _is_own(entry: Path) -> bool:
+    """Whether ``entry`` (at the top of a run directory) is one that fdattack writes, or a temporary file of one."""
+    if entry.is_symlink():
+        return False
+    if entry.is_dir():
+        return entry.name in OWN_FOLDERS
+    name = entry.name
+    if name.startswith(".") and name.endswith(".tmp"):  # atomic_write's ".config.yaml.k3j2x.tmp"
+        name = name[1:].rsplit(".", 2)[0]
+    return name in OWN_FILES
+
+
+class RunLock:
+    """An exclusive, non-blocking ``flock`` on ``path`` (the file's content is left alone).
+
+    Args:
+        path: the lock file.
+        create: create the file when missing (otherwise it must exist).
+
+    Raises:
+        CheckpointError: another process holds the lock; the message names the run directory.
+    """
+
+    def __init__(self, path: Path, create: bool) -> None:
+        self.path = path
+        self._fd: int | None = None
+        self._fd = os.open(path, os.O_RDWR | (os.O_CREAT if create else 0), 0o644)  # RDWR: NFS emulates flock with write locks
+        try:
+            fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            self.release()
+            raise CheckpointError(f"output_dir {path.parent} is in use: another fdattack run holds its lock {path.name}; "
+                                  "wait for it to end or choose another output_dir") from None
+
+    def release(self) -> None:
+        """Drop the lock (idempotent); the file stays, so that no process that opened it meanwhile locks a deleted file."""
+        fd, self._fd = self._fd, None
+        if fd is not None:
+            os.close(fd)
+
+    def __del__(self) -> None:
+        self.release()
 
 
 def to_jsonable(value: Any) -> Any:
@@ -93,6 +151,8 @@ class RunDirectory:
         self.is_writer = is_writer
         self.keep_checkpoints = keep_checkpoints
         self._resuming = False
+        self._lock: RunLock | None = None
+        self._created = False  # claim() made the folder (a failed start removes it again)
 
     @property
     def checkpoints(self) -> CheckpointDir:
@@ -114,50 +174,132 @@ class RunDirectory:
         """``metrics.json``."""
         return self.path / "metrics.json"
 
-    def prepare(self, resume: bool) -> None:
-        """Create the directory, or check that it may be resumed.
+    @property
+    def lock_path(self) -> Path:
+        """``.fdattack.lock``, locked by the run that uses the directory."""
+        return self.path / LOCK_NAME
+
+    def check(self, resume: bool) -> str:
+        """Decide, reading only, what this run does with the directory.
+
+        Returns:
+            ``"resume"`` (a checkpoint to continue from), ``"new"`` (missing or empty), or ``"restart"``:
+            a directory of an fdattack run that stopped before its first checkpoint (it holds the lock
+            file and only fdattack's files, but no checkpoint and no ``metrics.json``), whose files
+            :meth:`prepare` clears, with or without ``resume``.
 
         Raises:
-            CheckpointError: without ``resume`` the folder exists and is not empty (nothing in it is
-                touched); with ``resume`` it holds no checkpoint.
+            CheckpointError: not a folder; with ``resume``, no checkpoint (and not a restartable run);
+                without, results (checkpoints, ``metrics.json``) or files that are not fdattack's.
+        """
+        if self.path.exists() and not self.path.is_dir():
+            raise CheckpointError(f"output_dir {self.path} exists and is not a folder; choose another output_dir")
+        has_checkpoint = self.checkpoints.latest() is not None
+        if resume and has_checkpoint:
+            return "resume"
+        others = sorted(e for e in self.path.iterdir() if e.name != LOCK_NAME) if self.path.is_dir() else []
+        if self.lock_path.is_file() and not has_checkpoint and not self.metrics_path.exists() and all(map(_is_own, others)):
+            return "restart" if others else "new"
+        if resume:
+            raise CheckpointError(f"output_dir {self.path} has no checkpoint to resume from (no checkpoints/round_*.pt); "
+                                  "run without resume=true in a new output_dir")
+        if has_checkpoint or self.metrics_path.exists():
+            raise CheckpointError(f"output_dir {self.path} is not empty; pass resume=true to continue it or choose another output_dir")
+        if others:
+            foreign = [e.name for e in others if not _is_own(e)] if self.lock_path.is_file() else [e.name for e in others]
+            raise CheckpointError(f"output_dir {self.path} holds files that are not from an fdattack run ({', '.join(foreign[:3])}); "
+                                  "nothing there is deleted: choose another output_dir or empty it")
+        return "new"
+
+    def claim(self, cfg: DictConfig) -> None:
+        """Pre-flight: lock the directory for this run and check that the run may use it (:meth:`check`, and on
+        resume the stored config), before anything is built. Writes nothing but the folder and the lock file.
+
+        Raises:
+            CheckpointError: another run holds the lock, or :meth:`check` or :meth:`check_config` refuses.
         """
         if not self.is_writer:
             return
-        if self.path.exists() and not self.path.is_dir():
-            raise CheckpointError(f"output_dir {self.path} exists and is not a folder; choose another output_dir")
-        if resume:
-            if self.checkpoints.latest() is None:
-                raise CheckpointError(f"output_dir {self.path} has no checkpoint to resume from (no checkpoints/round_*.pt); "
-                                      "run without resume=true in a new output_dir")
-        elif self.path.is_dir() and any(self.path.iterdir()):
-            raise CheckpointError(f"output_dir {self.path} is not empty; pass resume=true to continue it or choose another output_dir")
-        self._resuming = resume
+        try:
+            if self.lock_path.is_file():  # lock before reading, so a running run is reported as such
+                self._lock = RunLock(self.lock_path, create=False)
+            if self.check(bool(cfg.resume)) == "resume":
+                self.check_config(cfg)
+            if self._lock is None:
+                self._created = not self.path.exists()
+                self.path.mkdir(parents=True, exist_ok=True)
+                self._lock = RunLock(self.lock_path, create=True)
+                self.check(bool(cfg.resume))  # again under the lock: another run may have started in between
+        except OSError as err:
+            self.release()
+            raise CheckpointError(f"output_dir {self.path} cannot be used: {err.strerror or err}; choose another output_dir") from None
+        except BaseException:
+            self.release()
+            raise
+
+    def release(self) -> None:
+        """Drop the lock (idempotent); a folder that :meth:`claim` created and nothing else wrote to is removed."""
+        if self._lock is None:
+            return
+        self._lock.release()
+        self._lock = None
+        if self._created and self.path.is_dir() and [e.name for e in self.path.iterdir()] == [LOCK_NAME]:
+            shutil.rmtree(self.path, ignore_errors=True)
+
+    def prepare(self, resume: bool) -> None:
+        """Create the layout: check the directory (:meth:`check`); a stranded run's files are cleared.
+
+        Raises:
+            CheckpointError: see :meth:`check`; nothing in the folder is touched then.
+        """
+        if not self.is_writer:
+            return
+        plan = self.check(resume)
+        if plan == "restart":
+            if self._lock is None:  # prepare() without claim(): never clear a directory that a running run holds
+                self._lock = RunLock(self.lock_path, create=False)
+            log.warning("output_dir %s holds no checkpoint and no metrics.json (a run stopped before its first checkpoint); "
+                        "clearing its files and starting from scratch", self.path)
+            for entry in self.path.iterdir():
+                if entry.name != LOCK_NAME:
+                    shutil.rmtree(entry) if entry.is_dir() else entry.unlink()
+        self._resuming = plan == "resume"
         for sub in ("checkpoints", "images"):
             (self.path / sub).mkdir(parents=True, exist_ok=True)
 
-    def write_config(self, cfg: DictConfig) -> None:
-        """Write the resolved config to ``config.yaml``; on resume check it matches the stored one.
+    def check_config(self, cfg: DictConfig) -> None:
+        """Check that ``cfg`` matches the stored ``config.yaml`` of the run being resumed (reading only).
 
         Raises:
-            CheckpointError: resuming with a config that differs from the stored one in a key other
-                than ``resume`` and ``output_dir``; the first differing key is named.
+            CheckpointError: the stored config is unreadable, or differs in a key other than
+                :data:`RESUME_FREE_KEYS`; the first differing key is named.
+        """
+        if not self.config_path.is_file():
+            return
+        try:
+            old = OmegaConf.load(self.config_path)
+        except Exception as err:  # yaml and OmegaConf errors alike
+            raise CheckpointError(f"{self.config_path}: unreadable stored config ({str(err).splitlines()[0]}); "
+                                  "restore it or choose another output_dir") from None
+        new = OmegaConf.create(OmegaConf.to_container(cfg, resolve=True, enum_to_str=True))
+        key = _first_difference(_comparable(old), _comparable(new))
+        if key is not None:
+            stored, given = OmegaConf.select(old, key), OmegaConf.select(new, key)
+            raise CheckpointError(f"{self.config_path}: cannot resume, config key '{key}' differs from the stored run "
+                                  f"(stored {stored!r}, given {given!r}); resume with the same config or choose another output_dir")
+
+    def write_config(self, cfg: DictConfig) -> None:
+        """Write the resolved config to ``config.yaml``; on resume check it matches the stored one instead.
+
+        Raises:
+            CheckpointError: see :meth:`check_config`.
         """
         if not self.is_writer:
             return
-        new = OmegaConf.create(OmegaConf.to_container(cfg, resolve=True, enum_to_str=True))
-        if self._resuming and self.config_path.is_file():
-            try:
-                old = OmegaConf.load(self.config_path)
-            except Exception as err:  # yaml and OmegaConf errors alike
-                raise CheckpointError(f"{self.config_path}: unreadable stored config ({str(err).splitlines()[0]}); "
-                                      "restore it or choose another output_dir") from None
-            key = _first_difference(_comparable(old), _comparable(new))
-            if key is not None:
-                stored, given = OmegaConf.select(old, key), OmegaConf.select(new, key)
-                raise CheckpointError(f"{self.config_path}: cannot resume, config key '{key}' differs from the stored run "
-                                      f"(stored {stored!r}, given {given!r}); resume with the same config or choose another output_dir")
+        if self._resuming:
+            self.check_config(cfg)
             return
-        text = OmegaConf.to_yaml(new)
+        text = OmegaConf.to_yaml(OmegaConf.create(OmegaConf.to_container(cfg, resolve=True, enum_to_str=True)))
         atomic_write(self.config_path, lambda handle: handle.write(text.encode()))
 
     def append_round(self, record: dict) -> None:
