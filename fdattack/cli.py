@@ -30,7 +30,8 @@ def _parser() -> argparse.ArgumentParser:
     report.add_argument("--out", required=True, help="folder for index.html and its plots")
     sweep = sub.add_parser("sweep", help="run a W&B sweep file locally with W&B's sweeps engine (no server needed)")
     sweep.add_argument("file", help="sweep YAML (the same file `wandb sweep` takes)")
-    sweep.add_argument("--count", type=int, default=None, help="number of trials (default: the whole grid; needed for random/bayes)")
+    sweep.add_argument("--count", type=int, default=None, help="number of trials, those finished by an earlier call included "
+                       "(default: the whole grid; needed for random/bayes)")
     sweep.add_argument("--root", default="runs/sweeps", help="folder for the trials' run directories")
     sweep.add_argument("overrides", nargs="*", help="extra key=value overrides for every trial")
     return parser
@@ -93,11 +94,9 @@ def _run(args: argparse.Namespace) -> int:
 def _sweep(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from fdattack.sweep import format_rows, run_sweep
+    from fdattack.sweep import main as sweep_main
 
     if args.count is not None and args.count < 1:
         print("fdattack: error: --count must be >= 1", file=sys.stderr)
         return 2
-    rows = run_sweep(Path(args.file), args.count, Path(args.root), list(args.overrides))
-    print(format_rows(rows))
-    return 0
+    return sweep_main(Path(args.file), args.count, Path(args.root), list(args.overrides))

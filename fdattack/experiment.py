@@ -35,6 +35,7 @@ from fdattack.fd.threat import AttackerView, Degradation, attacker_view
 from fdattack.models.classifiers import CLASSIFIERS
 from fdattack.tracking import (Progress, RunDirectory, WandbRun, attack_summary, load_checkpoint, resolve_mode, rng_state, save_checkpoint,
                                set_rng_state)
+from fdattack.tracking.exit_record import exit_record
 
 log = logging.getLogger("fdattack")
 
@@ -207,8 +208,8 @@ class Experiment:
         progress = Progress(cfg.logger.progress if fabric.is_global_zero else "never", total_rounds=rounds, start_round=start_round)
         orchestrator = RoundOrchestrator(self.protocol, self.attacks, cfg.protocol.on_bad_upload, on_phase=progress.phase)
         wandb_cfg = cfg.logger.wandb if fabric.is_global_zero else _disabled(cfg)
-        tracker = WandbRun.start(wandb_cfg, self.output_dir, _flat_config(cfg), name=cfg.logger.wandb.name or cfg.name, resume_id=wandb_id)
-        with tracker:
+        tracker = WandbRun.start(wandb_cfg, self.output_dir, _flat_config(cfg), resume_id=wandb_id)
+        with exit_record(run_dir), tracker:
             if last is None:
                 setup_metrics = orchestrator.run_setup().metrics
                 report = self.evaluator.setup_report()
@@ -304,16 +305,12 @@ def _disabled(cfg: DictConfig) -> DictConfig:
 
 
 def _record(run_dir: RunDirectory, tracker: WandbRun, round_index: int, report: Report) -> None:
-    """One line in rounds.jsonl and one W&B step (plus histograms and images) for a finished round."""
+    """One line in rounds.jsonl and one W&B step (scalars, histograms and images) for a finished round."""
     run_dir.append_round({"round": round_index, **report.metrics})
-    tracker.log_round(round_index, report.metrics)
-    for key, values in report.histograms.items():
-        tracker.log_histogram(key, round_index, values)
+    tracker.log_round(round_index, report.metrics, report.histograms, report.images)
     for key, image in report.images.items():
-        path = run_dir.image_path(key.replace("/", "_"), round_index)
         if run_dir.is_writer:
-            save_image(image, path)
-        tracker.log_image(key, round_index, image, caption=f"round {round_index}")
+            save_image(image, run_dir.image_path(key.replace("/", "_"), round_index))
     for name, tensors in report.artifacts.items():
         if run_dir.is_writer:
             (run_dir.path / "artifacts").mkdir(exist_ok=True)

@@ -236,12 +236,10 @@ def no_credentials(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
 def test_wandb_offline_writes_run_files_without_prompting(tmp_path: Path, no_credentials: None) -> None:
     out = tmp_path / "run"
     started = time.perf_counter()
-    with WandbRun.start(WandbConfig(mode="offline", tags=["t"]), out, {"protocol": {"rounds": 2}}, name="t") as run:
+    with WandbRun.start(WandbConfig(mode="offline", tags=["t"]), out, {"protocol": {"rounds": 2}}) as run:
         assert run.mode == "offline" and run.run_id
-        run.log_round(1, {"attack/pli/accuracy": 0.25, "protocol/server_acc": torch.tensor(0.5)})
-        run.log_image("attack/pli/reconstruction", 1, torch.rand(3, 8, 8), caption="round 1")
-        run.log_image("attack/pli/gray", 1, torch.rand(1, 8, 8))
-        run.log_histogram("diag/entropy", 1, torch.rand(50))
+        run.log_round(1, {"attack/pli/accuracy": 0.25, "protocol/server_acc": torch.tensor(0.5)}, {"diag/entropy": torch.rand(50)},
+                      {"attack/pli/reconstruction": torch.rand(3, 8, 8), "attack/pli/gray": torch.rand(1, 8, 8)})
         run.set_summary({"attack/pli/accuracy": 0.25, "attack/pli/ssim": float("nan")})
     elapsed = time.perf_counter() - started
     assert elapsed < WANDB_BOUND_S, f"W&B offline init+finish took {elapsed:.1f}s"
@@ -258,9 +256,9 @@ def test_wandb_offline_writes_run_files_without_prompting(tmp_path: Path, no_cre
 
 def test_wandb_resume_continues_the_same_run_id(tmp_path: Path, no_credentials: None) -> None:
     cfg = WandbConfig(mode="offline")
-    with WandbRun.start(cfg, tmp_path / "run", {}, name="a") as first:
+    with WandbRun.start(cfg, tmp_path / "run", {}) as first:
         first.log_round(1, {"x": 1.0})
-    with WandbRun.start(cfg, tmp_path / "run", {}, name="a", resume_id=first.run_id) as second:
+    with WandbRun.start(cfg, tmp_path / "run", {}, resume_id=first.run_id) as second:
         second.log_round(2, {"x": 2.0})
     assert second.run_id == first.run_id
     assert second.directory is not None and f"-{first.run_id}" in second.directory.name
@@ -295,17 +293,15 @@ def test_wandb_auto_falls_back_to_offline_when_online_start_fails(tmp_path: Path
 
     monkeypatch.setenv("WANDB_API_KEY", "k" * 40)
     monkeypatch.setattr(wandb, "init", init)
-    with WandbRun.start(WandbConfig(mode="auto"), tmp_path / "run", {}, name="a") as run:
+    with WandbRun.start(WandbConfig(mode="auto"), tmp_path / "run", {}) as run:
         assert run.mode == "offline"
     assert list((tmp_path / "run" / "wandb").glob("offline-run-*"))
 
 
 def test_wandb_disabled_writes_nothing(tmp_path: Path, no_credentials: None) -> None:
     out = tmp_path / "run"
-    with WandbRun.start(WandbConfig(mode="disabled"), out, {"a": 1}, name="d", resume_id="abc") as run:
-        run.log_round(1, {"x": 1.0})
-        run.log_image("img", 1, torch.rand(3, 4, 4), caption="c")
-        run.log_histogram("h", 1, torch.rand(5))
+    with WandbRun.start(WandbConfig(mode="disabled"), out, {"a": 1}, resume_id="abc") as run:
+        run.log_round(1, {"x": 1.0}, {"h": torch.rand(5)}, {"img": torch.rand(3, 4, 4)})
         run.set_summary({"x": 1.0})
     assert run.run_id is None and not run.enabled
     assert not out.exists() and not (tmp_path / "wandb").exists()
@@ -313,7 +309,7 @@ def test_wandb_disabled_writes_nothing(tmp_path: Path, no_credentials: None) -> 
 
 def test_wandb_context_manager_finishes_on_error(tmp_path: Path, no_credentials: None) -> None:
     with pytest.raises(RuntimeError, match="boom"):
-        with WandbRun.start(WandbConfig(mode="offline"), tmp_path / "run", {}, name="e") as run:
+        with WandbRun.start(WandbConfig(mode="offline"), tmp_path / "run", {}) as run:
             raise RuntimeError("boom")
     assert not run.enabled and run.run_id
 

@@ -122,9 +122,11 @@ class WandbConfig:
     mode: WandbMode = knob(WandbMode.auto, "auto (online with credentials, else offline) | online | offline | disabled")
     project: str = knob("fdattack", "W&B project")
     entity: Optional[str] = knob(None, "W&B entity (team or user)")
-    group: Optional[str] = knob(None, "W&B run group")
-    tags: list[str] = knob([], "W&B run tags")
-    name: Optional[str] = knob(None, "W&B run name; null = the experiment name")
+    group: Optional[str] = knob(None, "W&B run group; null = the experiment name (the sweep name in fdattack sweep)")
+    tags: list[str] = knob([], "extra W&B run tags, after the protocol, data, attack and defense names")
+    name: Optional[str] = knob(None, "W&B run name; null = the experiment name (the parameter values in fdattack sweep)")
+    job_type: Optional[str] = knob(None, "W&B job type; null = run (sweep-trial in fdattack sweep)")
+    init_timeout_s: float = knob(15.0, "seconds an online W&B start may take; then auto logs offline and online stops with an error", gt=0, finite=True)
 
 
 class ProgressMode(Choice):

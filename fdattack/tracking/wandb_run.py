@@ -1,21 +1,28 @@
-"""One W&B run per experiment, which never prompts and, without credentials, never goes online.
+"""One W&B run per experiment, which never prompts, never stalls for long, and without credentials never goes online.
 
-``mode="auto"`` runs online only where credentials exist (``WANDB_API_KEY``, or an entry for the
-W&B host in ``$NETRC`` / ``~/.netrc``), and offline otherwise; a failed online start in ``auto``
-falls back to offline. ``disabled`` never imports ``wandb`` and writes nothing. Every metric uses
-``round`` as its step metric, so resumed runs and per-round images line up on the same axis.
+``mode="auto"`` runs online where W&B's own credential lookup finds a key for the server ``wandb.init``
+would use (``WANDB_API_KEY``; the netrc entry and the ``base_url`` that ``wandb login [--host URL]``
+writes; a settings file's ``api_key``), and offline otherwise. An online start may take
+``init_timeout_s`` seconds: after that ``auto`` logs offline (one line says so and where) and
+``online`` stops with a :class:`~fdattack.errors.ConfigError`, leaving no files of the failed start.
+``disabled`` never imports ``wandb`` and writes nothing.
+
+Each round is one ``wandb.log`` call at ``step=round`` (scalars, histograms and images together), so
+W&B's own step is the round, and a resumed run continues on the same steps; every metric also has
+``round`` as its step metric. By default the run is named and grouped by the experiment, with job type
+``run`` and the protocol, data, attack and defense names as tags.
 """
 
 from __future__ import annotations
 
 import logging
 import math
-import netrc
 import os
+import shlex
+import shutil
 from pathlib import Path
-from types import TracebackType
+from types import ModuleType, TracebackType
 from typing import Any
-from urllib.parse import urlparse
 
 import torch
 
@@ -26,31 +33,49 @@ log = logging.getLogger("fdattack")
 MODES = ("auto", "online", "offline", "disabled")
 
 
-def _wandb_host() -> str:
-    """The API host whose netrc entry holds the W&B key (``WANDB_BASE_URL`` or api.wandb.ai)."""
-    return urlparse(os.environ.get("WANDB_BASE_URL") or "https://api.wandb.ai").hostname or "api.wandb.ai"
+def _wandb() -> ModuleType:
+    """``wandb``, imported with its console output off (W&B reads ``WANDB_SILENT`` once per process)."""
+    os.environ.setdefault("WANDB_SILENT", "true")
+    import wandb
+
+    return wandb
+
+
+def server_url() -> str:
+    """The W&B server ``wandb.init`` will use: ``WANDB_BASE_URL``, else the ``base_url`` that ``wandb login --host`` saved."""
+    _wandb()
+    from wandb.sdk import wandb_setup
+
+    return str(wandb_setup.singleton().settings.base_url)
 
 
 def has_credentials() -> bool:
-    """Whether W&B could log in without prompting: ``WANDB_API_KEY`` or a netrc entry for its host."""
-    if os.environ.get("WANDB_API_KEY"):
-        return True
-    path = Path(os.environ.get("NETRC") or Path.home() / ".netrc").expanduser()
+    """Whether W&B finds an API key for :func:`server_url` without prompting, by its own lookup.
+
+    Raises:
+        ConfigError: a key or server URL was found but is malformed (W&B would refuse it).
+    """
+    wandb = _wandb()
+    from wandb.sdk.lib import wbauth
+
     try:
-        entry = netrc.netrc(str(path)).authenticators(_wandb_host())
-    except (OSError, netrc.NetrcParseError):
-        return False
-    return bool(entry and entry[2])
+        url = server_url()
+        auth = wbauth.authenticate_session(host=url, source="fdattack", prompt=False, update_session=False)
+    except (wandb.errors.Error, ValueError) as err:
+        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise ConfigError(f"W&B credentials are unusable: {first}; run `wandb login --relogin` "
+                          "or use logger.wandb.mode=offline") from None
+    return auth is not None
 
 
 def resolve_mode(mode: str) -> str:
     """Turn a configured mode into the one W&B runs in.
 
     ``auto`` honours ``WANDB_MODE=offline|dryrun|disabled`` from the environment, otherwise it is
-    ``online`` with credentials and ``offline`` without.
+    ``online`` with usable credentials and ``offline`` without (unusable ones are named in one line).
 
     Raises:
-        ConfigError: an unknown mode, or ``online`` without credentials (which would prompt).
+        ConfigError: an unknown mode, or ``online`` without usable credentials (which would prompt).
     """
     if mode not in MODES:
         raise ConfigError(f"logger.wandb.mode={mode!r} is not allowed; choose one of: {' | '.join(MODES)}")
@@ -58,11 +83,33 @@ def resolve_mode(mode: str) -> str:
         env_mode = os.environ.get("WANDB_MODE", "").lower()
         if env_mode in ("offline", "dryrun", "disabled"):
             return "disabled" if env_mode == "disabled" else "offline"
-        return "online" if has_credentials() else "offline"
+        try:
+            return "online" if has_credentials() else "offline"
+        except ConfigError as err:
+            log.warning("%s; logging offline", err)
+            return "offline"
     if mode == "online" and not has_credentials():
-        raise ConfigError("logger.wandb.mode=online but no W&B credentials were found (set WANDB_API_KEY or run "
-                          "`wandb login`); use logger.wandb.mode=auto or offline to log locally")
+        raise ConfigError(f"logger.wandb.mode=online but no W&B credentials were found for {server_url()} (set WANDB_API_KEY "
+                          "or run `wandb login`); use logger.wandb.mode=auto or offline to log locally")
     return mode
+
+
+def run_identity(cfg: Any, config: dict) -> dict[str, Any]:
+    """Name, group, job type and tags of the W&B run: the ``logger.wandb`` ones where set, else derived.
+
+    Args:
+        cfg: the ``logger.wandb`` node (``name``, ``group``, ``job_type``, ``tags``).
+        config: the resolved experiment config (``name``, ``protocol.name``, ``data.name``, ``attacks``, ``defenses``).
+
+    Returns:
+        ``name`` and ``group``: the experiment name; ``job_type``: ``run``; ``tags``: the protocol, data,
+        attack and defense names followed by ``logger.wandb.tags``.
+    """
+    experiment = config.get("name")
+    derived = [(config.get("protocol") or {}).get("name"), (config.get("data") or {}).get("name"),
+               *(config.get("attacks") or []), *(config.get("defenses") or [])]
+    tags = list(dict.fromkeys(str(tag) for tag in [*derived, *(cfg.tags or [])] if tag))
+    return {"name": cfg.name or experiment, "group": cfg.group or experiment, "job_type": cfg.job_type or "run", "tags": tags}
 
 
 def _scalar(value: Any) -> float | int | bool | None:
@@ -80,6 +127,23 @@ def _image_array(image: torch.Tensor) -> Any:
     if array.dim() == 3:
         array = array[0] if array.shape[0] == 1 else array.permute(1, 2, 0)
     return array.numpy()
+
+
+def _first_line(err: BaseException) -> str:
+    text = str(err).strip()
+    return f"{type(err).__name__}: {text.splitlines()[0]}" if text else type(err).__name__
+
+
+def _remove_new_entries(folder: Path, before: set[Path] | None) -> None:
+    """Delete what appeared in ``folder`` since ``before`` was listed (the whole folder when it did not exist)."""
+    if before is None:
+        shutil.rmtree(folder, ignore_errors=True)
+        return
+    for path in set(folder.iterdir()) - before:
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            path.unlink(missing_ok=True)
 
 
 class WandbRun:
@@ -101,45 +165,53 @@ class WandbRun:
         self.directory: Path | None = Path(run.dir).parent if run is not None else None
 
     @classmethod
-    def start(cls, cfg: Any, run_dir: Path, config: dict, name: str, resume_id: str | None = None) -> WandbRun:
+    def start(cls, cfg: Any, run_dir: Path, config: dict, resume_id: str | None = None) -> WandbRun:
         """Start (or resume) the W&B run of one experiment.
 
         Args:
-            cfg: a ``WandbConfig`` (or its DictConfig node): mode, project, entity, group, tags.
+            cfg: a ``WandbConfig`` (or its DictConfig node): mode, project, entity, name, group, job_type,
+                tags, init_timeout_s.
             run_dir: the run directory; W&B writes ``run_dir/wandb/``.
-            config: the resolved experiment config, stored as the run's config.
-            name: the run's display name.
+            config: the resolved experiment config, stored as the run's config (and the source of
+                :func:`run_identity`).
             resume_id: the id of the run to continue (from a checkpoint); None starts a new one.
 
         Raises:
-            ConfigError: an unknown mode, or ``online`` without credentials.
+            ConfigError: an unknown mode; ``online`` without credentials, or not started within
+                ``init_timeout_s`` (the failed start's files are removed).
         """
-        mode = resolve_mode(str(cfg.mode))
+        requested = str(cfg.mode)
+        mode = resolve_mode(requested)
         if mode == "disabled":
             return cls(None, mode)
-        import wandb
-
-        os.environ.setdefault("WANDB_SILENT", "true")
-        run_dir = Path(run_dir)
-        run_dir.mkdir(parents=True, exist_ok=True)
-        kwargs = dict(project=cfg.project, entity=cfg.entity, group=cfg.group, tags=list(cfg.tags or []) or None,
-                      name=name, config=config, dir=str(run_dir), id=resume_id, resume="allow" if resume_id else None,
-                      reinit="create_new")
+        wandb = _wandb()
+        folder = Path(run_dir) / "wandb"
+        before = set(folder.iterdir()) if folder.is_dir() else None
+        folder.mkdir(parents=True, exist_ok=True)
+        timeout = float(cfg.init_timeout_s)
+        kwargs = dict(project=cfg.project, entity=cfg.entity, config=config, dir=str(run_dir), id=resume_id,
+                      resume="allow" if resume_id else None, reinit="create_new", **run_identity(cfg, config))
 
         def init(run_mode: str) -> Any:
             lean = run_mode == "offline"  # offline: skip console capture and system probes (start-up time)
             settings = wandb.Settings(silent=True, disable_git=True, save_code=False, x_save_requirements=False,
                                       console="off" if lean else "auto", x_disable_stats=lean, x_disable_meta=lean,
-                                      x_disable_machine_info=lean)
+                                      x_disable_machine_info=lean, init_timeout=timeout)
             return wandb.init(mode=run_mode, settings=settings, **kwargs)
 
         try:
             run = init(mode)
-        except Exception as err:
-            if str(cfg.mode) != "auto" or mode != "online":
+        except Exception as err:  # W&B's errors and anything its start raises: the run has not begun
+            if mode != "online":
                 raise
-            log.warning("W&B online start failed (%s: %s); logging offline to %s", type(err).__name__, err, run_dir / "wandb")
+            _remove_new_entries(folder, before)
+            reason = f"W&B did not start online at {server_url()} within {timeout:g} s ({_first_line(err)})"
+            if requested == "online":
+                raise ConfigError(f"logger.wandb.mode=online: {reason}; check the network or raise logger.wandb.init_timeout_s, "
+                                  "or use logger.wandb.mode=offline and `wandb sync` later") from None
+            folder.mkdir(parents=True, exist_ok=True)
             mode, run = "offline", init("offline")
+            log.warning("%s; logging offline to %s", reason, Path(run.dir).parent)
         run.define_metric("round")
         run.define_metric("*", step_metric="round")
         return cls(run, mode)
@@ -149,30 +221,29 @@ class WandbRun:
         """Whether anything is logged."""
         return self._run is not None
 
-    def log_round(self, round: int, metrics: dict[str, Any]) -> None:
-        """Log one round's scalar metrics against ``round``."""
-        if self._run is not None:
-            self._run.log({"round": round, **{k: _scalar(v) for k, v in metrics.items()}})
+    def log_round(self, round: int, metrics: dict[str, Any], histograms: dict[str, torch.Tensor] | None = None,
+                  images: dict[str, torch.Tensor | Path | str] | None = None, num_bins: int = 64) -> None:
+        """Log one round as one W&B step, ``step=round``.
 
-    def log_image(self, key: str, round: int, image: torch.Tensor | Path | str, caption: str = "") -> None:
-        """Log an image: a (C,H,W) or (H,W) tensor with values in [0, 1], or an image file."""
+        Args:
+            round: the round index (0 = set-up), W&B's step.
+            metrics: scalar metrics (tensors and numpy scalars are converted).
+            histograms: tensors whose finite values become ``wandb.Histogram`` s (left out when none is finite).
+            images: (C,H,W) or (H,W) tensors with values in [0, 1], or image files; captioned with the round.
+        """
         if self._run is None:
             return
-        import wandb
-
-        data = str(image) if isinstance(image, (str, Path)) else _image_array(image)
-        self._run.log({"round": round, key: wandb.Image(data, caption=caption or None)})
-
-    def log_histogram(self, key: str, round: int, values: torch.Tensor, num_bins: int = 64) -> None:
-        """Log a histogram of ``values`` (non-finite values are left out)."""
-        if self._run is None:
-            return
-        import wandb
-
-        flat = values.detach().cpu().double().flatten()
-        flat = flat[torch.isfinite(flat)]
-        if flat.numel():
-            self._run.log({"round": round, key: wandb.Histogram(flat.numpy(), num_bins=num_bins)})
+        wandb = _wandb()
+        row: dict[str, Any] = {"round": round, **{key: _scalar(value) for key, value in metrics.items()}}
+        for key, values in (histograms or {}).items():
+            flat = values.detach().cpu().double().flatten()
+            flat = flat[torch.isfinite(flat)]
+            if flat.numel():
+                row[key] = wandb.Histogram(flat.numpy(), num_bins=num_bins)
+        for key, image in (images or {}).items():
+            data = str(image) if isinstance(image, (str, Path)) else _image_array(image)
+            row[key] = wandb.Image(data, caption=f"round {round}")
+        self._run.log(row, step=round)
 
     def set_summary(self, metrics: dict[str, Any]) -> None:
         """Write ``metrics`` into the run summary (the final values shown in W&B tables)."""
@@ -183,19 +254,23 @@ class WandbRun:
             self._run.summary[key] = None if isinstance(value, float) and math.isnan(value) else value
 
     def finish(self, exit_code: int = 0) -> None:
-        """Finish the run (idempotent)."""
+        """Finish the run (idempotent); an offline run then says where it is and how to upload it."""
         run, self._run = self._run, None
-        if run is not None:
-            run.finish(exit_code=exit_code)
+        if run is None:
+            return
+        run.finish(exit_code=exit_code)
+        if self.mode == "offline":
+            log.info("W&B offline run in %s; upload it with: wandb sync %s", self.directory, shlex.quote(str(self.directory)))
 
     def __enter__(self) -> WandbRun:
         return self
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
-        if exc_type is None:
+        if exc is None:
             self.finish(0)
             return
+        code = exc.code if isinstance(exc, SystemExit) and isinstance(exc.code, int) else 130 if isinstance(exc, KeyboardInterrupt) else 1
         try:
-            self.finish(1)
+            self.finish(code)
         except Exception as err:  # never hide the error that ended the run
             log.warning("W&B finish failed: %s", err)

@@ -1,0 +1,77 @@
+"""The exit record of a run stopped by a signal: ``exit.json`` in the run directory and one line on stderr.
+
+While :func:`exit_record` is active, SIGTERM (what ``kill``, SLURM and container runtimes send) raises
+:class:`Terminated` in the main thread, so the run unwinds like any error: the W&B run finishes with
+exit code 143, the run lock and files close, ``rounds.jsonl`` and the checkpoints stay as they were
+after the last completed round. Ctrl-C (SIGINT) is recorded the same way with exit code 130.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import signal
+import threading
+from contextlib import contextmanager
+from datetime import datetime, timezone
+from pathlib import Path
+from types import FrameType
+from typing import Iterator
+
+from fdattack.tracking.checkpoint import atomic_write
+from fdattack.tracking.run_dir import RunDirectory
+
+log = logging.getLogger("fdattack")
+
+EXIT_FILE = "exit.json"
+
+
+class Terminated(SystemExit):
+    """A signal asked the run to stop; the exit status is ``128 + signal number`` (SIGTERM: 143)."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(128 + signum)
+        self.signal_name = signal.Signals(signum).name
+
+
+def _raise_terminated(signum: int, frame: FrameType | None) -> None:
+    raise Terminated(signum)
+
+
+def last_round(rounds_path: Path) -> int | None:
+    """The round of the last complete line of ``rounds.jsonl`` (None when there is none)."""
+    if not rounds_path.is_file():
+        return None
+    for line in reversed(rounds_path.read_text(encoding="utf-8").splitlines()):
+        try:
+            return int(json.loads(line)["round"])
+        except (ValueError, KeyError, TypeError):
+            continue
+    return None
+
+
+@contextmanager
+def exit_record(run_dir: RunDirectory) -> Iterator[None]:
+    """Turn SIGTERM into :class:`Terminated` for the block; when a signal stops it, write ``exit.json`` and say so.
+
+    ``exit.json`` holds ``signal``, ``exit_code``, ``last_round`` (the last round in ``rounds.jsonl``,
+    which a ``resume=true`` run continues after) and ``time``. The previous SIGTERM handler is restored.
+    """
+    previous = None
+    if threading.current_thread() is threading.main_thread():
+        previous = signal.signal(signal.SIGTERM, _raise_terminated)
+    try:
+        yield
+    except (Terminated, KeyboardInterrupt) as stop:
+        name, code = (stop.signal_name, int(stop.code)) if isinstance(stop, Terminated) else ("SIGINT", 130)
+        if run_dir.is_writer:
+            done = last_round(run_dir.rounds_path)
+            record = {"signal": name, "exit_code": code, "last_round": done, "time": datetime.now(timezone.utc).isoformat()}
+            atomic_write(run_dir.path / EXIT_FILE, lambda handle: handle.write((json.dumps(record, indent=2) + "\n").encode()))
+            after = f"after round {done}" if done is not None else "before round 0 finished"
+            log.error("fdattack: terminated by %s %s (recorded in %s); resume=true continues from the last checkpoint",
+                      name, after, run_dir.path / EXIT_FILE)
+        raise
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
