@@ -105,7 +105,7 @@ def build_attacks(cfg: DictConfig, view: AttackerView, protocol: Protocol, engin
     return attacks
 
 
-def build_evaluator(cfg: DictConfig, oracle: Oracle) -> Evaluator:
+def build_evaluator(cfg: DictConfig, oracle: Oracle, progress: Progress | None = None) -> Evaluator:
     """The evaluation side: the reconstruction scorer (with the evaluation classifier) when attacks run, and the diagnostics."""
     diagnostics = []
     if cfg.observers.confidence_gap.enabled:
@@ -113,6 +113,8 @@ def build_evaluator(cfg: DictConfig, oracle: Oracle) -> Evaluator:
     scorer = None
     if cfg.attacks:
         ev = cfg.evaluation
+        if ev.classifier and progress is not None:
+            progress.activity(f"training the evaluation classifier ({ev.classifier}, {ev.epochs} epochs)")
         identity = (train_identity_scorer(oracle.split, oracle.engine, ev.classifier, ev.epochs, ev.lr, derive_seed(cfg.seed, 0, "evaluation_classifier"))
                     if ev.classifier else None)
         scorer = ReconstructionScorer(oracle.split, identity)
@@ -146,9 +148,11 @@ class Experiment:
         self.output_dir = Path(self.fabric.broadcast(str(output_dir)))
         self.run_dir = RunDirectory(self.output_dir, is_writer=self.fabric.is_global_zero, keep_checkpoints=cfg.keep_checkpoints)
         self._on_rank_zero(self._preflight)
+        self.progress = Progress(cfg.logger.progress if self.fabric.is_global_zero else "never", total_rounds=int(cfg.protocol.rounds))
         try:
             self._build()
         except BaseException:
+            self.progress.close()
             self.run_dir.release()
             raise
 
@@ -162,8 +166,10 @@ class Experiment:
         """Data, protocol, attacker view, attacks and evaluator (the evaluation classifier trains here)."""
         cfg, t = self.cfg, self.cfg.trainer
         seed_everything_quietly(cfg.seed)
+        self.progress.activity(f"loading data ({cfg.data.name})")
         self.data = FederatedData(cfg.data, cfg.protocol.num_clients, cfg.seed)
         self.data.setup()
+        self.progress.activity(f"building {cfg.protocol.name} with {cfg.protocol.num_clients} clients")
         self.engine = LocalTrainer(self.fabric, batch_size=cfg.protocol.optim.batch_size)
         self.protocol = PROTOCOLS.get(cfg.protocol.name)(cfg.protocol, cfg.model, self.data.split, self.engine, cfg.seed, build_defenses(cfg))
         self.oracle = Oracle(self.data.split, self.engine, tuple(self.protocol.clients), self.protocol.server)
@@ -174,18 +180,19 @@ class Experiment:
         # the attacks' own Fabric on the same devices: the run's Fabric lists every client module it set up
         attack_engine = LocalTrainer(make_fabric(t.accelerator, t.devices, t.strategy, t.num_nodes, t.precision), batch_size=cfg.protocol.optim.batch_size)
         self.attacks = build_attacks(cfg, self.view, self.protocol, attack_engine, state_root)
-        self.evaluator = build_evaluator(cfg, self.oracle)
+        self.evaluator = build_evaluator(cfg, self.oracle, self.progress)
 
     def run(self) -> dict[str, float]:
         """Run (or resume) every round; write the run directory; return the final metrics. The run directory's lock is released at the end."""
         try:
             return self._run()
         finally:
+            self.progress.close()
             self.run_dir.release()
 
     def _run(self) -> dict[str, float]:
         """:meth:`run` while the run directory is locked."""
-        cfg, fabric, run_dir = self.cfg, self.fabric, self.run_dir
+        cfg, fabric, run_dir, progress = self.cfg, self.fabric, self.run_dir, self.progress
         self._on_rank_zero(self._prepare_run_dir)
         start_round, elapsed_before, wandb_id = 0, 0.0, None
         last = run_dir.checkpoints.latest() if cfg.resume else None
@@ -197,6 +204,7 @@ class Experiment:
             set_rng_state(state["rng"])
             start_round, elapsed_before, wandb_id = int(state["round"]), float(state["elapsed_s"]), state["wandb_id"]
             run_dir.truncate_rounds(start_round)
+            progress.skip_to(start_round)
             log.info("resuming %s after round %d", self.output_dir, start_round)
         elif fabric.is_global_zero:
             self.data.save_partition(self.output_dir / "partition.json")
@@ -205,12 +213,12 @@ class Experiment:
             log.info("data: %s", ", ".join(f"{k}={v}" for k, v in self.data.split.info.items()))
 
         rounds = int(cfg.protocol.rounds)
-        progress = Progress(cfg.logger.progress if fabric.is_global_zero else "never", total_rounds=rounds, start_round=start_round)
         orchestrator = RoundOrchestrator(self.protocol, self.attacks, cfg.protocol.on_bad_upload, on_phase=progress.phase)
         wandb_cfg = cfg.logger.wandb if fabric.is_global_zero else _disabled(cfg)
         tracker = WandbRun.start(wandb_cfg, self.output_dir, _flat_config(cfg), resume_id=wandb_id)
         with exit_record(run_dir), tracker:
             if last is None:
+                progress.activity("round 0: set-up phases")
                 setup_metrics = orchestrator.run_setup().metrics
                 report = self.evaluator.setup_report()
                 report.metrics = {**setup_metrics, **report.metrics}
@@ -224,6 +232,7 @@ class Experiment:
                 _record(run_dir, tracker, round_index, report)
                 final = dict(report.metrics)
                 if round_index % cfg.checkpoint_every == 0 or round_index == rounds:
+                    progress.activity(f"round {round_index}: checkpoint")
                     self._checkpoint(round_index, elapsed_before, tracker)
                 progress.advance()
             progress.close()
@@ -244,7 +253,10 @@ class Experiment:
         report = self.evaluator.round_report()
         report.metrics = {**protocol_metrics, **report.metrics}
         for attack in self.attacks:
-            report.update(self.evaluator.score(attack.name, attack.on_round_end(round_index)))
+            self.progress.activity(f"round {round_index}: attack {attack.name}")
+            scored = self.evaluator.score(attack.name, attack.on_round_end(round_index))
+            self.progress.scores(round_index, attack.name, scored.metrics)
+            report.update(scored)
             adversary = attack.context.adversary
             if adversary is not None:
                 report.metrics.update({f"adversary/{attack.name}/{key}": value for key, value in adversary.end_round().items()})

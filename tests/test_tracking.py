@@ -1,4 +1,4 @@
-"""Run directory, atomic checkpoints, RNG state, W&B (offline, auto, disabled) and progress display."""
+"""Run directory, atomic checkpoints, RNG state and W&B (offline, auto, disabled)."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ from omegaconf import OmegaConf
 
 from fdattack.config import WandbConfig
 from fdattack.errors import CheckpointError, ConfigError
-from fdattack.tracking import (CheckpointDir, Progress, RunDirectory, WandbRun, load_checkpoint, progress_iter,
+from fdattack.tracking import (CheckpointDir, RunDirectory, WandbRun, load_checkpoint,
                                resolve_mode, rng_state, save_checkpoint, set_rng_state)
 
 WANDB_BOUND_S = 30.0  # offline init + logging + finish; measured at about 0.5 s on 2 CPU cores
@@ -312,26 +312,3 @@ def test_wandb_context_manager_finishes_on_error(tmp_path: Path, no_credentials:
         with WandbRun.start(WandbConfig(mode="offline"), tmp_path / "run", {}) as run:
             raise RuntimeError("boom")
     assert not run.enabled and run.run_id
-
-
-# ------------------------------------------------------------------------------------------- progress
-def test_progress_auto_is_silent_when_not_a_tty(capsys: pytest.CaptureFixture[str]) -> None:
-    with Progress("auto", total_rounds=3, start_round=1) as bar:
-        for name in ("local_train", "upload", "aggregate"):
-            bar.phase(name)
-        bar.advance()
-    assert list(progress_iter(range(4), "attack", "auto")) == [0, 1, 2, 3]
-    assert list(progress_iter(range(2), "attack", "never")) == [0, 1]
-    assert capsys.readouterr() == ("", "")
-
-
-def test_progress_on_shows_rounds_and_phase(capsys: pytest.CaptureFixture[str]) -> None:
-    bar = Progress("always", total_rounds=2)
-    bar.phase("distill")
-    bar.advance()
-    bar.close()
-    bar.close()
-    err = capsys.readouterr().err
-    assert "phase=distill" in err and "1/2" in err
-    with pytest.raises(ValueError, match="progress mode"):
-        Progress("sometimes", total_rounds=1)

@@ -127,7 +127,7 @@ def fit_translator(module: TranslationLitModule, a: Tensor, b: Tensor, epochs: i
     """Train A_phi on the (a, b) pairs through ``engine`` (the module's own manual-optimisation training_step)."""
     handle = engine.setup("translator", module)
     pairs = TensorRows(a=a, b=b)
-    for epoch in progress_iter(range(epochs), "translation model", progress):
+    for epoch in progress_iter(range(epochs), "translation model for the prior (Eq. 9)", progress):
         engine.fit_module(handle, pairs, 1, derive_seed(seed, "translator", epoch), batch_size=batch_size)
     engine.release(handle)
     return module

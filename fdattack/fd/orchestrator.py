@@ -38,15 +38,15 @@ class RoundOrchestrator:
         protocol: the simulated protocol.
         observers: attacks (and any other record observer), called after every phase.
         on_bad_upload: ``"error"`` stops at a NaN/inf upload; ``"drop"`` leaves that client out of the round.
-        on_phase: called with the phase name before it runs (progress display).
+        on_phase: called with the round and the phase name before the phase runs (progress display).
     """
 
     def __init__(self, protocol: Protocol, observers: Sequence[Observer], on_bad_upload: str = "error",
-                 on_phase: Callable[[str], None] | None = None) -> None:
+                 on_phase: Callable[[int, str], None] | None = None) -> None:
         self.protocol = protocol
         self.observers = list(observers)
         self.on_bad_upload = on_bad_upload
-        self.on_phase = on_phase or (lambda name: None)
+        self.on_phase = on_phase or (lambda round, name: None)
 
     def run_setup(self) -> RoundResult:
         """Round 0: the protocol's set-up phases (transfer learning, warm-up)."""
@@ -64,7 +64,7 @@ class RoundOrchestrator:
 
     def _run_phases(self, ctx: RoundContext, phases: list[Phase]) -> None:
         for phase in phases:
-            self.on_phase(phase.name)
+            self.on_phase(ctx.round, phase.name)
             had_uploads = bool(ctx.uploads)
             phase.run(ctx)
             if ctx.uploads and not had_uploads:
