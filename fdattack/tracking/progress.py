@@ -17,6 +17,7 @@ from types import TracebackType
 from typing import Iterable, Iterator, Mapping, TypeVar
 
 from tqdm.auto import tqdm
+from tqdm.contrib.logging import logging_redirect_tqdm
 
 T = TypeVar("T")
 PROGRESS_MODES = ("auto", "always", "never")
@@ -60,6 +61,9 @@ class Progress:
     def __init__(self, mode: str, total_rounds: int, start_round: int = 0) -> None:
         self._bar = (tqdm(total=total_rounds, initial=start_round, desc="rounds", unit="round", file=sys.stderr,
                           dynamic_ncols=True) if progress_shown(mode) else None)
+        self._logging = logging_redirect_tqdm() if self._bar is not None else None  # log lines above the bar, not through it
+        if self._logging is not None:
+            self._logging.__enter__()
 
     def activity(self, text: str) -> None:
         """Show ``text`` as what runs now (a set-up step, an attack); logged at INFO when there is no bar."""
@@ -101,6 +105,9 @@ class Progress:
         if self._bar is not None:
             self._bar.close()
             self._bar = None
+        if self._logging is not None:
+            self._logging.__exit__(None, None, None)
+            self._logging = None
 
     def __enter__(self) -> Progress:
         return self
