@@ -129,3 +129,23 @@ def test_checks_run_before_anything_is_built(tmp_path: Path, monkeypatch: pytest
     err = _error_line(capsys, ["run", *tiny(tmp_path, *FAST), *extra])
     assert named in err
     assert (_snapshot(out) if out.exists() else None) == before  # nothing written, a new folder not left behind
+
+
+def test_an_exit_record_is_fdattacks_own_and_is_removed_when_the_run_continues(tmp_path: Path) -> None:
+    """A run stopped by SIGTERM before its first checkpoint restarts in place; a resumed run drops the stale record."""
+    from fdattack.tracking.run_dir import RunDirectory
+
+    stranded = RunDirectory(tmp_path / "stranded")
+    stranded.path.mkdir()
+    for name in (LOCK_NAME, "config.yaml", "exit.json"):
+        (stranded.path / name).write_text("{}")
+    assert stranded.check(resume=False) == "restart"
+    stranded.prepare(resume=False)
+    assert not (stranded.path / "exit.json").exists()
+
+    stopped = RunDirectory(tmp_path / "stopped")
+    stopped.checkpoints.save(1, {"round": 1})
+    (stopped.path / "exit.json").write_text('{"signal": "SIGTERM"}')
+    assert stopped.check(resume=True) == "resume"
+    stopped.prepare(resume=True)
+    assert not (stopped.path / "exit.json").exists() and stopped.checkpoints.latest() is not None

@@ -19,11 +19,9 @@ from types import FrameType
 from typing import Iterator
 
 from fdattack.tracking.checkpoint import atomic_write
-from fdattack.tracking.run_dir import RunDirectory
+from fdattack.tracking.run_dir import EXIT_NAME, RunDirectory
 
 log = logging.getLogger("fdattack")
-
-EXIT_FILE = "exit.json"
 
 
 class Terminated(SystemExit):
@@ -67,10 +65,10 @@ def exit_record(run_dir: RunDirectory) -> Iterator[None]:
         if run_dir.is_writer:
             done = last_round(run_dir.rounds_path)
             record = {"signal": name, "exit_code": code, "last_round": done, "time": datetime.now(timezone.utc).isoformat()}
-            atomic_write(run_dir.path / EXIT_FILE, lambda handle: handle.write((json.dumps(record, indent=2) + "\n").encode()))
+            atomic_write(run_dir.path / EXIT_NAME, lambda handle: handle.write((json.dumps(record, indent=2) + "\n").encode()))
             after = f"after round {done}" if done is not None else "before round 0 finished"
             log.error("fdattack: terminated by %s %s (recorded in %s); resume=true continues from the last checkpoint",
-                      name, after, run_dir.path / EXIT_FILE)
+                      name, after, run_dir.path / EXIT_NAME)
         raise
     finally:
         if previous is not None:

@@ -34,7 +34,9 @@ RESUME_FREE_KEYS = ("resume", "output_dir", "logger.progress", "logger.level")
 #: The lock file; its presence also marks a directory that an fdattack run has used.
 LOCK_NAME = ".fdattack.lock"
 #: What fdattack writes at the top of a run directory: only these are cleared when a stranded run restarts.
-OWN_FILES = frozenset({LOCK_NAME, "config.yaml", "partition.json", "rounds.jsonl", "metrics.json"})
+#: Written when a signal stops the run (:mod:`fdattack.tracking.exit_record`); removed when the run is resumed.
+EXIT_NAME = "exit.json"
+OWN_FILES = frozenset({LOCK_NAME, EXIT_NAME, "config.yaml", "partition.json", "rounds.jsonl", "metrics.json"})
 OWN_FOLDERS = frozenset({"checkpoints", "attack_state", "images", "artifacts", "wandb"})
 
 
@@ -264,6 +266,7 @@ class RunDirectory:
                 if entry.name != LOCK_NAME:
                     shutil.rmtree(entry) if entry.is_dir() else entry.unlink()
         self._resuming = plan == "resume"
+        (self.path / EXIT_NAME).unlink(missing_ok=True)  # the stop it recorded is being continued
         for sub in ("checkpoints", "images"):
             (self.path / sub).mkdir(parents=True, exist_ok=True)
 
