@@ -98,7 +98,7 @@ def test_the_report_renders_in_headless_chromium(sweep_report: Path, tmp_path: P
     if chromium is None:
         pytest.fail(f"chromium is not installed; the report's rendering test needs it: {INSTALL}")
     png = tmp_path / f"report_{width}.png"
-    env = {**os.environ, "HOME": str(tmp_path), "XDG_CONFIG_HOME": str(tmp_path / "config"), "XDG_CACHE_HOME": str(tmp_path / "cache")}
+    env = {**os.environ, "HOME": str(tmp_path), "TMPDIR": str(tmp_path), "XDG_CONFIG_HOME": str(tmp_path / "config"), "XDG_CACHE_HOME": str(tmp_path / "cache")}
     proc = subprocess.run(
         [chromium, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
          "--disable-component-update", "--disable-sync", "--hide-scrollbars", f"--user-data-dir={tmp_path / 'profile'}",
