@@ -205,17 +205,27 @@ def build_split(cfg: DictConfig, num_clients: int, seed: int) -> FederatedSplit:
 class FederatedData(L.LightningDataModule):
     """Public set, one private set per client, test set (and attacker prior data) as a LightningDataModule.
 
+    With a plain ``lightning.Trainer`` (``trainer.fit(module, datamodule=data)``, ``test``, ``predict``):
+    :meth:`train_dataloader` serves the private set of client :attr:`client`, or all clients' private
+    sets pooled when it is None; :meth:`val_dataloader`, :meth:`test_dataloader` and
+    :meth:`predict_dataloader` serve the held-out test set (there is no separate validation split).
+    Batches are :class:`~fdattack.data.imageset.IndexedBatch` dicts.
+
     Args:
         cfg: the ``data`` config node (or a :class:`~fdattack.config.DataConfig`).
         num_clients: K.
-        seed: split seed used when ``cfg.seed`` is null.
+        seed: split seed used when ``cfg.seed`` is null; also seeds the training loader's shuffling.
+        client: whose private set :meth:`train_dataloader` serves (0..K-1); None pools every client's.
+        batch_size: mini-batch size of the Trainer's loaders.
     """
 
-    def __init__(self, cfg: DictConfig, num_clients: int, seed: int) -> None:
+    def __init__(self, cfg: DictConfig, num_clients: int, seed: int, client: int | None = None, batch_size: int = 64) -> None:
         super().__init__()
         self.cfg = cfg if isinstance(cfg, DictConfig) else OmegaConf.structured(cfg)
         self.num_clients = num_clients
         self.seed = seed
+        self.client = client
+        self.batch_size = batch_size
         self._split: FederatedSplit | None = None
 
     def setup(self, stage: str | None = None) -> None:
@@ -247,11 +257,28 @@ class FederatedData(L.LightningDataModule):
     def private(self, k: int) -> ImageSet:
         return self.split.private[k]
 
-    def train_dataloader(self, batch_size: int = 64) -> DataLoader:
-        return self.split.public.loader(batch_size, shuffle=True, seed=self.seed)
+    def train_dataloader(self) -> DataLoader:
+        """Shuffled batches of client :attr:`client`'s private set, or of every client's pooled when it is None."""
+        if self.client is not None:
+            if not 0 <= self.client < self.num_clients:
+                raise ValueError(f"FederatedData.client must be in 0..{self.num_clients - 1} or None, got {self.client}")
+            return self.private_dataloader(self.client, self.batch_size, shuffle=True, seed=self.seed)
+        pooled = self.split.private[0]
+        for private in self.split.private[1:]:
+            pooled = pooled.concat(private)
+        return pooled.loader(self.batch_size, shuffle=True, seed=self.seed)
 
-    def test_dataloader(self, batch_size: int = 256) -> DataLoader:
-        return self.split.test.loader(batch_size)
+    def val_dataloader(self) -> DataLoader:
+        """The held-out test set, in order (fdattack has no separate validation split)."""
+        return self.test_dataloader()
+
+    def test_dataloader(self) -> DataLoader:
+        """The held-out test set, in order."""
+        return self.split.test.loader(self.batch_size)
+
+    def predict_dataloader(self) -> DataLoader:
+        """The held-out test set, in order (``trainer.predict`` returns its logits batch by batch)."""
+        return self.test_dataloader()
 
     def private_dataloader(self, k: int, batch_size: int = 64, shuffle: bool = True, seed: int = 0) -> DataLoader:
         return self.split.private[k].loader(batch_size, shuffle=shuffle, seed=seed)

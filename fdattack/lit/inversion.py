@@ -8,6 +8,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from fdattack.lit.modes import eval_mode
+from fdattack.models.inversion import InversionDecoder
 
 
 class InversionLitModule(L.LightningModule):
@@ -19,15 +20,30 @@ class InversionLitModule(L.LightningModule):
       MSE(G(input), x) + gamma * MSE(G(input), prior) (the prior term only when gamma > 0 and given);
     - ``{"input": (B, D), "prior": (B, C, H, W)}`` without ``x``: Eq. 10, gamma * MSE(G(input), prior).
 
+    ``load_from_checkpoint(path)`` needs no arguments when the decoder is an
+    :class:`~fdattack.models.inversion.InversionDecoder` (its constructor arguments are saved with the hyper-parameters);
+    any other network must be passed again (``load_from_checkpoint(path, decoder=...)``).
+
     Args:
-        decoder: the network, e.g. :class:`~fdattack.models.inversion.InversionDecoder`.
+        decoder: the network, e.g. :class:`~fdattack.models.inversion.InversionDecoder`; None builds an
+            ``InversionDecoder(in_features, out_channels, image_size, max_width)``.
         lr, weight_decay: Adam settings (paper: 3e-5, 1e-4).
         gamma: prior weight.
+        in_features, out_channels, image_size, max_width: the decoder's shape, when ``decoder`` is None.
     """
 
-    def __init__(self, decoder: nn.Module, lr: float = 3e-5, weight_decay: float = 1e-4, gamma: float = 0.0) -> None:
+    def __init__(self, decoder: nn.Module | None = None, lr: float = 3e-5, weight_decay: float = 1e-4, gamma: float = 0.0,
+                 in_features: int | None = None, out_channels: int | None = None, image_size: int | None = None,
+                 max_width: int = 1024) -> None:
         super().__init__()
-        self.save_hyperparameters(ignore=["decoder"])
+        if decoder is None:
+            if in_features is None or out_channels is None or image_size is None:
+                raise TypeError("InversionLitModule needs a decoder, or in_features, out_channels and image_size to build one")
+            decoder = InversionDecoder(in_features, out_channels, image_size, max_width)
+        hparams: dict[str, object] = {"lr": lr, "weight_decay": weight_decay, "gamma": gamma}
+        if isinstance(decoder, InversionDecoder):
+            hparams.update(decoder.init_kwargs)
+        self.save_hyperparameters(hparams)
         self.decoder = decoder
 
     def forward(self, p: Tensor) -> Tensor:

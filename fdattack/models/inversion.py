@@ -26,6 +26,8 @@ class InversionDecoder(nn.Module):
     def __init__(self, in_features: int, out_channels: int, image_size: int, max_width: int = 1024) -> None:
         super().__init__()
         self.image_size = image_size
+        #: the constructor arguments, enough to rebuild this network (saved by :class:`~fdattack.lit.InversionLitModule`)
+        self.init_kwargs = {"in_features": in_features, "out_channels": out_channels, "image_size": image_size, "max_width": max_width}
         stages = max(1, math.ceil(math.log2(image_size / 4)))
         widths = [min(max_width, 128 * 2 ** (stages - 1 - i)) for i in range(stages)]
         layers: list[nn.Module] = [nn.ConvTranspose2d(in_features, widths[0], 4, 1, 0), nn.BatchNorm2d(widths[0]), nn.Tanh()]

@@ -1,88 +1,173 @@
-"""``fdattack report RUN_DIR [RUN_DIR ...] --out DIR``: a static HTML page, the offline W&B dashboard.
+"""``fdattack report RUN_DIR [RUN_DIR ...] --out DIR``: a static HTML page that compares runs (the offline W&B dashboard).
 
-Per attack metric, one plot against the round with a line per (run, attack); the final metrics table;
-and each run's last reconstruction grids.
+The page opens with the runs, labeled by the config keys in which they differ. Then a section per attack
+(and for the protocol's and the other metrics): a final table with a row per run, each per-round metric
+plotted against the round (accuracy with its chance line), the one-off metrics as a table, and each
+run's latest reconstruction grids with their row and column labels.
 """
 
 from __future__ import annotations
 
 import html
-import json
-import shutil
-from collections import defaultdict
 from pathlib import Path
+from typing import Any, Iterable
 
-from omegaconf import OmegaConf
+from fdattack.tracking.report_figures import CHANCE_METRICS, copy_grid, grid_html, latest_grids, plot_metric, run_style
+from fdattack.tracking.report_runs import Run, Section, format_value, label_keys, load_runs, sections
+from fdattack.tracking.summary import COLUMNS
 
-from fdattack.errors import DataError
+TITLES = {metric: title for metric, title, _ in COLUMNS}
+STYLE = """
+body{font-family:system-ui,'DejaVu Sans',sans-serif;margin:24px;color:#1a1a1a;font-size:15px;line-height:1.4}
+h1{margin-top:0} h2{border-bottom:2px solid #ddd;padding-bottom:4px;margin-top:2em} h3{margin:1.4em 0 .5em}
+.scroll{overflow-x:auto;max-width:100%}
+table{border-collapse:collapse;margin:.3em 0 1em;font-size:14px}
+th,td{border:1px solid #ccc;padding:3px 6px;text-align:right;white-space:nowrap}
+th{background:#f4f4f4;white-space:normal} td.dir{text-align:left;white-space:normal;word-break:break-all;font-size:13px;min-width:10em} th.run,td.run{text-align:left;white-space:normal;min-width:9em;max-width:28em}
+.swatch{display:inline-block;width:14px;height:14px;border-radius:3px;margin-right:6px;vertical-align:-2px}
+.plots{display:flex;flex-wrap:wrap;gap:20px}
+.plots figure{flex:1 1 540px;max-width:680px;margin:0}
+.plots img{width:100%;height:auto}
+figcaption{font-size:14px;color:#444;margin-bottom:4px}
+.cards{display:flex;flex-wrap:wrap;gap:28px}
+.card h4{margin:0 0 6px;font-size:15px;font-weight:normal}
+.grid{display:grid;gap:4px;align-items:center}
+.grid .head{font-size:13px;font-weight:bold;text-align:center}
+.grid .rowhead{font-size:13px;text-align:right;padding-right:6px;white-space:nowrap}
+.tile{image-rendering:pixelated;background-repeat:no-repeat;outline:1px solid #ddd}
+.note{font-size:13px;color:#555}
+@media (max-width:900px){body{margin:12px}}
+"""
 
 
-def _load_run(run_dir: Path) -> tuple[str, list[dict], dict]:
-    """(label, rounds, final metrics) of a run directory."""
-    rounds_path, metrics_path = run_dir / "rounds.jsonl", run_dir / "metrics.json"
-    if not rounds_path.is_file():
-        raise DataError(f"{run_dir}: not an fdattack run directory (no rounds.jsonl)")
-    try:
-        rounds = [json.loads(line) for line in rounds_path.read_text().splitlines() if line.strip()]
-        final = json.loads(metrics_path.read_text()) if metrics_path.is_file() else (rounds[-1] if rounds else {})
-    except json.JSONDecodeError as err:
-        raise DataError(f"{run_dir}: corrupt run record ({err})") from None
-    label = run_dir.name
-    if (run_dir / "config.yaml").is_file():
-        cfg = OmegaConf.load(run_dir / "config.yaml")
-        label = f"{cfg.get('name', run_dir.name)} [{cfg.protocol.name}] ({run_dir.name})"
-    return label, rounds, final
+def _cell(value: Any) -> str:
+    if value is None:
+        return "<td>nan</td>"  # the run record writes NaN as null
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return f"<td>{value:.4g}</td>"
+    return "<td>–</td>"
+
+
+def _run_cell(runs: list[Run], i: int) -> str:
+    colour, _ = run_style(i)
+    return f"<td class='run'><span class='swatch' style='background:{colour}'></span>{html.escape(runs[i].label)}</td>"
+
+
+def _last_round(run: Run) -> str:
+    return "–" if run.last_round is None else str(run.last_round)
+
+
+def _table(css: str, heads: Iterable[str], rows: Iterable[str]) -> str:
+    """A table in a horizontally scrolling box; dotted and underscored headers may wrap at their separators."""
+    head = "".join(f"<th{' class=run' if i == 0 else ''}>{html.escape(h).replace('.', '.<wbr>').replace('_', '_<wbr>')}</th>"
+                   for i, h in enumerate(heads))
+    return f"<div class='scroll'><table class='{css}'><tr>{head}</tr>{''.join(f'<tr>{row}</tr>' for row in rows)}</table></div>"
+
+
+def _ordered(metrics: list[str]) -> list[str]:
+    """The summary table's columns first (accuracy, SSIM, ..., chance), then the rest by name."""
+    return sorted(metrics, key=lambda m: (list(TITLES).index(m) if m in TITLES else len(TITLES), m))
+
+
+def runs_table(runs: list[Run], keys: list[str]) -> str:
+    """A row per run: label, its value of every differing config key, last round and directory."""
+    rows = [_run_cell(runs, i) + "".join(f"<td>{html.escape(format_value(run.config.get(k, '–')))}</td>" for k in keys)
+            + f"<td>{_last_round(run)}</td><td class='dir'>{html.escape(str(run.path))}</td>" for i, run in enumerate(runs)]
+    return _table("runs", ["run", *keys, "last round", "directory"], rows)
+
+
+def final_table(runs: list[Run], section: Section) -> str:
+    """Runs as rows, the section's per-round and other metrics as columns (last recorded values; the runs
+    table gives each run's last round)."""
+    metrics = _ordered(section.per_round + section.final)
+    rows = [_run_cell(runs, i) + "".join(_cell(run.final.get(section.key(m), "")) for m in metrics) for i, run in enumerate(runs)]
+    return _table(f"final section-{section.name}", ["run", *(TITLES.get(m, m) for m in metrics)], rows)
+
+
+def one_off_table(runs: list[Run], section: Section) -> str:
+    """Runs as rows, the one-off metrics as columns, with the round they were recorded in."""
+    rows = []
+    for i, run in enumerate(runs):
+        values = {m: run.series(section.key(m)) for m in section.one_off}
+        recorded = sorted({points[0][0] for points in values.values() if points})
+        rows.append(_run_cell(runs, i) + f"<td>{', '.join(map(str, recorded)) or '–'}</td>"
+                    + "".join(_cell(run.final.get(section.key(m), "")) for m in section.one_off))
+    return _table(f"oneoff section-{section.name}", ["run", "round", *section.one_off], rows)
+
+
+def plots(runs: list[Run], section: Section, out: Path) -> str:
+    """One SVG per per-round metric, in a wrapping row of figures."""
+    figures = []
+    for metric in _ordered(section.per_round):
+        key = section.key(metric)
+        chance = {i: float(run.final[f"{section.name}/chance"]) for i, run in enumerate(runs)
+                  if metric in CHANCE_METRICS and section.attack and run.series(key) and run.final.get(f"{section.name}/chance") is not None}
+        name = f"plots/{section.name.replace('/', '_')}__{metric}.svg"
+        plot_metric(out / name, metric, runs, key, chance)
+        note = f" · dashed grey line: chance ({', '.join(f'{c:.3g}' for c in sorted(set(chance.values())))})" if chance else ""
+        figures.append(f"<figure data-metric='{html.escape(key)}' data-chance='{int(bool(chance))}'>"
+                       f"<figcaption><b>{html.escape(TITLES.get(metric, metric))}</b> against the round{note}</figcaption>"
+                       f"<img src='{name}' alt='{html.escape(key)} against the round'></figure>")
+    return f"<div class='plots'>{''.join(figures)}</div>"
+
+
+def reconstructions(runs: list[Run], attack: str, out: Path) -> str:
+    """Each run's latest grid of each kind, as labeled cards."""
+    parts = []
+    found = [latest_grids(run, attack) for run in runs]
+    for kind in sorted({kind for grids in found for kind in grids}, key=lambda k: (k != "reconstructions", k)):
+        cards = []
+        for i, (run, grids) in enumerate(zip(runs, found)):
+            if kind in grids:
+                grid = grids[kind]
+                colour, _ = run_style(i)
+                cards.append(f"<div class='card'><h4><span class='swatch' style='background:{colour}'></span>{html.escape(run.label)}"
+                             f" · round {grid.round}</h4>{grid_html(grid, grid.labels(run, attack), copy_grid(grid, out, i))}</div>")
+        parts.append(f"<h3>{'Reconstructions' if kind == 'reconstructions' else html.escape(kind.capitalize())}, latest round</h3>"
+                     "<p class='note'>A row per target: the attack's image, then the private and public means of its label.</p>"
+                     f"<div class='cards'>{''.join(cards)}</div>")
+    return "".join(parts)
+
+
+def section_html(runs: list[Run], section: Section, out: Path) -> str:
+    title = f"Attack {section.attack}" if section.attack else section.name.capitalize()
+    parts = [f"<section id='{html.escape(section.name)}'><h2>{html.escape(title)}</h2>"]
+    if section.per_round or section.final:
+        parts.append(f"<h3>Final metrics</h3>{final_table(runs, section)}")
+    if section.per_round:
+        parts.append(f"<h3>Against the round</h3>{plots(runs, section, out)}")
+    if section.one_off:
+        parts.append(f"<h3>Recorded once</h3>{one_off_table(runs, section)}")
+    if section.attack:
+        parts.append(reconstructions(runs, section.attack, out))
+    parts.append("</section>")
+    return "".join(parts)
 
 
 def write_report(run_dirs: list[Path], out: Path) -> Path:
-    """Write ``out/index.html`` (plots as PNGs beside it); returns its path."""
-    import matplotlib
+    """Write ``out/index.html`` (plots and grids in ``out/plots/`` and ``out/grids/``); returns its path.
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    from matplotlib.ticker import MaxNLocator
-
-    runs = [(d, *_load_run(d)) for d in run_dirs]
-    out.mkdir(parents=True, exist_ok=True)
-    series: dict[str, list[tuple[str, list[int], list[float]]]] = defaultdict(list)
-    for _, label, rounds, _ in runs:
-        keys = sorted({k for r in rounds for k in r if k.startswith("attack/") or k.startswith("protocol/client_acc_mean")})
-        for key in keys:
-            points = [(r["round"], r[key]) for r in rounds if r.get(key) is not None]
-            if points and not key.endswith("/chance"):
-                metric = key.split("/")[-1] if key.startswith("attack/") else key
-                name = key.split("/")[1] if key.startswith("attack/") else "protocol"
-                series[metric].append((f"{name}: {label}", [p[0] for p in points], [p[1] for p in points]))
-    parts = ["<html><head><meta charset='utf-8'><title>fdattack report</title>",
-             "<style>body{font-family:sans-serif;margin:2em} table{border-collapse:collapse} td,th{border:1px solid #ccc;padding:3px 8px}"
-             " img.grid{image-rendering:pixelated;width:600px}</style></head><body><h1>fdattack report</h1>"]
-    parts.append("<h2>Metrics against the round</h2>")
-    for metric, lines in sorted(series.items()):
-        fig, ax = plt.subplots(figsize=(7, 3.5))
-        for label, xs, ys in lines:
-            ax.plot(xs, ys, marker="o", label=label)
-        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-        ax.set_xlabel("round")
-        ax.set_ylabel(metric)
-        ax.legend(fontsize=7)
-        fig.tight_layout()
-        png = f"plot_{metric.replace('/', '_')}.png"
-        fig.savefig(out / png, dpi=100)
-        plt.close(fig)
-        parts.append(f"<h3>{html.escape(metric)}</h3><img src='{png}'>")
-    keys = sorted({k for *_, final in runs for k in final if k.startswith(("attack/", "protocol/"))})
-    parts.append("<h2>Final metrics</h2><table><tr><th>metric</th>" + "".join(f"<th>{html.escape(label)}</th>" for _, label, _, _ in runs) + "</tr>")
-    for key in keys:
-        cells = "".join(f"<td>{final[key]:.4g}</td>" if isinstance(final.get(key), (int, float)) else "<td></td>" for *_, final in runs)
-        parts.append(f"<tr><td>{html.escape(key)}</td>{cells}</tr>")
-    parts.append("</table><h2>Last reconstructions</h2><p>A row per target: reconstruction, private mean, public mean.</p>")
-    for i, (run_dir, label, rounds, _) in enumerate(runs):
-        last = max((r["round"] for r in rounds), default=0)
-        for grid in sorted((run_dir / "images").glob(f"attack_*_round_{last:04d}.png")):
-            target = f"run{i}_{grid.name}"
-            shutil.copyfile(grid, out / target)
-            parts.append(f"<h3>{html.escape(label)}: {html.escape(grid.stem)}</h3><img class='grid' src='{target}'>")
-    parts.append("</body></html>")
+    Raises:
+        DataError: a folder that is not a run directory, or a corrupt run record.
+    """
+    runs, keys = load_runs(run_dirs)
+    (out / "plots").mkdir(parents=True, exist_ok=True)
+    found = sections(runs)
+    shown = label_keys(keys)
+    differ = (f"Runs are labeled by the config keys in which they differ: {', '.join(html.escape(k) for k in shown)}."
+              if keys else "The runs' configs do not differ (output_dir, name, resume and logger.* aside).")
+    implied = [k for k in keys if k not in shown]
+    if implied:
+        differ += f" The settings of the differing components differ too: {', '.join(html.escape(k) for k in implied)}."
+    nav = " · ".join(f"<a href='#{html.escape(s.name)}'>{html.escape(s.name)}</a>" for s in found)
+    page = [
+        "<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'><title>fdattack report</title>",
+        f"<meta name='viewport' content='width=device-width, initial-scale=1'><style>{STYLE}</style></head><body>",
+        f"<h1>fdattack report</h1><p>{len(runs)} run{'s' if len(runs) != 1 else ''}. {differ}</p>",
+        f"<h2>Runs</h2>{runs_table(runs, shown)}<p class='note'>{nav}</p>",
+        *(section_html(runs, section, out) for section in found),
+        "</body></html>",
+    ]
     index = out / "index.html"
-    index.write_text("\n".join(parts))
+    index.write_text("\n".join(page))
     return index

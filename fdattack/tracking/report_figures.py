@@ -1,0 +1,131 @@
+"""The figures of ``fdattack report``: a metric against the round (SVG), and labeled reconstruction grids (HTML).
+
+Every run keeps one colour in every plot and in the runs table. Legends sit below the axes, so they
+hide no data however many runs there are; accuracy plots carry a dashed grey chance line.
+"""
+
+from __future__ import annotations
+
+import html
+import math
+import re
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from PIL import Image
+
+from fdattack.errors import CheckpointError
+from fdattack.tracking.checkpoint import load_checkpoint
+from fdattack.tracking.report_runs import Run
+
+#: Metrics whose chance level is ``attack/<name>/chance`` (1 / targets): the nearest-mean accuracy and the
+#: evaluation classifier's top-1 over the targets.
+CHANCE_METRICS = ("accuracy", "eval_top1")
+LINESTYLES = ("-", "--", ":", "-.")
+#: Smallest displayed side of one reconstruction tile, in CSS pixels (tiles scale up by whole factors).
+TILE_PX = 96
+#: Rows of a reconstruction grid shown on the page (the full grid is linked).
+MAX_ROWS = 16
+#: First column's title per grid kind (the image name's ``attack_<name>_<kind>_round_XXXX.png``).
+FIRST_COLUMN = {"reconstructions": "reconstruction", "prior": "prior"}
+
+
+def run_style(index: int) -> tuple[str, str]:
+    """(colour as #rrggbb, matplotlib line style) of the ``index``-th run: ten colours, then a new line style."""
+    from matplotlib import colormaps
+    from matplotlib.colors import to_hex
+
+    return to_hex(colormaps["tab10"](index % 10)), LINESTYLES[index // 10 % len(LINESTYLES)]
+
+
+def plot_metric(path: Path, metric: str, runs: list[Run], key: str, chance: dict[int, float]) -> None:
+    """Write an SVG of ``key`` against the round, one line per run; ``chance`` (run index -> level) draws
+    dashed grey lines (one per distinct level, ``id="chance..."`` in the SVG)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
+
+    fig, ax = plt.subplots(figsize=(6.4, 3.4))
+    for i, run in enumerate(runs):
+        points = run.series(key)
+        if points:
+            colour, style = run_style(i)
+            thick = 1 - i / max(len(runs) - 1, 1)  # earlier runs wider, so runs with equal values all stay visible
+            ax.plot([p[0] for p in points], [p[1] for p in points], color=colour, linestyle=style, marker="o",
+                    linewidth=1.5 + 3 * thick, markersize=4 + 6 * thick, label=run.label)
+    for j, level in enumerate(sorted(set(chance.values()))):
+        ax.axhline(level, color="0.45", linestyle=(0, (6, 3)), linewidth=1.4, label=f"chance = {level:.3g}", gid=f"chance{j}")
+    if chance:
+        ax.set_ylim(-0.03, 1.03)
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.set_xlabel("round")
+    ax.set_ylabel(metric)
+    ax.grid(alpha=0.3)
+    labels = ax.get_legend_handles_labels()[1]
+    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=1 if max(map(len, labels), default=0) > 32 else 2, frameon=False)
+    with matplotlib.rc_context({"svg.fonttype": "none"}):  # text stays text: crisp at any width, searchable
+        fig.savefig(path, format="svg", bbox_inches="tight")
+    plt.close(fig)
+
+
+@dataclass
+class Grid:
+    """The latest grid PNG of one kind (``reconstructions``, ``prior``) of one attack in one run."""
+
+    kind: str
+    round: int
+    image: Path
+
+    def labels(self, run: Run, attack: str) -> list[str] | None:
+        """The target label of each row, from ``artifacts/<attack>_<kind>_round_XXXX.pt`` (None without it)."""
+        artifact = run.path / "artifacts" / f"{attack}_{self.kind}_round_{self.round:04d}.pt"
+        try:
+            labels = load_checkpoint(artifact).get("labels") if artifact.is_file() else None
+        except CheckpointError:
+            return None
+        return [str(int(y)) for y in labels] if isinstance(labels, torch.Tensor) else None
+
+
+def latest_grids(run: Run, attack: str) -> dict[str, Grid]:
+    """kind -> the grid of the latest round the run saved one for ``attack``."""
+    pattern = re.compile(rf"attack_{re.escape(attack)}_([a-z]+)_round_(\d+)\.png")
+    grids: dict[str, Grid] = {}
+    for image in (run.path / "images").glob(f"attack_{attack}_*_round_*.png"):
+        match = pattern.fullmatch(image.name)
+        if match and (match.group(1) not in grids or grids[match.group(1)].round < int(match.group(2))):
+            grids[match.group(1)] = Grid(match.group(1), int(match.group(2)), image)
+    return grids
+
+
+def grid_html(grid: Grid, labels: list[str] | None, src: str) -> str:
+    """The grid as a labeled CSS grid of tiles cut from ``src`` (the copied PNG), each scaled up by a whole
+    factor with pixelated rendering: a header row (target, reconstruction, private mean, public mean)
+    and one row per target, labeled with its label."""
+    with Image.open(grid.image) as image:
+        width, height = image.size
+    side = width // 3
+    rows = len(labels) if labels else max(1, height // side)
+    row_height = height // rows
+    scale = max(1, math.ceil(TILE_PX / side))
+    w, h = side * scale, row_height * scale
+    heads = ["target", FIRST_COLUMN.get(grid.kind, grid.kind), "private mean", "public mean"]
+    cells = [f"<div class='head'>{html.escape(head)}</div>" for head in heads]
+    for r in range(min(rows, MAX_ROWS)):
+        name = f"label {labels[r]}" if labels else f"row {r + 1}"
+        cells.append(f"<div class='rowhead'>{html.escape(name)}</div>")
+        cells += [f"<div class='tile' style='width:{w}px;height:{h}px;background-image:url(\"{src}\");"
+                  f"background-size:{3 * w}px {rows * h}px;background-position:-{c * w}px -{r * h}px'></div>" for c in range(3)]
+    more = f"<p class='note'>first {MAX_ROWS} of {rows} targets; <a href='{src}'>full grid</a></p>" if rows > MAX_ROWS else ""
+    return f"<div class='grid' style='grid-template-columns:auto repeat(3, {w}px)'>{''.join(cells)}</div>{more}"
+
+
+def copy_grid(grid: Grid, out: Path, run_index: int) -> str:
+    """Copy the grid PNG under ``out/grids/``; returns its path relative to ``out``."""
+    target = Path("grids") / f"run{run_index + 1}_{grid.image.name}"
+    (out / "grids").mkdir(exist_ok=True)
+    shutil.copyfile(grid.image, out / target)
+    return target.as_posix()
