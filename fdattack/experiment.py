@@ -21,18 +21,17 @@ from torchvision.utils import save_image
 
 from fdattack.attacks import ATTACKS, Attack, AttackContext
 from fdattack.attacks.state_store import ClientStateStore
-from fdattack.data.datasets import DATASETS
+from fdattack.config.validation import check_names
 from fdattack.data.domains import DOMAIN_TRANSFORMS
-from fdattack.defenses import DEFENSES, Defense
 from fdattack.data.federated import FederatedData
-from fdattack.errors import ConfigError, FdattackError
+from fdattack.defenses import DEFENSES, Defense
+from fdattack.errors import FdattackError
 from fdattack.evaluation import ConfidenceGapDiagnostic, Evaluator, Oracle, ReconstructionScorer, Report, train_identity_scorer
 from fdattack.fd.engine import LocalTrainer, derive_seed, make_fabric, seed_everything_quietly
 from fdattack.fd.orchestrator import RoundOrchestrator
 from fdattack.fd.protocols import PROTOCOLS
 from fdattack.fd.protocols.base import Protocol
 from fdattack.fd.threat import AttackerView, Degradation, attacker_view
-from fdattack.models.classifiers import CLASSIFIERS
 from fdattack.tracking import (Progress, RunDirectory, WandbRun, attack_summary, load_checkpoint, resolve_mode, rng_state, save_checkpoint,
                                set_rng_state)
 from fdattack.tracking.exit_record import exit_record
@@ -50,22 +49,6 @@ def known_degradation(cfg: DictConfig) -> Degradation | None:
     if cfg.data.split != "pli" or cfg.data.aux_domain in ("second_look", "none"):
         return None
     return partial(DOMAIN_TRANSFORMS.get(cfg.data.aux_domain), k=cfg.data.blur_strength)
-
-
-def check_names(cfg: DictConfig) -> None:
-    """The registry names that composition leaves to the build (dataset, domain transform, classifiers), checked before it.
-
-    Raises:
-        ConfigError: the key, the unknown name and the known ones.
-    """
-    DATASETS.get(cfg.data.name)
-    known_degradation(cfg)  # data.aux_domain
-    model, ev = cfg.model, cfg.evaluation
-    for key, names in (("model.name", [model.name]), ("model.clients", model.clients), ("model.server", [model.server] if model.server else []),
-                       ("evaluation.classifier", [ev.classifier] if ev.classifier and cfg.attacks else [])):
-        for name in names:
-            if name not in CLASSIFIERS:
-                raise ConfigError(f"{key}={name!r} is not a known classifier; choose one of: {', '.join(CLASSIFIERS.names())}")
 
 
 def view_for(cfg: DictConfig, protocol: Protocol, data: FederatedData) -> AttackerView:

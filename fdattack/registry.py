@@ -33,13 +33,17 @@ class Registry(Generic[T]):
 
         return add
 
-    def get(self, name: str) -> T:
-        """Return the entry for ``name`` or raise :class:`ConfigError` listing the known names."""
+    def get(self, name: str, key: str | None = None) -> T:
+        """Return the entry for ``name`` or raise :class:`ConfigError` listing the known names.
+
+        Args:
+            key: the config key that named it, where it is not the registry's own (``model.clients[1]``).
+        """
         try:
             return self._items[name]
         except KeyError:
             known = ", ".join(sorted(self._items))
-            raise ConfigError(f"{self.key}={name!r} is not a known {self.kind}; choose one of: {known}") from None
+            raise ConfigError(f"{key or self.key}={name!r} is not a known {self.kind}; choose one of: {known}") from None
 
     def items(self) -> list[tuple[str, T]]:
         return [(name, self._items[name]) for name in self.names()]

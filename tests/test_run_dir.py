@@ -104,7 +104,7 @@ def test_files_that_are_not_fdattacks_are_never_cleared(tmp_path: Path, capsys: 
         ("finished", [], "resume=true"),
         ("foreign", [], "notes.txt"),
         ("fresh", ["logger.wandb.mode=online"], "logger.wandb.mode"),
-        ("fresh", ["model.clients=[pli_cnn,nope]"], "model.clients='nope'"),
+        ("fresh", ["model.clients=[pli_cnn,nope]"], "model.clients[1]='nope'"),
         ("fresh", ["attacks=[tbi]", "evaluation.classifier=nope"], "evaluation.classifier='nope'"),
         ("under_a_file", [], "cannot be used"),
     ],

@@ -23,6 +23,7 @@ import dataclasses
 from pathlib import Path
 from typing import Any
 
+import yaml
 from omegaconf import DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
@@ -91,6 +92,8 @@ def _load_yaml(path: Path, what: str) -> DictConfig:
         raise ConfigError(f"{path}: not valid YAML ({str(err).splitlines()[0]})") from None
     if not isinstance(loaded, DictConfig):
         raise ConfigError(f"{path}: must hold a mapping of config keys, not a {type(loaded).__name__}")
+    if not loaded:
+        raise ConfigError(f"{path}: {what} file is empty (no config keys); give it key: value lines, or leave it out for the defaults")
     return loaded
 
 
@@ -130,6 +133,20 @@ def _split_tokens(overrides: list[str]) -> tuple[list[tuple[str, str]], list[str
         else:
             dotlist.append(token)
     return groups, dotlist
+
+
+def _from_dotlist(dotlist: list[str]) -> DictConfig:
+    """The ``key=value`` tokens as a config; a value that is not YAML is refused naming its token."""
+    try:
+        for token in dotlist:
+            try:
+                OmegaConf.from_dotlist([token])
+            except yaml.YAMLError as err:
+                raise ConfigError(f"command line: {token}: the value is not valid YAML ({' '.join(str(err).split())}); "
+                                  "a mapping needs a space after each colon, e.g. key={a: 1}") from None
+        return OmegaConf.from_dotlist(dotlist)
+    except OmegaConfBaseException as err:
+        raise ConfigError(f"command line: {str(err).splitlines()[0]}") from None
 
 
 def check_moved_keys(layer: DictConfig, source: str, attack_names: list[str]) -> None:
@@ -176,7 +193,8 @@ def compose(experiment: str | Path | None = None, overrides: list[str] | None = 
         exp_cfg = _load_yaml(exp_path, "experiment")
         defaults = exp_cfg.pop("defaults", None)
         if defaults is not None:
-            if not isinstance(defaults, (DictConfig, ListConfig)):
+            if not isinstance(defaults, (DictConfig, ListConfig)) or isinstance(defaults, ListConfig) and not all(
+                    isinstance(d, DictConfig) and len(d) == 1 for d in defaults):
                 raise ConfigError(f"{exp_path}: 'defaults' must be a mapping group: name")
             items = defaults.items() if isinstance(defaults, DictConfig) else [next(iter(d.items())) for d in defaults]
             for group, name in items:
@@ -189,11 +207,7 @@ def compose(experiment: str | Path | None = None, overrides: list[str] | None = 
         layers.append((str(path), OmegaConf.create({group: _load_yaml(path, group)})))
     if exp_cfg is not None:
         layers.append((str(experiment), exp_cfg))
-    try:
-        dot_cfg = OmegaConf.from_dotlist(dotlist)
-    except OmegaConfBaseException as err:
-        raise ConfigError(f"command line: {str(err).splitlines()[0]}") from None
-    layers.append(("command line", dot_cfg))
+    layers.append(("command line", _from_dotlist(dotlist)))
 
     protocol_name = "fedmd"
     for _, layer in layers:

@@ -31,13 +31,17 @@ class Choice(str, Enum):
 
 @dataclass(frozen=True)
 class Range:
-    """Bounds of a numeric field (None = unbounded); ``None`` values pass (Optional fields are typed)."""
+    """Bounds of a numeric field (None = unbounded); ``None`` values pass (Optional fields are typed).
+
+    ``finite`` (the default) refuses inf and NaN, which OmegaConf accepts for float fields; a knob where
+    inf means something opts out with ``finite=False``.
+    """
 
     gt: Optional[float] = None
     ge: Optional[float] = None
     lt: Optional[float] = None
     le: Optional[float] = None
-    finite: bool = False
+    finite: bool = True
     among: Optional[tuple[Any, ...]] = None
 
     def admits(self, value: Any) -> bool:
@@ -53,20 +57,29 @@ class Range:
         return True
 
     def describe(self) -> str:
+        """The bounds in words (``> 0``, ``[0, 1)``); finiteness is implied and not spelled out."""
         if self.among is not None:
             return " or ".join(repr(v) for v in self.among)
-        low = f"> {self.gt:g}" if self.gt is not None else f">= {self.ge:g}" if self.ge is not None else ""
-        high = f"< {self.lt:g}" if self.lt is not None else f"<= {self.le:g}" if self.le is not None else ""
+        low = f"> {_number(self.gt)}" if self.gt is not None else f">= {_number(self.ge)}" if self.ge is not None else ""
+        high = f"< {_number(self.lt)}" if self.lt is not None else f"<= {_number(self.le)}" if self.le is not None else ""
         if low and high:
-            left = "(" if self.gt is not None else "["
-            right = ")" if self.lt is not None else "]"
-            return f"{left}{self.gt if self.gt is not None else self.ge:g}, {self.lt if self.lt is not None else self.le:g}{right}"
-        return (("a finite number " if self.finite else "") + (low or high)).strip()
+            left, lower = ("(", self.gt) if self.gt is not None else ("[", self.ge)
+            right, upper = (")", self.lt) if self.lt is not None else ("]", self.le)
+            return f"{left}{_number(lower)}, {_number(upper)}{right}"
+        return low or high
+
+
+def _number(bound: float) -> str:
+    """A bound as written: ``0``, ``0.5``, ``1e-06``, ``4294967295`` (whole numbers in full)."""
+    return str(int(bound)) if float(bound).is_integer() else f"{bound:g}"
 
 
 def knob(default: Any, help: str, *, gt: Optional[float] = None, ge: Optional[float] = None, lt: Optional[float] = None,
-         le: Optional[float] = None, finite: bool = False, among: Optional[tuple[Any, ...]] = None) -> Any:
-    """A dataclass field with its help text and allowed range (a list or dataclass default is copied per instance)."""
+         le: Optional[float] = None, finite: bool = True, among: Optional[tuple[Any, ...]] = None) -> Any:
+    """A dataclass field with its help text and allowed range (a list or dataclass default is copied per instance).
+
+    Numbers are finite unless ``finite=False`` (inf and NaN are refused like any out-of-range value).
+    """
     metadata = {"help": help, "range": Range(gt, ge, lt, le, finite, among)}
     if isinstance(default, list) or dataclasses.is_dataclass(default):
         return field(default_factory=lambda: _copy(default), metadata=metadata)
@@ -109,9 +122,12 @@ def check_ranges(node: Any, prefix: str) -> None:
 
 
 def _allowed(f: dataclasses.Field, bounds: Range, value: Any) -> str:
-    """The range in words: ``an integer >= 1``, ``null or a number > 0``, ``(0, 1)`` ..."""
+    """The range in words: ``an integer >= 1``, ``null or a number > 0``, ``(0, 1)``, ``a finite number > 0`` ..."""
     text = bounds.describe()
-    if bounds.among is None and not text.startswith(("(", "[", "a finite")):
+    interval = text.startswith(("(", "["))
+    if isinstance(value, float) and not math.isfinite(value):
+        text = f"a finite number in {text}" if interval else f"a finite number {text}".strip()
+    elif bounds.among is None and not interval:
         text = ("an integer " if isinstance(value, int) and not isinstance(value, bool) else "a number ") + text
     return f"null or {text}" if "Optional" in str(f.type) else text
 

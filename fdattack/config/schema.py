@@ -12,6 +12,9 @@ from typing import Any, Optional
 
 from fdattack.config.knobs import Choice, knob
 
+SEED_MAX = 2**32 - 1  # numpy (and Lightning's seed_everything) take seeds in [0, 2**32 - 1]
+MAX_IMAGE_SIZE = 1024  # side in pixels; a larger one is a typo that would allocate terabytes, not a run
+
 
 class Split(Choice):
     pli = "pli"
@@ -37,7 +40,7 @@ class DataConfig:
     name: str = knob("digits", "dataset registry name: digits | mnist | att_faces | image_folder | cifar10 | cifar100 | fashion_mnist | celeba | synthetic")
     root: Optional[str] = knob(None, "folder of file-based datasets (mnist IDX files, att_faces sN/, image_folder); relative paths are taken from the working directory")
     download: bool = knob(False, "let torchvision download cifar10/cifar100/fashion_mnist/celeba/mnist into root (needs internet)")
-    image_size: Optional[int] = knob(None, "resize images to image_size x image_size; null keeps the native size", ge=4)
+    image_size: Optional[int] = knob(None, "resize images to image_size x image_size; null keeps the native size", ge=4, le=MAX_IMAGE_SIZE)
     second_look_subdir: Optional[str] = knob(None, "name=image_folder: subfolder of each identity holding its insensitive look (LAG: y)")
     second_look_root: Optional[str] = knob(None, "name=image_folder: parallel tree with the insensitive look under the same file names (masked LFW)")
     max_per_class: Optional[int] = knob(None, "keep at most this many random images of every label in the pool (the official test split is kept whole); null keeps all", ge=2)
@@ -48,17 +51,17 @@ class DataConfig:
     public_fraction: float = knob(0.2, "split=random: fraction of the training pool that becomes the public set", gt=0, lt=1)
     public_classes: list[int] = knob([], "split=classes: labels that form the public set")
     test_fraction: float = knob(0.2, "fraction of each private label's images held out as the test set (used when the dataset has no test split)", ge=0, lt=1)
-    dirichlet_alpha: float = knob(1.0, "partition=dirichlet: concentration alpha (smaller = more skewed)", gt=0, finite=True)
+    dirichlet_alpha: float = knob(1.0, "partition=dirichlet: concentration alpha (smaller = more skewed)", gt=0)
     min_client_size: int = knob(1, "partition=dirichlet: redraw until every client has at least this many samples", ge=0)
     shards_per_client: int = knob(2, "partition=shards: label-sorted shards given to each client", ge=1)
     aux_domain: str = knob("blur", "split=pli: how the insensitive public look is made: blur | second_look | none, or a registered domain transform")
     blur_strength: int = knob(2, "aux_domain=blur: side of the normalized box kernel in pixels", ge=1)
     synthetic_num_classes: int = knob(10, "name=synthetic: number of classes", ge=2)
     synthetic_per_class: int = knob(20, "name=synthetic: images per class", ge=2)
-    synthetic_image_size: int = knob(8, "name=synthetic: side length of the generated images", ge=4)
+    synthetic_image_size: int = knob(8, "name=synthetic: side length of the generated images", ge=4, le=MAX_IMAGE_SIZE)
     synthetic_channels: int = knob(1, "name=synthetic: channels of the generated images", among=(1, 3))
     label_space: LabelSpace = knob(LabelSpace.all, "all (every label is an output class) | targets (only the target labels, remapped to 0..n-1; other public labels become -1, as PLI's DS-FL)")
-    seed: Optional[int] = knob(None, "seed of the split and partition; null = the run seed")
+    seed: Optional[int] = knob(None, "seed of the split and partition; null = the run seed", ge=0, le=SEED_MAX)
 
 
 @dataclass
@@ -76,7 +79,7 @@ class OptimizerName(Choice):
 @dataclass
 class OptimConfig:
     name: OptimizerName = knob(OptimizerName.adam, "optimizer of every local phase")
-    lr: float = knob(1e-3, "learning rate", gt=0, finite=True)
+    lr: float = knob(1e-3, "learning rate", gt=0)
     weight_decay: float = knob(0.0, "L2 weight decay", ge=0)
     momentum: float = knob(0.0, "sgd momentum", ge=0, lt=1)
     nesterov: bool = knob(False, "sgd Nesterov momentum")
@@ -173,7 +176,7 @@ class ExperimentConfig:
     """The whole run. ``protocol``, ``attack`` and ``defense`` are filled from the registries (see compose)."""
 
     name: Optional[str] = knob(None, "experiment name (run directory prefix, W&B run name), a plain name without path separators; null = <protocol>_<data>_<attacks>, e.g. dsfl_att_faces_pli-tbi")
-    seed: int = knob(42, "seed of everything (model init, shuffling, splits unless data.seed is set)")
+    seed: int = knob(42, "seed of everything (model init, shuffling, splits unless data.seed is set)", ge=0, le=SEED_MAX)
     output_dir: Optional[str] = knob(None, "run directory, locked while a run uses it; null = runs/<name>-<timestamp>")
     resume: bool = knob(False, "continue the run in output_dir after its last completed round")
     checkpoint_every: int = knob(1, "write a resumable checkpoint every N rounds (the last round always)", ge=1)

@@ -9,8 +9,13 @@ offers, :class:`~fdattack.fd.threat.Capability`), never from lists of names.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any, get_args
 
-from omegaconf import DictConfig, OmegaConf
+from lightning.fabric.accelerators import ACCELERATOR_REGISTRY
+from lightning.fabric.plugins.precision.precision import _PRECISION_INPUT_STR, _PRECISION_INPUT_STR_ALIAS
+from lightning.fabric.strategies import STRATEGY_REGISTRY
+from lightning.fabric.utilities.exceptions import MisconfigurationException
+from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from fdattack.config.composition import registries
 from fdattack.config.knobs import check_ranges
@@ -19,16 +24,97 @@ from fdattack.fd.threat import CAPABILITY_TEXT, Capability
 
 
 def validate(cfg: DictConfig) -> None:
-    """Check ranges, names and compatibility that types alone cannot express.
+    """Check ranges, names, the trainer and compatibility that types alone cannot express.
 
     Raises:
         ConfigError: the first offending key, its value and what is allowed.
     """
     check_ranges(cfg, "")
+    check_names(cfg)
+    check_trainer(cfg.trainer)
     d = cfg.data
     if d.root is not None and d.name not in ("digits", "synthetic") and not d.download and not Path(d.root).expanduser().is_dir():
         raise ConfigError(f"data.root={d.root!r}: folder not found (give the folder holding the {d.name} files, or data.download=true where torchvision can download it)")
     check_compatibility(cfg)
+
+
+def check_names(cfg: DictConfig) -> None:
+    """Every registry name in the config is registered; the error names its own key (``model.clients[1]``).
+
+    Raises:
+        ConfigError: ``model.clients[1]='bogus' is not a known classifier; choose one of: ...``
+    """
+    from fdattack.data.datasets import DATASETS
+    from fdattack.data.domains import DOMAIN_TRANSFORMS
+    from fdattack.models import CLASSIFIERS
+
+    _, attacks, defenses = registries()
+    DATASETS.get(cfg.data.name)
+    looks = ("none", "second_look")  # made by the dataset, not by a transform
+    if cfg.data.aux_domain not in looks and cfg.data.aux_domain not in DOMAIN_TRANSFORMS:
+        raise ConfigError(f"data.aux_domain={cfg.data.aux_domain!r} is not known; choose one of: {', '.join(sorted([*DOMAIN_TRANSFORMS, *looks]))}")
+    models = [("model.name", cfg.model.name), *((f"model.clients[{i}]", n) for i, n in enumerate(cfg.model.clients)),
+              ("model.server", cfg.model.server), ("evaluation.classifier", cfg.evaluation.classifier)]
+    for key, name in models:
+        if name is not None:
+            CLASSIFIERS.get(name, key)
+    for key, registry in (("attacks", attacks), ("defenses", defenses)):
+        for i, name in enumerate(cfg[key]):
+            registry.get(name, f"{key}[{i}]")
+
+
+def check_trainer(trainer: DictConfig) -> None:
+    """The accelerator exists on this machine; Lightning knows the strategy and precision and takes the devices.
+
+    Checked before anything is built, against Lightning's own lists.
+
+    Raises:
+        ConfigError: ``trainer.accelerator='gpu': no GPU on this machine; available here: auto, cpu``
+    """
+    accelerator = _accelerator_here(str(trainer.accelerator))
+    strategies = ["auto", *STRATEGY_REGISTRY.available_strategies()]
+    if str(trainer.strategy).lower() not in strategies:
+        raise ConfigError(f"trainer.strategy={trainer.strategy!r} is not a Lightning strategy; choose one of: {', '.join(strategies)}")
+    precisions = [*get_args(_PRECISION_INPUT_STR), *get_args(_PRECISION_INPUT_STR_ALIAS)]
+    if str(trainer.precision) not in precisions:
+        raise ConfigError(f"trainer.precision={trainer.precision!r} is not a Lightning precision; choose one of: {', '.join(precisions)}")
+    devices = OmegaConf.to_object(trainer.devices) if isinstance(trainer.devices, ListConfig) else trainer.devices
+    problem = _device_problem(ACCELERATOR_REGISTRY[accelerator]["accelerator"], devices)
+    if problem:
+        raise ConfigError(f"trainer.devices={devices!r} with trainer.accelerator={accelerator}: {problem}")
+
+
+def _accelerator_here(requested: str) -> str:
+    """The Lightning accelerator that ``trainer.accelerator=requested`` selects on this machine (auto and gpu resolved).
+
+    Raises:
+        ConfigError: the name is unknown to Lightning, or that accelerator is not on this machine.
+    """
+    known = ACCELERATOR_REGISTRY.available_accelerators()
+    here = [name for name in ("tpu", "mps", "cuda", "cpu") if name in known and ACCELERATOR_REGISTRY[name]["accelerator"].is_available()]
+    gpus = [name for name in here if name in ("mps", "cuda")]  # Lightning's order for accelerator=gpu
+    allowed = f"available here: {', '.join(['auto', *(['gpu'] if gpus else []), *here])}"
+    name = requested.lower()
+    if name not in ("auto", "gpu", *known):
+        raise ConfigError(f"trainer.accelerator={requested!r} is not a Lightning accelerator; {allowed}")
+    if name == "gpu" and not gpus:
+        raise ConfigError(f"trainer.accelerator={requested!r}: no GPU on this machine; {allowed}")
+    if name not in ("auto", "gpu", *here):
+        raise ConfigError(f"trainer.accelerator={requested!r}: not available on this machine; {allowed}")
+    return here[0] if name == "auto" else gpus[0] if name == "gpu" else name
+
+
+def _device_problem(accelerator: Any, devices: Any) -> str | None:
+    """Why Lightning's ``accelerator.parse_devices`` refuses ``devices``, or None."""
+    if devices == "auto":
+        return None
+    if devices in ([], 0, "0"):
+        return "select at least one device (a number >= 1, a list of device ids, or 'auto')"
+    try:
+        accelerator.parse_devices(devices)
+    except (TypeError, ValueError, MisconfigurationException) as err:
+        return " ".join(str(err).split())
+    return None
 
 
 def _unique(key: str, names: list[str]) -> None:

@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import gzip
 import struct
+import warnings
+import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Optional
@@ -96,9 +98,13 @@ def load_digits_dataset(cfg: DictConfig) -> RawDataset:
 def read_idx(path: Path) -> np.ndarray:
     """Parse an IDX file (optionally gzipped): uint8 arrays of images (magic 2051) or labels (2049)."""
     try:
-        raw = gzip.open(path).read() if path.suffix == ".gz" else path.read_bytes()
-    except (OSError, EOFError) as err:
-        raise DataError(f"{path}: unreadable or truncated IDX file ({err})") from None
+        if path.suffix == ".gz":
+            with gzip.open(path) as f:
+                raw = f.read()
+        else:
+            raw = path.read_bytes()
+    except (OSError, EOFError, zlib.error) as err:  # gzip raises zlib.error for a corrupt deflate stream
+        raise DataError(f"{path}: unreadable, corrupt or truncated IDX file ({err})") from None
     if len(raw) < 8:
         raise DataError(f"{path}: truncated IDX file ({len(raw)} bytes)")
     magic, count = struct.unpack(">II", raw[:8])
@@ -153,11 +159,13 @@ def read_image(path: Path, channels: int) -> np.ndarray:
     from PIL import Image, UnidentifiedImageError
 
     try:
-        with Image.open(path) as im:
-            im = im.convert("L" if channels == 1 else "RGB")
-            im.load()
-            arr = np.asarray(im)
-    except (OSError, UnidentifiedImageError, ValueError, SyntaxError) as err:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", Image.DecompressionBombWarning)  # a header declaring a huge image
+            with Image.open(path) as im:
+                im = im.convert("L" if channels == 1 else "RGB")
+                im.load()
+                arr = np.asarray(im)
+    except (OSError, UnidentifiedImageError, ValueError, SyntaxError, Image.DecompressionBombError, Image.DecompressionBombWarning) as err:
         raise DataError(f"{path}: corrupt or unreadable image ({str(err).splitlines()[0] if str(err) else type(err).__name__})") from None
     return arr[:, :, None] if arr.ndim == 2 else arr
 

@@ -19,7 +19,7 @@ def laplace_noise(shape: torch.Size, scale: float, generator: torch.Generator) -
 
 @dataclass
 class LaplaceSettings:
-    scale: float = knob(1.0, "b, the Laplace scale of the noise added to every logit (0 = no noise)", ge=0, finite=True)
+    scale: float = knob(1.0, "b, the Laplace scale of the noise added to every logit (0 = no noise)", ge=0)
 
 
 @DEFENSES.register("laplace")

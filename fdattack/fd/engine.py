@@ -29,9 +29,11 @@ from typing import Callable, Mapping, Protocol, Sequence
 import lightning as L
 import torch
 from lightning.fabric import Fabric
+from lightning.fabric.utilities.exceptions import MisconfigurationException
 from torch import Tensor
 
 from fdattack.data.imageset import ImageSet
+from fdattack.errors import ConfigError
 from fdattack.lit.classifier import Objective
 from fdattack.lit.modes import eval_mode
 
@@ -279,8 +281,18 @@ def predict_logits(module: torch.nn.Module, images: Tensor, device: torch.device
 
 
 def make_fabric(accelerator: str, devices: object, strategy: str, num_nodes: int, precision: str) -> Fabric:
-    """Create and launch the Fabric that every phase uses (ranks are spawned or joined here)."""
-    fabric = Fabric(accelerator=accelerator, devices=devices, strategy=strategy, num_nodes=num_nodes, precision=precision)  # type: ignore[arg-type]
+    """Create and launch the Fabric that every phase uses (ranks are spawned or joined here).
+
+    Raises:
+        ConfigError: Lightning refuses the combination (``fdattack.config.validation.check_trainer`` has
+            already checked each ``trainer.*`` key alone; this catches what only Lightning knows, e.g. a
+            strategy or precision whose package is not installed).
+    """
+    try:
+        fabric = Fabric(accelerator=accelerator, devices=devices, strategy=strategy, num_nodes=num_nodes, precision=precision)  # type: ignore[arg-type]
+    except (ImportError, TypeError, ValueError, RuntimeError, MisconfigurationException) as err:  # e.g. a missing deepspeed
+        given = f"accelerator={accelerator!r}, devices={devices!r}, strategy={strategy!r}, num_nodes={num_nodes}, precision={precision!r}"
+        raise ConfigError(f"trainer ({given}): Lightning refuses it: {' '.join(str(err).split())}") from None
     fabric.launch()
     return fabric
 

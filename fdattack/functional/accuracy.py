@@ -4,17 +4,19 @@ from __future__ import annotations
 
 import torch
 from torch import Tensor
-from torchmetrics.functional.classification import multiclass_accuracy
 
 
 def topk_accuracy(logits: Tensor, labels: Tensor, k: int = 1) -> float:
     """Fraction of labeled rows (label >= 0) whose label is among the k largest logits; NaN without labeled rows.
 
-    ``k`` is capped at the number of classes.
+    ``k`` is capped at the number of classes. A NaN logit never ranks high: a row whose own logit is NaN is
+    a miss, and when every labeled row is all NaN (a diverged model, NaN images) the accuracy is NaN, never
+    a count of hits on the first classes.
     """
     keep = labels >= 0
-    if not bool(keep.any()):
+    logits, labels = logits[keep], labels[keep].to(torch.long)
+    if not bool((~torch.isnan(logits).all(dim=1)).any()):
         return float("nan")
-    num_classes = logits.shape[1]
-    return float(multiclass_accuracy(logits[keep], labels[keep].to(torch.long), num_classes=num_classes,
-                                     top_k=min(k, num_classes), average="micro"))
+    top = logits.masked_fill(torch.isnan(logits), float("-inf")).topk(min(k, logits.shape[1]), dim=1).indices
+    own_is_nan = torch.isnan(logits.gather(1, labels[:, None]))[:, 0]
+    return float(((top == labels[:, None]).any(dim=1) & ~own_is_nan).float().mean())

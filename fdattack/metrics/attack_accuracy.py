@@ -30,7 +30,8 @@ class AttackAccuracy:
 def attack_accuracy(recon: Tensor, recon_labels: Tensor, private_means: Tensor, public_means: Tensor) -> AttackAccuracy:
     """A reconstruction of label j succeeds iff its paper SSIM to the private mean of j beats its SSIM to every
     other label's private mean and to every label's public mean (ties go to the lower index, as the
-    authors' ``nanargmax`` over [private means | public means]).
+    authors' ``nanargmax`` over [private means | public means]). A reconstruction with no score (NaN
+    pixels) fails; with no score at all the accuracy is NaN, not a count of hits on label 0.
 
     Args:
         recon: (T, C, H, W) one reconstruction per target, in [-1, 1].
@@ -43,13 +44,14 @@ def attack_accuracy(recon: Tensor, recon_labels: Tensor, private_means: Tensor, 
     valid = ~torch.isnan(references.flatten(1)).any(dim=1)
     scores = torch.full((recon.shape[0], references.shape[0]), float("nan"))
     scores[:, valid] = pairwise_ssim(recon, references[valid])
+    scored = ~torch.isnan(scores).all(dim=1)  # a NaN reconstruction has no score: a miss, never argmax 0
     best = torch.where(torch.isnan(scores), torch.tensor(float("-inf")), scores).argmax(dim=1)
     labels = recon_labels.long()
-    success = best == labels
+    success = (best == labels) & scored
     own = scores[torch.arange(len(labels)), labels]
     return AttackAccuracy(
-        accuracy=float(success.float().mean()) if len(labels) else float("nan"),
-        too_close_to_public=int((best == labels + j).sum()),
+        accuracy=float(success.float().mean()) if bool(scored.any()) else float("nan"),
+        too_close_to_public=int(((best == labels + j) & scored).sum()),
         ssim_private_mean=float(own.nanmean()) if len(labels) else float("nan"),
         success=success,
     )
