@@ -117,7 +117,7 @@ def test_a_combination_only_lightning_refuses_is_one_line_and_writes_nothing(cap
 
 def test_bad_precision_in_a_real_process_has_no_traceback(tmp_path: Path) -> None:
     proc = subprocess.run([sys.executable, "-m", "fdattack", "run", "trainer.precision=bogus", *tiny(tmp_path)],
-                          capture_output=True, text=True, timeout=120, cwd=REPO)
+                          capture_output=True, text=True, timeout=600, cwd=REPO)
     assert proc.returncode == 2
     assert len(proc.stderr.strip().splitlines()) == 1 and "trainer.precision='bogus'" in proc.stderr
     assert not (tmp_path / "run").exists()

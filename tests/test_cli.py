@@ -89,7 +89,7 @@ def test_help_config_documents_every_key(capsys: pytest.CaptureFixture[str]) -> 
 
 
 def test_real_process_exit_status_and_stderr(tmp_path: Path) -> None:
-    proc = subprocess.run([sys.executable, "-m", "fdattack", "run", "protocol.num_clients=0"], capture_output=True, text=True, timeout=120)
+    proc = subprocess.run([sys.executable, "-m", "fdattack", "run", "protocol.num_clients=0"], capture_output=True, text=True, timeout=600)
     assert proc.returncode == 2
     assert proc.stderr.strip().splitlines() == ["fdattack: error: protocol.num_clients=0 is out of range; allowed: an integer >= 1"]
 

@@ -25,7 +25,7 @@ def test_two_process_ddp_round(tmp_path: Path) -> None:
         "logger.wandb.mode=offline", "logger.progress=never", "attacks=[tbi]", "attack.tbi.max_width=16", "attack.tbi.epochs_per_round=2",
         "evaluation.classifier=null", "observers.confidence_gap.enabled=false",
     ]
-    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "world 2 done" in proc.stdout
     rank0 = torch.load(weights / "rank0.pt", weights_only=True)

@@ -77,7 +77,7 @@ def test_experiment_without_data_names_the_missing_root(protocol: str, dataset: 
 def test_fdattack_run_without_data_exits_2_with_one_line(dataset: str, tmp_path: Path) -> None:
     cmd = [sys.executable, "-m", "fdattack", "run", str(experiment("fedmd", dataset)), f"output_dir={tmp_path / 'x'}", "logger.wandb.mode=disabled"]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
-    proc = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 2, proc.stderr
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and "Traceback" not in proc.stderr, proc.stderr

@@ -49,7 +49,7 @@ def test_readme_example_runs_as_written_and_writes_nothing(tmp_path: Path, index
     script = tmp_path / "example.py"
     script.write_text(readme_examples()[index])
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
-    proc = subprocess.run([sys.executable, str(script)], cwd=work, env=env, capture_output=True, text=True, timeout=300)
+    proc = subprocess.run([sys.executable, str(script)], cwd=work, env=env, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stderr[-3000:]
     CHECKS[index](proc.stdout)
     assert sorted(work.rglob("*")) == [], "the example left files in its working directory"

@@ -32,7 +32,7 @@ def test_old_flat_attack_keys_name_their_new_place(tmp_path: Path) -> None:
 
 
 def test_old_key_on_the_command_line_is_one_line_and_exit_2() -> None:
-    proc = subprocess.run([sys.executable, "-m", "fdattack", "run", "attack.gamma=0.1"], capture_output=True, text=True, timeout=120, cwd=REPO)
+    proc = subprocess.run([sys.executable, "-m", "fdattack", "run", "attack.gamma=0.1"], capture_output=True, text=True, timeout=600, cwd=REPO)
     assert proc.returncode == 2
     assert proc.stderr.strip().splitlines() == [
         "fdattack: error: command line: attack.gamma has moved to attack.pli.gamma (each attack has its own knobs under attack.<name>)"]

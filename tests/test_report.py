@@ -103,7 +103,7 @@ def test_the_report_renders_in_headless_chromium(sweep_report: Path, tmp_path: P
         [chromium, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
          "--disable-component-update", "--disable-sync", "--hide-scrollbars", f"--user-data-dir={tmp_path / 'profile'}",
          f"--screenshot={png}", f"--window-size={width},2000", sweep_report.as_uri()],
-        env=env, capture_output=True, text=True, timeout=120)
+        env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0 and png.is_file(), proc.stderr[-2000:]
     pixels = np.asarray(Image.open(png).convert("L"), dtype=np.float64)
     assert pixels.shape == (2000, width)

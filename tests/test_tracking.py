@@ -22,7 +22,7 @@ from fdattack.errors import CheckpointError, ConfigError
 from fdattack.tracking import (CheckpointDir, RunDirectory, WandbRun, load_checkpoint,
                                resolve_mode, rng_state, save_checkpoint, set_rng_state)
 
-WANDB_BOUND_S = 30.0  # offline init + logging + finish; measured at about 0.5 s on 2 CPU cores
+WANDB_BOUND_S = 60.0  # offline init + logging + finish never blocks: about 0.5 s on an idle 2-core machine, far more on a loaded one
 
 
 def _snapshot(folder: Path) -> dict[str, bytes]:
@@ -248,7 +248,7 @@ def test_wandb_offline_writes_run_files_without_prompting(tmp_path: Path, no_cre
     records = list(folders[0].glob("*.wandb"))
     assert len(records) == 1
     # wandb-core may still be appending the transaction log just after finish() returns
-    deadline = time.perf_counter() + 10.0
+    deadline = time.perf_counter() + 60.0
     while b"attack/pli/accuracy" not in records[0].read_bytes() and time.perf_counter() < deadline:
         time.sleep(0.05)
     assert b"attack/pli/accuracy" in records[0].read_bytes()

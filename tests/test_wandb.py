@@ -28,7 +28,7 @@ from tests.conftest import REPO, tiny
 KEY = "k" * 40
 UNREACHABLE = "http://127.0.0.1:9"  # loopback, discard port: connection refused at once
 TIMEOUT_S = 2.0
-BOUND_S = 45.0  # the bounded start plus W&B's service start-up and teardown on a loaded 2-core machine (W&B's own default: 90 s + retries)
+BOUND_S = 60.0  # below W&B's own unbounded 90 s: the bounded start plus W&B's service start-up and teardown on a loaded 2-core machine (W&B's own default: 90 s + retries)
 
 
 def wandb_records(path: Path) -> list:
@@ -57,7 +57,7 @@ def finished_records(run_dir: Path) -> list:
     """The records of the one W&B run under ``run_dir``, once wandb-core has written its exit record."""
     files = list(run_dir.glob("wandb/*-run-*/*.wandb"))
     assert len(files) == 1, files
-    deadline = time.perf_counter() + 20.0
+    deadline = time.perf_counter() + 60.0
     while True:
         records = wandb_records(files[0])
         if any(r.WhichOneof("record_type") == "exit" for r in records) or time.perf_counter() > deadline:
@@ -111,7 +111,7 @@ def test_wandb_login_with_host_is_seen(tmp_path: Path, fresh_wandb: None, monkey
     env = {"PATH": os.environ["PATH"], "HOME": str(tmp_path / "home"), "WANDB_CONFIG_DIR": os.environ["WANDB_CONFIG_DIR"],
            "WANDB_SILENT": "true"}
     subprocess.run([sys.executable, "-m", "wandb", "login", "--no-verify", "--host", UNREACHABLE, KEY], env=env, check=True,
-                   capture_output=True, stdin=subprocess.DEVNULL, timeout=120)
+                   capture_output=True, stdin=subprocess.DEVNULL, timeout=600)
     assert (tmp_path / "home" / ".netrc").is_file() and (Path(os.environ["WANDB_CONFIG_DIR"]) / "settings").is_file()
     monkeypatch.delenv("NETRC")
     assert has_credentials() and server_url() == UNREACHABLE
@@ -189,7 +189,7 @@ def test_each_round_is_one_wandb_step_and_a_resumed_run_continues_the_steps(tmp_
             second.log_round(r, {"protocol/server_acc": r / 10})
     resumed = [p for p in (out / "wandb").glob("offline-run-*") if p != first.directory]
     assert len(resumed) == 1
-    deadline = time.perf_counter() + 20.0
+    deadline = time.perf_counter() + 60.0
     while not any(r.WhichOneof("record_type") == "exit" for r in wandb_records(next(resumed[0].glob("*.wandb")))):
         assert time.perf_counter() < deadline
         time.sleep(0.05)
@@ -230,12 +230,12 @@ def test_sigterm_mid_run_writes_an_exit_record_and_exits_143(tmp_path: Path) -> 
     child = subprocess.Popen([sys.executable, "-m", "fdattack", "run", *tokens], cwd=tmp_path, env=env, stdin=subprocess.DEVNULL,
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
-        deadline = time.perf_counter() + 180.0
+        deadline = time.perf_counter() + 600.0
         while not ((out / "rounds.jsonl").is_file() and len((out / "rounds.jsonl").read_text().splitlines()) >= 2):
             assert child.poll() is None and time.perf_counter() < deadline, child.communicate()
             time.sleep(0.05)
         child.send_signal(signal.SIGTERM)
-        stdout, stderr = child.communicate(timeout=120)
+        stdout, stderr = child.communicate(timeout=600)
     finally:
         if child.poll() is None:
             child.kill()
