@@ -54,6 +54,8 @@ def test_pli_runs_every_round_and_improves(tmp_path: Path) -> None:
     assert Image.open(tmp_path / "run" / "images" / "attack_pli_reconstructions_round_0003.png").size == (3 * 8, 5 * 8)
     saved = torch.load(tmp_path / "run" / "artifacts" / "pli_reconstructions_round_0003.pt", weights_only=True)
     assert saved["images"].shape == (5, 1, 8, 8) and saved["labels"].shape == (5,)
+    prior = torch.load(tmp_path / "run" / "artifacts" / "pli_prior_round_0001.pt", weights_only=True)  # scored once, saved once
+    assert torch.equal(prior["labels"], saved["labels"]) and prior["images"].shape == (5, 1, 8, 8)
 
 
 def test_pli_beats_tbi_on_digits_with_fedmd(tmp_path: Path) -> None:

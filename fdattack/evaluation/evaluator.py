@@ -62,7 +62,8 @@ class Evaluator:
         scores, grid = self.reconstructions(result.images, result.labels)
         if result.role == "prior":
             return Report(metrics={f"attack/{attack}/prior_{k}": scores[k] for k in PRIOR_METRICS if k in scores},
-                          images={f"attack/{attack}/prior": grid})
+                          images={f"attack/{attack}/prior": grid},
+                          artifacts={f"{attack}_prior": {"images": result.images, "labels": result.labels}})
         return Report(
             metrics={f"attack/{attack}/{k}": v for k, v in scores.items()},
             images={f"attack/{attack}/reconstructions": grid},
