@@ -26,6 +26,7 @@ import yaml
 from omegaconf import DictConfig, OmegaConf
 
 from fdattack.errors import ConfigError, FdattackError
+from fdattack.tracking.report_runs import short_names
 
 log = logging.getLogger("fdattack")
 
@@ -89,23 +90,9 @@ def format_value(value: Any) -> str:
     return str(value)
 
 
-def short_keys(keys: list[str]) -> dict[str, str]:
-    """Each dotted key's shortest tail that no other key ends with (``attack.pli.tau`` → ``tau``)."""
-    def tail(key: str, n: int) -> str:
-        return ".".join(key.split(".")[-n:])
-
-    short = {}
-    for key in keys:
-        n = 1
-        while n < key.count(".") + 1 and any(tail(other, n) == tail(key, n) for other in keys if other != key):
-            n += 1
-        short[key] = tail(key, n)
-    return short
-
-
 def trial_label(params: dict[str, Any]) -> str:
     """The run name of a trial: its parameter values under short keys, e.g. ``tau=3,gamma=0.1``."""
-    short = short_keys(list(params))
+    short = short_names(list(params))
     return ",".join(f"{short[key]}={format_value(value)}" for key, value in params.items())
 
 
@@ -196,7 +183,7 @@ def format_trials(trials: list[Trial], metric: str | None) -> str:
     """A plain table: trial, state, each parameter and the sweep's metric (numbers to 4 significant digits)."""
     if not trials:
         return "no trials"
-    short = short_keys(list(trials[0].params))
+    short = short_names(list(trials[0].params))
     keys = ["trial", "state", *short.values(), metric or "metric"]
     rows = [[t.folder.name, t.state, *(format_value(t.params.get(k)) for k in short),
              format_value(t.metrics.get(metric, math.nan)) if metric and t.state != "failed" else "-"] for t in trials]

@@ -10,7 +10,8 @@ from omegaconf import OmegaConf
 
 from fdattack.cli import main
 from fdattack.config import compose
-from fdattack.sweep import command_tokens, format_value, load_sweep, short_keys, trial_label
+from fdattack.sweep import command_tokens, format_value, load_sweep, trial_label
+from fdattack.tracking.report_runs import short_names
 from tests.conftest import REPO
 
 SWEEPS = sorted((REPO / "sweeps").glob("*.yaml"))
@@ -56,7 +57,7 @@ def test_two_point_local_sweep_end_to_end(tmp_path: Path, capsys: pytest.Capture
 
 def test_trial_names_use_the_shortest_distinct_key_tails_and_4_significant_digits() -> None:
     assert trial_label({"attack.pli.tau": 3.0, "attack.pli.gamma": 0.1}) == "tau=3,gamma=0.1"
-    assert short_keys(["attack.pli.lr", "attack.tbi.lr", "seed"]) == {"attack.pli.lr": "pli.lr", "attack.tbi.lr": "tbi.lr", "seed": "seed"}
+    assert short_names(["attack.pli.lr", "attack.tbi.lr", "seed"]) == {"attack.pli.lr": "pli.lr", "attack.tbi.lr": "tbi.lr", "seed": "seed"}
     assert [format_value(v) for v in (0.123456789, 1234567.0, 3, None, "sgd", [1, 0.5])] == ["0.1235", "1.235e+06", "3", "nan", "sgd", "[1,0.5]"]
 
 
