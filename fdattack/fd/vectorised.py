@@ -47,10 +47,10 @@ from fdattack.fd.engine import FitJob, FitResult, ModelHandle, derive_seed, epoc
 from fdattack.lit.classifier import ClassifierLitModule, is_vmappable
 from fdattack.lit.modes import eval_mode
 
-#: model rows (models x batch rows) per vmapped call on a CPU: the activations of one call stay in cache;
-#: on an accelerator every model of a step goes in one call, up to :data:`DEVICE_ROWS_PER_CALL`
-CPU_ROWS_PER_CALL = 1024
-DEVICE_ROWS_PER_CALL = 1 << 17
+#: the largest activation of one vmapped call, in elements (models x batch rows x the network's largest layer output
+#: per row): 16 MB of float32 on a CPU (measured best, benchmarks/bench_engine.py), 1 GB on an accelerator
+CPU_ELEMENTS_PER_CALL = 1 << 22
+DEVICE_ELEMENTS_PER_CALL = 1 << 28
 #: Adam and SGD settings the stacked update reproduces; any other value of these keys is :func:`unsupported`
 _PLAIN = {"amsgrad": False, "maximize": False, "capturable": False, "differentiable": False, "decoupled_weight_decay": False}
 
@@ -74,6 +74,20 @@ def unsupported(job: FitJob) -> str | None:
 
 def network_problem(net: nn.Module) -> str | None:
     """Why the network cannot be trained under vmap as the loop trains it, or None."""
+    return _describe(net)[1]
+
+
+def _describe(net: nn.Module) -> tuple[tuple, str | None]:
+    """(:func:`architecture`, :func:`network_problem`) of ``net``, computed once per network."""
+    known = _NETWORKS.get(net)
+    if known is None:
+        tensors = [*net.named_parameters(), *net.named_buffers()]
+        signature = (type(net), repr(net), tuple((name, tuple(t.shape), t.dtype, t.device) for name, t in tensors))
+        known = _NETWORKS[net] = (signature, _problem(net))
+    return known
+
+
+def _problem(net: nn.Module) -> str | None:
     for layer in net.modules():
         if isinstance(layer, _DropoutNd) and layer.p > 0:
             return "the network has dropout (its random masks would differ from the loop's)"
@@ -89,11 +103,9 @@ def _optimizer_problem(handle: ModelHandle) -> str | None:
     group = optimizer.param_groups
     if len(group) != 1 or any(group[0].get(key, value) != value for key, value in _PLAIN.items()) or group[0].get("dampening", 0) != 0:
         return "the optimizer has settings the vectorised step does not reproduce (amsgrad, maximize, dampening, several groups, ...)"
-    params = list(handle.module.parameters())
+    params = list(handle.module.net.parameters())  # type: ignore[union-attr]
     if len(group[0]["params"]) != len(params) or any(a is not b for a, b in zip(group[0]["params"], params)):
-        return "the optimizer does not hold exactly the module's parameters"
-    if len(params) != len(list(handle.module.net.parameters())):  # type: ignore[union-attr]
-        return "the module has parameters outside its network"
+        return "the optimizer does not hold exactly the network's parameters"
     if not all(p.requires_grad for p in params):
         return "the module has frozen parameters"
     return None
@@ -104,18 +116,13 @@ def network(module: nn.Module) -> nn.Module:
     return module.net if isinstance(module, ClassifierLitModule) else module
 
 
-_ARCHITECTURES: "weakref.WeakKeyDictionary[nn.Module, tuple]" = weakref.WeakKeyDictionary()
+_NETWORKS: "weakref.WeakKeyDictionary[nn.Module, tuple[tuple, str | None]]" = weakref.WeakKeyDictionary()
 
 
 def architecture(module: nn.Module) -> tuple:
     """What makes two modules one architecture: their network's class and structure (its ``repr``), and every
-    parameter's and buffer's name, shape, dtype and device. Computed once per module."""
-    net = network(module)
-    known = _ARCHITECTURES.get(net)
-    if known is None:
-        tensors = [*net.named_parameters(), *net.named_buffers()]
-        known = _ARCHITECTURES[net] = (type(net), repr(net), tuple((name, tuple(t.shape), t.dtype, t.device) for name, t in tensors))
-    return known
+    parameter's and buffer's name, shape, dtype and device."""
+    return _describe(network(module))[0]
 
 
 def group_key(job: FitJob) -> tuple:
@@ -132,21 +139,22 @@ class _Stack:
 
     def __init__(self, nets: Sequence[nn.Module]) -> None:
         self.template = nets[0]
-        per_model = [(dict(m.named_parameters()), dict(m.named_buffers())) for m in nets]
-        self.params = {name: torch.stack([p[name].detach() for p, _ in per_model]) for name in per_model[0][0]}
-        self.buffers = {name: torch.stack([b[name] for _, b in per_model]) for name in per_model[0][1]}
+        self.per_model = [(dict(m.named_parameters()), dict(m.named_buffers())) for m in nets]
+        self.params = {name: torch.stack([p[name].detach() for p, _ in self.per_model]) for name in self.per_model[0][0]}
+        self.buffers = {name: torch.stack([b[name] for _, b in self.per_model]) for name in self.per_model[0][1]}
 
     def take(self, models: Tensor) -> tuple[dict[str, Tensor], dict[str, Tensor]]:
         """Copies of the rows of ``models``: parameters as leaves that require grad, and buffers."""
         return ({name: t[models].requires_grad_() for name, t in self.params.items()},
                 {name: t[models] for name, t in self.buffers.items()})
 
-    def write_back(self, nets: Sequence[nn.Module]) -> None:
+    def write_back(self) -> None:
         """Copy every model's rows into its network."""
         with torch.no_grad():
-            for k, net in enumerate(nets):
-                for name, t in (*net.named_parameters(), *net.named_buffers()):
-                    t.copy_(self.params[name][k] if name in self.params else self.buffers[name][k])
+            for stacked, index in ((self.params, 0), (self.buffers, 1)):
+                for name, rows in stacked.items():
+                    for tensors, row in zip(self.per_model, rows):
+                        tensors[index][name].copy_(row)
 
 
 @functools.cache
@@ -170,8 +178,25 @@ def _keep_freed_memory(device: torch.device) -> None:
         _keep_freed_memory_once()
 
 
-def rows_per_call(device: torch.device) -> int:
-    return CPU_ROWS_PER_CALL if device.type == "cpu" else DEVICE_ROWS_PER_CALL
+def _models_per_call(per_row: int, rows: int, device: torch.device) -> int:
+    """How many models one vmapped call takes, each on ``rows`` rows whose largest activation has ``per_row`` elements per row."""
+    budget = CPU_ELEMENTS_PER_CALL if device.type == "cpu" else DEVICE_ELEMENTS_PER_CALL
+    return max(1, budget // (per_row * max(rows, 1)))
+
+
+@torch.no_grad()
+def _largest_output(net: nn.Module, row: Tensor) -> int:
+    """Elements of the largest output of any layer of ``net`` for one input row (one eval-mode pass)."""
+    sizes = [row.numel()]
+    hooks = [m.register_forward_hook(lambda m, i, out: sizes.append(out.numel() if isinstance(out, Tensor) else 0))
+             for m in net.modules()]
+    try:
+        with eval_mode(net):
+            net(row)
+    finally:
+        for hook in hooks:
+            hook.remove()
+    return max(sizes)
 
 
 def _pair(value: int | Sequence[int]) -> tuple[int, int]:
@@ -199,11 +224,51 @@ def _conv2d(input: Tensor, weight: Tensor, bias: Tensor | None = None, stride: i
     return out.reshape(n, ho, wo, out_channels).permute(0, 3, 1, 2)
 
 
+class _MaxPool2d(torch.autograd.Function):
+    """``F.max_pool2d`` whose backward scatters into the input's own memory layout (PyTorch's CPU backward converts
+    channels-last gradients back and forth). Under vmap the model axis joins the batch axis."""
+
+    @staticmethod
+    def forward(x: Tensor, kernel_size: object, stride: object, padding: object, dilation: object, ceil_mode: bool) -> tuple[Tensor, Tensor]:
+        return torch.ops.aten.max_pool2d_with_indices(x, kernel_size, stride, padding, dilation, ceil_mode)
+
+    @staticmethod
+    def setup_context(ctx: object, inputs: tuple, output: tuple) -> None:
+        x = inputs[0]
+        ctx.save_for_backward(output[1])  # type: ignore[attr-defined]
+        ctx.shape, ctx.channels_last = x.shape, x.stride(1) == 1 and x.shape[1] > 1  # type: ignore[attr-defined]
+        ctx.mark_non_differentiable(output[1])  # type: ignore[attr-defined]
+
+    @staticmethod
+    def backward(ctx: object, grad: Tensor, _: object) -> tuple:
+        (indices,) = ctx.saved_tensors  # type: ignore[attr-defined]
+        n, c, h, w = ctx.shape  # type: ignore[attr-defined]
+        if ctx.channels_last:  # type: ignore[attr-defined]
+            flat = grad.new_zeros(n, h * w, c).scatter_add_(1, indices.permute(0, 2, 3, 1).reshape(n, -1, c), grad.permute(0, 2, 3, 1).reshape(n, -1, c))
+            grad_input = flat.view(n, h, w, c).permute(0, 3, 1, 2)
+        else:
+            grad_input = grad.new_zeros(n, c, h * w).scatter_add_(2, indices.reshape(n, c, -1), grad.reshape(n, c, -1)).view(n, c, h, w)
+        return grad_input, None, None, None, None, None
+
+    @staticmethod
+    def vmap(info: object, in_dims: tuple, x: Tensor, *args: object) -> tuple:
+        x = x.movedim(in_dims[0], 0)
+        out, indices = _MaxPool2d.apply(x.flatten(0, 1), *args)
+        return (out.unflatten(0, (x.shape[0], -1)), indices.unflatten(0, (x.shape[0], -1))), (0, 0)
+
+
+def _max_pool2d(input: Tensor, kernel_size: object, stride: object = None, padding: object = 0, dilation: object = 1,
+                ceil_mode: bool = False, return_indices: bool = False) -> Tensor:
+    if input.dim() != 4 or return_indices or not torch.is_grad_enabled():
+        return F.max_pool2d(input, kernel_size, stride, padding, dilation, ceil_mode=ceil_mode, return_indices=return_indices)
+    return _MaxPool2d.apply(input, _pair(kernel_size), _pair(stride if stride else kernel_size), _pair(padding), _pair(dilation), ceil_mode)[0]
+
+
 class _CpuConvolutions(TorchFunctionMode):
     """While active, 2-D convolutions run as :func:`_conv2d` (the vectorised path on a CPU)."""
 
     def __torch_function__(self, func: Callable, types: object, args: tuple = (), kwargs: dict | None = None) -> object:
-        return (_conv2d if func is F.conv2d else func)(*args, **(kwargs or {}))
+        return (_conv2d if func is F.conv2d else _max_pool2d if func is F.max_pool2d else func)(*args, **(kwargs or {}))
 
 
 def _layouts(device: torch.device) -> TorchFunctionMode | None:
@@ -407,10 +472,10 @@ def fit_copies(jobs: Sequence[FitJob], batch_size: int, device: torch.device) ->
         one :class:`FitResult` per job, in order.
     """
     _keep_freed_memory(device)
-    nets = [job.handle.module.net for job in jobs]  # type: ignore[union-attr]
     for job in jobs:
-        job.handle.module.train()
-    stack = _Stack(nets)
+        if not job.handle.module.training:
+            job.handle.module.train()
+    stack = _Stack([job.handle.module.net for job in jobs])  # type: ignore[union-attr]
     optimizer = stacked_optimizer([raw_optimizer(job.handle) for job in jobs], list(stack.params), stack.params)
     objective, template = jobs[0].objective, stack.template
 
@@ -418,6 +483,7 @@ def fit_copies(jobs: Sequence[FitJob], batch_size: int, device: torch.device) ->
         return objective(functional_call(template, (params, buffers), (batch["x"],)), batch)
 
     losses, rows = _Apply(loss, device, (0, 0, 0)), _Rows(jobs, device)
+    per_row = _largest_output(template, rows.tensors["x"][:1])
     total = torch.zeros(len(jobs), device=device)
     steps = torch.zeros(len(jobs), dtype=torch.long)
     for epoch in range(jobs[0].epochs):
@@ -426,7 +492,7 @@ def fit_copies(jobs: Sequence[FitJob], batch_size: int, device: torch.device) ->
             for models, batch_rows in step:
                 batch = rows.batch(batch_rows.to(device))
                 models = models.to(device)
-                per_call = max(1, rows_per_call(device) // batch_rows.shape[1])
+                per_call = _models_per_call(per_row, batch_rows.shape[1], device)
                 grads: dict[str, list[Tensor]] = defaultdict(list)
                 for lo in range(0, len(models), per_call):
                     chunk = models[lo : lo + per_call]
@@ -441,7 +507,7 @@ def fit_copies(jobs: Sequence[FitJob], batch_size: int, device: torch.device) ->
                 whole = len(models) == len(jobs)
                 optimizer.update(None if whole else models, stack.params, {name: torch.cat(g) for name, g in grads.items()})
                 steps[models.cpu()] += 1
-    stack.write_back(nets)
+    stack.write_back()
     optimizer.write_back()
     return [FitResult(int(s), float(t) / int(s) if s else float("nan")) for s, t in zip(steps, total.cpu())]
 
@@ -457,7 +523,7 @@ def predict_copies(modules: Sequence[nn.Module], images: Tensor, device: torch.d
         return functional_call(stack.template, (params, buffers), (x,))
 
     apply = _Apply(forward, device, (0, 0, None))
-    per_call = max(1, rows_per_call(device) // max(1, min(batch_size, images.shape[0])))
+    per_call = _models_per_call(_largest_output(stack.template, images[:1].to(device)), min(batch_size, images.shape[0]), device)
     outputs = []
     with eval_mode(stack.template):
         for lo in range(0, len(modules), per_call):
