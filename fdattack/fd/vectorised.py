@@ -216,17 +216,20 @@ def _conv2d(input: Tensor, weight: Tensor, bias: Tensor | None = None, stride: i
     out_channels, in_channels, kh, kw = weight.shape
     if ph or pw:
         input = F.pad(input, (pw, pw, ph, ph))
-    patches = input.unfold(2, kh, sh).unfold(3, kw, sw)  # (B, C, Ho, Wo, kh, kw), a view
-    n, ho, wo = input.shape[0], patches.shape[2], patches.shape[3]
-    columns = patches.permute(0, 2, 3, 1, 4, 5).reshape(n * ho * wo, in_channels * kh * kw)
+    n, _, h, w = input.shape
+    ho, wo = (h - kh) // sh + 1, (w - kw) // sw + 1
+    pixels = input.permute(0, 2, 3, 1)  # (B, H, W, C)
+    shifted = [pixels[:, i : i + sh * (ho - 1) + 1 : sh, j : j + sw * (wo - 1) + 1 : sw] for i in range(kh) for j in range(kw)]
+    columns = torch.stack(shifted, dim=-1).reshape(n * ho * wo, in_channels * kh * kw)  # im2col, (c, i, j) order as the kernel
     kernel = weight.reshape(out_channels, -1).t()
     out = columns @ kernel if bias is None else torch.addmm(bias, columns, kernel)
     return out.reshape(n, ho, wo, out_channels).permute(0, 3, 1, 2)
 
 
 class _MaxPool2d(torch.autograd.Function):
-    """``F.max_pool2d`` whose backward scatters into the input's own memory layout (PyTorch's CPU backward converts
-    channels-last gradients back and forth). Under vmap the model axis joins the batch axis."""
+    """``F.max_pool2d`` whose backward keeps the input's memory layout: PyTorch's CPU backward, given the
+    contiguous gradient that ``flatten`` hands back and a channels-last input, converts back and forth and hands a
+    gradient in the other layout to the next backward step. Under vmap the model axis joins the batch axis."""
 
     @staticmethod
     def forward(x: Tensor, kernel_size: object, stride: object, padding: object, dilation: object, ceil_mode: bool) -> tuple[Tensor, Tensor]:
@@ -234,20 +237,16 @@ class _MaxPool2d(torch.autograd.Function):
 
     @staticmethod
     def setup_context(ctx: object, inputs: tuple, output: tuple) -> None:
-        x = inputs[0]
-        ctx.save_for_backward(output[1])  # type: ignore[attr-defined]
-        ctx.shape, ctx.channels_last = x.shape, x.stride(1) == 1 and x.shape[1] > 1  # type: ignore[attr-defined]
+        ctx.save_for_backward(inputs[0], output[1])  # type: ignore[attr-defined]
+        ctx.settings = inputs[1:]  # type: ignore[attr-defined]
         ctx.mark_non_differentiable(output[1])  # type: ignore[attr-defined]
 
     @staticmethod
     def backward(ctx: object, grad: Tensor, _: object) -> tuple:
-        (indices,) = ctx.saved_tensors  # type: ignore[attr-defined]
-        n, c, h, w = ctx.shape  # type: ignore[attr-defined]
-        if ctx.channels_last:  # type: ignore[attr-defined]
-            flat = grad.new_zeros(n, h * w, c).scatter_add_(1, indices.permute(0, 2, 3, 1).reshape(n, -1, c), grad.permute(0, 2, 3, 1).reshape(n, -1, c))
-            grad_input = flat.view(n, h, w, c).permute(0, 3, 1, 2)
-        else:
-            grad_input = grad.new_zeros(n, c, h * w).scatter_add_(2, indices.reshape(n, c, -1), grad.reshape(n, c, -1)).view(n, c, h, w)
+        x, indices = ctx.saved_tensors  # type: ignore[attr-defined]
+        layout = torch.channels_last if x.is_contiguous(memory_format=torch.channels_last) and not x.is_contiguous() else torch.contiguous_format
+        grad_input = torch.ops.aten.max_pool2d_with_indices_backward(grad.contiguous(memory_format=layout), x, *ctx.settings,  # type: ignore[attr-defined]
+                                                                     indices.contiguous(memory_format=layout))
         return grad_input, None, None, None, None, None
 
     @staticmethod
