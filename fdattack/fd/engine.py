@@ -349,7 +349,7 @@ class LocalTrainer:
         logits: list[Tensor | None] = [None] * len(handles)
         for rows in groups.values():
             if len(rows) > 1:
-                stacked = vectorised.predict_copies([handles[i].module for i in rows], x_all, self.fabric.device, self.predict_batch_size)
+                stacked = vectorised.predict_copies([handles[i].module for i in rows], x_all, self.fabric.device)
                 for i, out in zip(rows, stacked):
                     logits[i] = out
         return torch.stack([self.predict(h, x_all) if out is None else out for h, out in zip(handles, logits)])

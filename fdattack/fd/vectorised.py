@@ -513,8 +513,12 @@ def fit_copies(jobs: Sequence[FitJob], batch_size: int, device: torch.device) ->
 
 # ---------------------------------------------------------------------------------------------------- inference
 @torch.no_grad()
-def predict_copies(modules: Sequence[nn.Module], images: Tensor, device: torch.device, batch_size: int) -> Tensor:
-    """Logits (K, N, J) of same-architecture ``modules`` in eval mode, on CPU, as :func:`~fdattack.fd.engine.predict_logits` of each."""
+def predict_copies(modules: Sequence[nn.Module], images: Tensor, device: torch.device) -> Tensor:
+    """Logits (K, N, J) of same-architecture ``modules`` in eval mode, on CPU, as :func:`~fdattack.fd.engine.predict_logits` of each.
+
+    Each vmapped call takes as many rows and models as the activation budget allows (all rows for each model where
+    they fit), so that few calls cover the K x N rows.
+    """
     _keep_freed_memory(device)
     stack = _Stack([network(m) for m in modules])
 
@@ -522,13 +526,14 @@ def predict_copies(modules: Sequence[nn.Module], images: Tensor, device: torch.d
         return functional_call(stack.template, (params, buffers), (x,))
 
     apply = _Apply(forward, device, (0, 0, None))
-    per_call = _models_per_call(_largest_output(stack.template, images[:1].to(device)), min(batch_size, images.shape[0]), device)
+    per_row = _largest_output(stack.template, images[:1].to(device))
+    rows = max(1, min(images.shape[0], _models_per_call(per_row, 1, device)))
+    per_call = _models_per_call(per_row, rows, device)
     outputs = []
     with eval_mode(stack.template):
         for lo in range(0, len(modules), per_call):
             params = {name: t[lo : lo + per_call] for name, t in stack.params.items()}
             buffers = {name: t[lo : lo + per_call] for name, t in stack.buffers.items()}
-            parts = [apply(params, buffers, images[start : start + batch_size].to(device)).float().cpu()
-                     for start in range(0, images.shape[0], batch_size)]
+            parts = [apply(params, buffers, images[start : start + rows].to(device)).float().cpu() for start in range(0, images.shape[0], rows)]
             outputs.append(torch.cat(parts, dim=1))
     return torch.cat(outputs)
