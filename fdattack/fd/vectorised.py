@@ -30,9 +30,11 @@ from __future__ import annotations
 from collections import defaultdict
 from typing import Callable, Sequence
 
+import contextlib
 import ctypes
 import functools
 import platform
+import warnings
 import weakref
 
 import torch
@@ -270,21 +272,19 @@ class _CpuConvolutions(TorchFunctionMode):
         return (_conv2d if func is F.conv2d else _max_pool2d if func is F.max_pool2d else func)(*args, **(kwargs or {}))
 
 
-def _layouts(device: torch.device) -> TorchFunctionMode | None:
-    return _CpuConvolutions() if device.type == "cpu" else None
-
-
 class _Apply:
-    """Calls ``fn`` under vmap with the CPU convolution layout where it helps."""
+    """Calls ``fn`` under vmap, with the CPU convolution layout where it helps.
+
+    Ops without a batching rule (``kl_div``) run through vmap's per-model fallback: same results, slower; PyTorch's
+    warning about it is silenced here.
+    """
 
     def __init__(self, fn: Callable, device: torch.device, in_dims: tuple) -> None:
         self.fn, self.device = vmap(fn, in_dims=in_dims), device
 
     def __call__(self, *args: object) -> Tensor:
-        mode = _layouts(self.device)
-        if mode is None:
-            return self.fn(*args)
-        with mode:
+        with warnings.catch_warnings(), _CpuConvolutions() if self.device.type == "cpu" else contextlib.nullcontext():
+            warnings.filterwarnings("ignore", message="There is a performance drop because we have not yet implemented the batching rule")
             return self.fn(*args)
 
 
