@@ -344,7 +344,7 @@ class LocalTrainer:
         groups: dict[tuple, list[int]] = defaultdict(list)
         if self.vectorise != "false":
             for i, h in enumerate(handles):
-                if h.wrap_optimizer is None:  # no training defense around the network (MID's may sample)
+                if h.wrap_optimizer is None and vectorised.is_plain_classifier(h.module):  # no training defense around the network
                     groups[vectorised.architecture(h.module)].append(i)
         logits: list[Tensor | None] = [None] * len(handles)
         for rows in groups.values():

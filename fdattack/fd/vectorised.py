@@ -16,9 +16,15 @@ see exactly the loop's rows), Adam or SGD arithmetic as ``torch.optim`` does it,
 statistics per model. Weights, buffers and optimizer states are read from and written back into each
 model's module and ``torch.optim`` optimizer, so checkpoints, resume and later per-model phases are
 unchanged. The results equal the loop's up to float rounding: vmapped convolutions and batched matrix
-products sum in another order (``tests/test_vectorised.py`` states the tolerance). LiRA's shadow students
-(issue #8) train through it, as the protocols' client phases do through
-:meth:`LocalTrainer.fit_many <fdattack.fd.engine.LocalTrainer.fit_many>`.
+products sum in another order (``tests/test_vectorised.py`` states the tolerance). The protocols' client
+phases reach it through :meth:`LocalTrainer.fit_many <fdattack.fd.engine.LocalTrainer.fit_many>`; LiRA's
+shadow students (issue #8) are to train through the same call. :func:`predict_copies` is the inference
+counterpart (:meth:`LocalTrainer.predict_many <fdattack.fd.engine.LocalTrainer.predict_many>`).
+
+On a CPU the vmapped networks run their 2-D convolutions as im2col + matrix product with channels-last results
+and their max-pooling backward in that layout (:class:`_CpuConvolutions`), the activations of one call are
+bounded (:data:`CPU_ELEMENTS_PER_CALL`), and glibc's ``malloc`` keeps freed blocks for reuse
+(:func:`_keep_freed_memory`); ``benchmarks/bench_engine.py`` measures the result.
 
 :func:`unsupported` says why a job cannot take this path (a training defense, an objective not declared
 :func:`~fdattack.lit.classifier.vmappable`, dropout, an optimizer other than plain Adam or SGD, ...);
@@ -27,15 +33,15 @@ products sum in another order (``tests/test_vectorised.py`` states the tolerance
 
 from __future__ import annotations
 
-from collections import defaultdict
-from typing import Callable, Sequence
-
 import contextlib
+import copy
 import ctypes
 import functools
 import platform
 import warnings
 import weakref
+from collections import defaultdict
+from typing import Callable, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -67,8 +73,8 @@ def unsupported(job: FitJob) -> str | None:
     handle, module = job.handle, job.handle.module
     if handle.wrap_optimizer is not None:
         return "a training defense wraps the model's training"
-    if not isinstance(module, ClassifierLitModule) or not module.automatic_optimization:
-        return f"{type(module).__name__} is not a classifier with automatic optimisation"
+    if not is_plain_classifier(module) or not module.automatic_optimization:
+        return f"{type(module).__name__} is not a classifier with automatic optimisation and its own training_step"
     if not is_vmappable(job.objective):
         return f"the objective {getattr(job.objective, '__name__', job.objective)!r} is not declared vmappable"
     return network_problem(module.net) or _optimizer_problem(handle)
@@ -113,18 +119,20 @@ def _optimizer_problem(handle: ModelHandle) -> str | None:
     return None
 
 
-def network(module: nn.Module) -> nn.Module:
-    """What a vmapped call runs: a classifier's ``net`` (its forward is ``net(x)``), any other module itself."""
-    return module.net if isinstance(module, ClassifierLitModule) else module
+def is_plain_classifier(module: nn.Module) -> bool:
+    """A :class:`ClassifierLitModule` whose forward and training step are its class's: ``objective(net(x), batch)``."""
+    kind = type(module)
+    return (isinstance(module, ClassifierLitModule) and kind.forward is ClassifierLitModule.forward
+            and kind.training_step is ClassifierLitModule.training_step)
 
 
 _NETWORKS: "weakref.WeakKeyDictionary[nn.Module, tuple[tuple, str | None]]" = weakref.WeakKeyDictionary()
 
 
-def architecture(module: nn.Module) -> tuple:
-    """What makes two modules one architecture: their network's class and structure (its ``repr``), and every
+def architecture(module: ClassifierLitModule) -> tuple:
+    """What makes two classifiers one architecture: their network's class and structure (its ``repr``), and every
     parameter's and buffer's name, shape, dtype and device."""
-    return _describe(network(module))[0]
+    return _describe(module.net)[0]
 
 
 def group_key(job: FitJob) -> tuple:
@@ -136,11 +144,30 @@ def group_key(job: FitJob) -> tuple:
 
 
 # ---------------------------------------------------------------------------------------------------- stacking
+def _pool_first(net: nn.Module) -> nn.Module:
+    """``net``, or a copy in which every ``ReLU`` or ``LeakyReLU`` directly followed by a ``MaxPool2d`` in an
+    ``nn.Sequential`` comes after the pool instead: the same values and gradients (a non-decreasing activation
+    commutes with a maximum, and picks the same element of each window), with the activation on 1/k² of the rows.
+    Parameter and buffer names are unchanged (both layers have none)."""
+    def pairs(module: nn.Module) -> list[tuple[nn.Sequential, int]]:
+        return [(m, i) for m in module.modules() if isinstance(m, nn.Sequential) for i in range(len(m) - 1)
+                if isinstance(m[i], (nn.ReLU, nn.LeakyReLU)) and getattr(m[i], "negative_slope", 0.0) >= 0
+                and isinstance(m[i + 1], nn.MaxPool2d) and not m[i + 1].return_indices]
+
+    if not pairs(net):
+        return net
+    net = copy.deepcopy(net)
+    for sequential, i in pairs(net):
+        sequential[i], sequential[i + 1] = sequential[i + 1], sequential[i]
+    return net
+
+
 class _Stack:
-    """The parameters and buffers of same-architecture networks, stacked along a leading model axis."""
+    """The parameters and buffers of same-architecture networks, stacked along a leading model axis; ``template``
+    is the network the vmapped calls run (:func:`_pool_first` of the first)."""
 
     def __init__(self, nets: Sequence[nn.Module]) -> None:
-        self.template = nets[0]
+        self.template = _pool_first(nets[0])
         self.per_model = [(dict(m.named_parameters()), dict(m.named_buffers())) for m in nets]
         self.params = {name: torch.stack([p[name].detach() for p, _ in self.per_model]) for name in self.per_model[0][0]}
         self.buffers = {name: torch.stack([b[name] for _, b in self.per_model]) for name in self.per_model[0][1]}
@@ -207,10 +234,12 @@ def _pair(value: int | Sequence[int]) -> tuple[int, int]:
 
 def _conv2d(input: Tensor, weight: Tensor, bias: Tensor | None = None, stride: int | Sequence[int] = 1,
             padding: int | Sequence[int] | str = 0, dilation: int | Sequence[int] = 1, groups: int = 1) -> Tensor:
-    """``F.conv2d`` as unfold + matmul, its result channels-last in memory (falls back to ``F.conv2d`` where it does not apply).
+    """``F.conv2d`` as im2col + one matrix product, its result channels-last in memory (``F.conv2d`` itself for
+    grouped, dilated or ``padding="same"`` convolutions).
 
-    Under vmap, per-model weights make ``F.conv2d`` one grouped convolution with an NCHW result, on which
-    PyTorch's CPU pooling kernels are several times slower than on channels-last memory.
+    Under vmap, per-model weights make ``F.conv2d`` one grouped convolution with an NCHW result, on which PyTorch's
+    CPU pooling kernels are several times slower; the matrix product of the shifted-slice im2col is also faster
+    than the grouped convolution for the small networks of FD clients. Same sums, in another order.
     """
     if input.dim() != 4 or groups != 1 or isinstance(padding, str) or _pair(dilation) != (1, 1):
         return F.conv2d(input, weight, bias, stride, padding, dilation, groups)
@@ -260,13 +289,15 @@ class _MaxPool2d(torch.autograd.Function):
 
 def _max_pool2d(input: Tensor, kernel_size: object, stride: object = None, padding: object = 0, dilation: object = 1,
                 ceil_mode: bool = False, return_indices: bool = False) -> Tensor:
+    """``F.max_pool2d``, through :class:`_MaxPool2d` where a gradient will flow back."""
     if input.dim() != 4 or return_indices or not torch.is_grad_enabled():
         return F.max_pool2d(input, kernel_size, stride, padding, dilation, ceil_mode=ceil_mode, return_indices=return_indices)
     return _MaxPool2d.apply(input, _pair(kernel_size), _pair(stride if stride else kernel_size), _pair(padding), _pair(dilation), ceil_mode)[0]
 
 
 class _CpuConvolutions(TorchFunctionMode):
-    """While active, 2-D convolutions run as :func:`_conv2d` (the vectorised path on a CPU)."""
+    """While active (the vmapped calls on a CPU), 2-D convolutions run as :func:`_conv2d` and max-pooling as
+    :func:`_max_pool2d`; every other function runs as called."""
 
     def __torch_function__(self, func: Callable, types: object, args: tuple = (), kwargs: dict | None = None) -> object:
         return (_conv2d if func is F.conv2d else _max_pool2d if func is F.max_pool2d else func)(*args, **(kwargs or {}))
@@ -513,14 +544,15 @@ def fit_copies(jobs: Sequence[FitJob], batch_size: int, device: torch.device) ->
 
 # ---------------------------------------------------------------------------------------------------- inference
 @torch.no_grad()
-def predict_copies(modules: Sequence[nn.Module], images: Tensor, device: torch.device) -> Tensor:
-    """Logits (K, N, J) of same-architecture ``modules`` in eval mode, on CPU, as :func:`~fdattack.fd.engine.predict_logits` of each.
+def predict_copies(modules: Sequence[ClassifierLitModule], images: Tensor, device: torch.device) -> Tensor:
+    """Logits (K, N, J) of same-:func:`architecture` classifiers in eval mode, on CPU, as
+    :func:`~fdattack.fd.engine.predict_logits` of each (to float tolerance).
 
     Each vmapped call takes as many rows and models as the activation budget allows (all rows for each model where
     they fit), so that few calls cover the K x N rows.
     """
     _keep_freed_memory(device)
-    stack = _Stack([network(m) for m in modules])
+    stack = _Stack([m.net for m in modules])
 
     def forward(params: dict[str, Tensor], buffers: dict[str, Tensor], x: Tensor) -> Tensor:
         return functional_call(stack.template, (params, buffers), (x,))
