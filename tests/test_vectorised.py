@@ -130,6 +130,35 @@ def test_a_step_of_some_models_leaves_the_others_untouched() -> None:
     assert [int(opt.state_dict()["state"][0]["step"]) if opt.state else 0 for opt in optimizers] == [0, 1, 0, 1]
 
 
+# ---------------------------------------------------------------------------------------------------- CPU kernels
+@pytest.mark.parametrize(("channels", "kernel", "stride", "padding"), [(1, 3, 1, 0), (3, (3, 2), 2, 1), (4, 1, 1, 0), (2, 5, (1, 2), (2, 1))])
+def test_the_cpu_convolution_equals_conv2d(channels: int, kernel: object, stride: object, padding: object) -> None:
+    """Under vmap with per-model weights, as a channels-last result, for any stride and padding (float rounding only)."""
+    g = torch.Generator().manual_seed(0)
+    size = (kernel, kernel) if isinstance(kernel, int) else kernel
+    x, weight, bias = torch.randn(3, 5, channels, 9, 8, generator=g), torch.randn(3, 6, channels, *size, generator=g), torch.randn(3, 6, generator=g)
+    ours = torch.func.vmap(lambda x, w, b: vectorised._conv2d(x, w, b, stride, padding))(x, weight, bias)
+    theirs = torch.stack([torch.nn.functional.conv2d(x[k], weight[k], bias[k], stride, padding) for k in range(3)])
+    torch.testing.assert_close(ours, theirs, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("activation", [nn.ReLU(), nn.LeakyReLU(0.2)])
+def test_activation_after_the_pool_gives_the_same_values_and_gradients(activation: nn.Module) -> None:
+    """Windows whose values are all negative (a ReLU's zeros) included: gradients equal bit for bit."""
+    net = nn.Sequential(nn.Conv2d(1, 4, 3), activation, nn.MaxPool2d(2, ceil_mode=True), nn.Flatten(), nn.Linear(36, 2))
+    swapped = vectorised._pool_first(net)
+    assert isinstance(swapped[1], nn.MaxPool2d) and isinstance(net[1], type(activation)) and swapped is not net
+    x = torch.randn(8, 1, 7, 7, generator=torch.Generator().manual_seed(0)) - 1.0
+    for model in (net, swapped):
+        model.zero_grad()
+        model(x).square().sum().backward()
+    assert torch.equal(net(x), swapped(x))
+    for a, b in zip(net.parameters(), swapped.parameters()):
+        assert torch.equal(a.grad, b.grad)
+    unchanged = nn.Sequential(nn.Conv2d(1, 4, 3), nn.Tanh(), nn.MaxPool2d(2))  # tanh commutes too, but only ReLUs are moved
+    assert vectorised._pool_first(unchanged) is unchanged
+
+
 # ---------------------------------------------------------------------------------------------------- training phases
 @pytest.mark.parametrize(("optimizer", "settings"), [("adam", {"weight_decay": 1e-3}), ("sgd", {"lr": 0.05, "momentum": 0.9, "nesterov": True, "weight_decay": 1e-3})])
 def test_phases_over_different_set_sizes_with_batchnorm_equal_the_loop(optimizer: str, settings: dict, calls: list[int]) -> None:
