@@ -56,7 +56,8 @@ from fdattack.lit.classifier import ClassifierLitModule, is_vmappable
 from fdattack.lit.modes import eval_mode
 
 #: the largest activation of one vmapped call, in elements (models x batch rows x the network's largest layer output
-#: per row): 16 MB of float32 on a CPU (measured best, benchmarks/bench_engine.py), 1 GB on an accelerator
+#: per row): 16 MB of float32 on a CPU (2**21 to 2**23 train FedMD's digits clients equally fast; 2**20 is 5% slower,
+#: 2**19 25%), 1 GB on an accelerator
 CPU_ELEMENTS_PER_CALL = 1 << 22
 DEVICE_ELEMENTS_PER_CALL = 1 << 28
 #: Adam and SGD settings the stacked update reproduces; any other value of these keys is :func:`unsupported`
@@ -496,7 +497,7 @@ def fit_copies(jobs: Sequence[FitJob], batch_size: int, device: torch.device) ->
     Each model takes the steps :meth:`LocalTrainer.fit <fdattack.fd.engine.LocalTrainer.fit>` would take (its own
     seeded batches of its own rows, its own optimizer state), to float tolerance. The jobs must share a
     :func:`group_key` and pass :func:`unsupported`; their objectives must already be set and fresh optimizers
-    built (the engine's ``fit_many`` does both). LiRA's shadow students (issue #8) are trained through this path.
+    built (the engine's ``fit_many`` does both). LiRA's shadow students (issue #8) will use it, through ``fit_many``.
 
     Returns:
         one :class:`FitResult` per job, in order.
