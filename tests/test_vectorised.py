@@ -8,7 +8,9 @@ by float32 rounding (~1e-7 relative) and the difference grows with every step th
 dozen steps therefore compare weights, buffers and optimizer states with rtol = atol = 1e-5; whole runs compare
 their metrics (losses, accuracies, entropies after ~100 steps) with rel = 1e-3, abs = 1e-4. (Deep BatchNorm
 networks on tiny batches amplify rounding more, VGG-16-BN on 8x8 images to 1e-4 of the largest gradient in one
-step, but a float64 reference is then as far from the loop's gradients as from the vectorised ones.)
+step, but a float64 reference is then as far from the loop's gradients as from the vectorised ones. And a
+parameter whose gradient is only rounding noise, such as a convolution bias right before BatchNorm, takes Adam
+steps of +-lr in whatever direction the noise points, in the loop as here: the BatchNorm tests use weight decay.)
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ from fdattack.data.imageset import ImageSet
 from fdattack.defenses import DEFENSES
 from fdattack.experiment import run
 from fdattack.fd import vectorised
-from fdattack.fd.engine import FitJob, ModelHandle, default_engine
+from fdattack.fd.engine import FitJob, LocalTrainer, ModelHandle, default_engine
 from fdattack.fd.objectives import cross_entropy, fedgems_client, kl_to_probs, l1_to_logits, mixed_ce_kl, soft_cross_entropy
 from fdattack.lit import ClassifierLitModule
 from fdattack.lit.classifier import is_vmappable
@@ -47,8 +49,8 @@ def _sets() -> list[ImageSet]:
     return [ImageSet.from_images(torch.rand(n, 1, 8, 8, generator=g) * 2 - 1, torch.randint(0, 5, (n,), generator=g)) for n in SIZES]
 
 
-def _clients(vectorise: bool | str, optimizer: str, net: str = "bn", **settings: object) -> tuple:
-    engine = default_engine(batch_size=8, vectorise=vectorise)
+def _clients(vectorise: bool | str, optimizer: str, net: str = "bn", engine: LocalTrainer | None = None, **settings: object) -> tuple:
+    engine = engine or default_engine(batch_size=8, vectorise=vectorise)
     torch.manual_seed(0)
     modules = [ClassifierLitModule(_bn_net() if net == "bn" else net, 5, optimizer=optimizer, in_channels=1, image_size=8, **settings)  # type: ignore[arg-type]
                for _ in SIZES]
@@ -204,6 +206,20 @@ def test_predict_many_groups_architectures_and_equals_predict() -> None:
     for row, handle in zip(stacked, mixed):
         torch.testing.assert_close(row, engine.predict(handle, images), rtol=1e-5, atol=1e-5)
     assert all(h.module.training for h in handles)  # eval mode only for the pass
+
+
+def test_heterogeneous_clients_train_in_one_group_per_architecture(calls: list[int]) -> None:
+    """(Weight decay, as in the phases above: BatchNorm cancels the preceding convolution's bias, whose gradient is then
+    rounding noise, and Adam turns noise into steps of +-lr whose signs no two summation orders agree on.)"""
+    handles = {}
+    for vectorise in (True, False):
+        engine, bn = _clients(vectorise, "adam", weight_decay=1e-3)
+        _, cnn = _clients(vectorise, "adam", net="pli_cnn", engine=engine, weight_decay=1e-3)
+        handles[vectorise] = [bn[0], cnn[0], bn[1], cnn[1]]
+        results = engine.fit_many([FitJob(h, s, 1, cross_entropy, k) for k, (h, s) in enumerate(zip(handles[vectorise], _sets()))])
+        assert [r.steps for r in results] == [6, 3, 3, 3]
+    assert sorted(calls) == [2, 2]
+    _assert_same_models(handles[True], handles[False])
 
 
 def test_objectives_declare_whether_they_run_under_vmap() -> None:
