@@ -153,7 +153,7 @@ class Experiment:
         self.data = FederatedData(cfg.data, cfg.protocol.num_clients, cfg.seed)
         self.data.setup()
         self.progress.activity(f"building {cfg.protocol.name} with {cfg.protocol.num_clients} clients")
-        self.engine = LocalTrainer(self.fabric, batch_size=cfg.protocol.optim.batch_size)
+        self.engine = LocalTrainer(self.fabric, batch_size=cfg.protocol.optim.batch_size, vectorise=t.vectorise)
         self.protocol = PROTOCOLS.get(cfg.protocol.name)(cfg.protocol, cfg.model, self.data.split, self.engine, cfg.seed, build_defenses(cfg))
         self.oracle = Oracle(self.data.split, self.engine, tuple(self.protocol.clients), self.protocol.server)
         self.view = view_for(cfg, self.protocol, self.data)
@@ -161,7 +161,8 @@ class Experiment:
         self._scratch = None if self.fabric.is_global_zero else tempfile.TemporaryDirectory(prefix="fdattack-attack-state-")
         state_root = self.output_dir / "attack_state" if self._scratch is None else Path(self._scratch.name)
         # the attacks' own Fabric on the same devices: the run's Fabric lists every client module it set up
-        attack_engine = LocalTrainer(make_fabric(t.accelerator, t.devices, t.strategy, t.num_nodes, t.precision), batch_size=cfg.protocol.optim.batch_size)
+        attack_engine = LocalTrainer(make_fabric(t.accelerator, t.devices, t.strategy, t.num_nodes, t.precision), batch_size=cfg.protocol.optim.batch_size,
+                                     vectorise=t.vectorise)
         self.attacks = build_attacks(cfg, self.view, self.protocol, attack_engine, state_root)
         self.evaluator = build_evaluator(cfg, self.oracle, self.progress)
 

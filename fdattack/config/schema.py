@@ -8,7 +8,7 @@ registries put them under ``protocol``, ``attack.<name>`` and ``defense.<name>``
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any, Optional, Union
 
 from fdattack.config.knobs import Choice, knob
 
@@ -111,6 +111,9 @@ class TrainerConfig:
     strategy: str = knob("auto", "auto | ddp | ddp_spawn | fsdp ... (Lightning strategy)")
     num_nodes: int = knob(1, "nodes for multi-node DDP (torchrun or SLURM launch the ranks)", ge=1)
     precision: str = knob("32-true", "Lightning precision, e.g. 32-true | bf16-mixed | 16-mixed")
+    vectorise: Union[bool, str] = knob("auto", "train and predict same-architecture clients as one torch.func.vmap batch, equal to one at a time up to float "
+                                       "rounding: auto where it applies (else one at a time, logged) | true, and an error where it cannot "
+                                       "(DDP, precision, training defenses) | false, one at a time", among=("auto", True, False))
 
 
 class WandbMode(Choice):

@@ -32,6 +32,7 @@ def validate(cfg: DictConfig) -> None:
     check_ranges(cfg, "")
     check_names(cfg)
     check_trainer(cfg.trainer)
+    check_vectorise(cfg)
     d = cfg.data
     if d.root is not None and d.name not in ("digits", "synthetic") and not d.download and not Path(d.root).expanduser().is_dir():
         raise ConfigError(f"data.root={d.root!r}: folder not found (give the folder holding the {d.name} files, or data.download=true where torchvision can download it)")
@@ -82,6 +83,30 @@ def check_trainer(trainer: DictConfig) -> None:
     problem = _device_problem(ACCELERATOR_REGISTRY[accelerator]["accelerator"], devices)
     if problem:
         raise ConfigError(f"trainer.devices={devices!r} with trainer.accelerator={accelerator}: {problem}")
+
+
+def check_vectorise(cfg: DictConfig) -> None:
+    """``trainer.vectorise=true`` is refused where the vectorised path cannot apply at all (:mod:`fdattack.fd.vectorised`).
+
+    Raises:
+        ConfigError: ``trainer.vectorise=true: ... runs 2 processes (DDP) ...; use trainer.vectorise=auto or false``
+    """
+    t = cfg.trainer
+    if t.vectorise is not True:
+        return
+    accelerator = ACCELERATOR_REGISTRY[_accelerator_here(str(t.accelerator))]["accelerator"]
+    devices = OmegaConf.to_object(t.devices) if isinstance(t.devices, ListConfig) else t.devices
+    parsed = accelerator.auto_device_count() if devices == "auto" else accelerator.parse_devices(devices)
+    processes = (len(parsed) if isinstance(parsed, list) else int(parsed)) * int(t.num_nodes)
+    _, _, defenses = registries()
+    from fdattack.defenses.base import TrainingDefense
+
+    training = [name for name in cfg.defenses if issubclass(defenses.get(name), TrainingDefense)]
+    problem = (f"trainer.devices={devices!r} and trainer.num_nodes={t.num_nodes} run {processes} processes (DDP)" if processes > 1
+               else f"trainer.precision={t.precision!r} is not 32-true" if str(t.precision) not in ("32-true", "32")
+               else f"defenses={training} wrap the clients' training" if training else None)
+    if problem:
+        raise ConfigError(f"trainer.vectorise=true: the clients cannot train as one vmapped batch: {problem}; use trainer.vectorise=auto or false")
 
 
 def _accelerator_here(requested: str) -> str:

@@ -10,11 +10,12 @@ from fdattack.functional import topk_accuracy
 
 def protocol_metrics(oracle: Oracle) -> dict[str, float]:
     """``protocol/client_acc_{mean,min,max}`` on each client's test set and ``protocol/server_acc``."""
-    accs = []
-    for k, handle in enumerate(oracle.clients):
-        test = oracle.client_test_set(k)
-        if len(test):
-            accs.append(topk_accuracy(oracle.predict(handle, test), test.labels))
+    tests = [oracle.client_test_set(k) for k in range(len(oracle.clients))]
+    if tests and all(test is oracle.split.test for test in tests):  # no client owns labels: one test set, one engine call
+        logits = list(oracle.engine.predict_many(oracle.clients, oracle.split.test)) if len(oracle.split.test) else []
+    else:
+        logits = [oracle.predict(handle, test) for handle, test in zip(oracle.clients, tests) if len(test)]
+    accs = [topk_accuracy(z, test.labels) for z, test in zip(logits, [t for t in tests if len(t)])]
     metrics: dict[str, float] = {}
     if accs:
         t = torch.tensor(accs)

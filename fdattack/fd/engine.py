@@ -9,9 +9,11 @@ engine steps) or manual (the module steps, as under a ``lightning.Trainer``), wi
 phase (``benchmarks/bench_engine.py`` and ``bench_inversion.py`` measure the difference). Attacks get an
 engine on a Fabric of their own: a Fabric keeps every module it set up, and the run's holds the clients.
 
-Protocols hand whole lists of jobs to :meth:`LocalTrainer.fit_many` and :meth:`LocalTrainer.predict_many`,
-so a later vectorised path (same-architecture clients as one ``torch.func`` batch) replaces these two
-loops without touching the protocols.
+Protocols hand whole lists of jobs to :meth:`LocalTrainer.fit_many` and :meth:`LocalTrainer.predict_many`.
+With ``trainer.vectorise`` at ``auto`` (the default) or ``true``, same-architecture models among them train
+and predict as one ``torch.func.vmap`` batch (:mod:`fdattack.fd.vectorised`), to float tolerance of the
+per-model loop; what cannot (a training defense, an objective not declared vmappable, DDP, ...) takes the
+loop, with one log line per reason and run.
 
 Under DDP every rank runs the same orchestration; each rank trains on its shard of every
 mini-batch sequence (shards padded to equal length so ranks never wait on each other), gradients are
@@ -23,12 +25,16 @@ that both ranks end with the same inversion network.
 from __future__ import annotations
 
 import hashlib
+import logging
+from collections import Counter, defaultdict
 from dataclasses import dataclass
+from types import ModuleType
 from typing import Callable, Mapping, Protocol, Sequence
 
 import lightning as L
 import torch
 from lightning.fabric import Fabric
+from lightning.fabric.plugins.precision import Precision
 from lightning.fabric.utilities.exceptions import MisconfigurationException
 from torch import Tensor
 
@@ -37,11 +43,18 @@ from fdattack.errors import ConfigError
 from fdattack.lit.classifier import Objective
 from fdattack.lit.modes import eval_mode
 
+log = logging.getLogger(__name__)
+
 
 def derive_seed(*keys: object) -> int:
     """A 63-bit seed derived from ``keys`` (run seed, round, phase, client ...), stable across runs."""
     digest = hashlib.blake2b(repr(keys).encode(), digest_size=8).digest()
     return int.from_bytes(digest, "little") & ((1 << 63) - 1)
+
+
+def epoch_order(n: int, seed: int, shuffle: bool = True) -> Tensor:
+    """The row order of one epoch over ``n`` rows: a permutation seeded with ``seed``, or 0..n-1."""
+    return torch.randperm(n, generator=torch.Generator().manual_seed(seed)) if shuffle else torch.arange(n)
 
 
 class Batchable(Protocol):
@@ -142,6 +155,10 @@ class FitJob:
     targets: Tensor | None = None
     fresh_optimizer: bool = False
 
+    def rows(self) -> Batchable:
+        """What the epochs draw batches from: the samples, with ``target`` rows where the job has soft targets."""
+        return self.data if self.targets is None else _WithTargets(self.data, self.targets)
+
 
 @dataclass
 class FitResult:
@@ -158,12 +175,17 @@ class LocalTrainer:
         fabric: a launched Fabric (see :func:`make_fabric`).
         batch_size: default mini-batch size per device.
         predict_batch_size: batch size of inference passes.
+        vectorise: ``trainer.vectorise``: ``"auto"`` or ``True`` train and query same-architecture models of
+            :meth:`fit_many` and :meth:`predict_many` as one vmapped batch where :mod:`~fdattack.fd.vectorised`
+            applies; ``False`` runs one model at a time.
     """
 
-    def __init__(self, fabric: Fabric, batch_size: int, predict_batch_size: int = 512) -> None:
+    def __init__(self, fabric: Fabric, batch_size: int, predict_batch_size: int = 512, vectorise: str | bool = "auto") -> None:
         self.fabric = fabric
         self.batch_size = batch_size
         self.predict_batch_size = predict_batch_size
+        self.vectorise = str(vectorise).lower()  # "auto", "true" or "false"
+        self._told: set[str] = set()  # reasons already logged for taking the loop
 
     @property
     def is_global_zero(self) -> bool:
@@ -193,7 +215,7 @@ class LocalTrainer:
 
         Under DDP the order is padded to a multiple of the world size, so every rank takes the same number of steps.
         """
-        order = torch.randperm(n, generator=torch.Generator().manual_seed(seed)) if shuffle else torch.arange(n)
+        order = epoch_order(n, seed, shuffle)
         world, rank = self.fabric.world_size, self.fabric.global_rank
         if world > 1:
             per_rank = -(-n // world)
@@ -247,17 +269,66 @@ class LocalTrainer:
         """Run ``job.epochs`` epochs of ``job.objective`` on ``job.data`` (a classifier's training_step)."""
         if job.epochs <= 0 or len(job.data) == 0:
             return FitResult()
+        self._prepare(job)
+        return self.fit_module(job.handle, job.rows(), job.epochs, job.seed)
+
+    def _prepare(self, job: FitJob) -> None:
+        """The job's fresh optimizer (if it asks for one) and objective."""
         handle = job.handle
         if job.fresh_optimizer:
             fresh = self.fabric.setup_optimizers(*handle.new_optimizers())
             handle.optimizers = list(fresh) if isinstance(fresh, (list, tuple)) else [fresh]
         handle.module.use_objective(job.objective)  # type: ignore[operator]
-        data: Batchable = job.data if job.targets is None else _WithTargets(job.data, job.targets)
-        return self.fit_module(handle, data, job.epochs, job.seed)
 
     def fit_many(self, jobs: Sequence[FitJob]) -> list[FitResult]:
-        """Train several models, each on its own job (the client loop of every protocol)."""
-        return [self.fit(job) for job in jobs]
+        """Train several models, each on its own job (the client loop of every protocol, LiRA's shadow students).
+
+        Same-architecture models whose jobs agree on objective, optimizer settings and epochs train as one
+        vmapped batch (:func:`fdattack.fd.vectorised.fit_copies`) unless ``vectorise="false"``; the others one at
+        a time. Either way each model takes the same seeded steps (to float tolerance).
+        """
+        from fdattack.fd import vectorised  # imported here: it builds on this module
+
+        results: list[FitResult | None] = [None] * len(jobs)
+        for group in self._groups(jobs, vectorised):
+            for i in group:
+                self._prepare(jobs[i])
+            for i, result in zip(group, vectorised.fit_copies([jobs[i] for i in group], self.batch_size, self.fabric.device)):
+                results[i] = result
+        return [self.fit(job) if result is None else result for job, result in zip(jobs, results)]
+
+    def _groups(self, jobs: Sequence[FitJob], vectorised: ModuleType) -> list[list[int]]:
+        """Indices of the jobs of ``fit_many`` that train together, in groups of two or more; the rest take the loop."""
+        active = [i for i, job in enumerate(jobs) if job.epochs > 0 and len(job.data) > 0]
+        if len(active) < 2 or not self._vectorising():
+            return []
+        uses = Counter(id(jobs[i].handle) for i in active)
+        groups: dict[tuple, list[int]] = defaultdict(list)
+        for i in active:
+            job = jobs[i]
+            reason = "a model appears in several jobs" if uses[id(job.handle)] > 1 else vectorised.unsupported(job)
+            if reason is None:
+                groups[vectorised.group_key(job)].append(i)
+            else:
+                self._tell(reason)
+        return [group for group in groups.values() if len(group) > 1]
+
+    def _vectorising(self) -> bool:
+        """Whether ``vectorise`` asks for the vectorised path and this run can take it (else logs why not, once)."""
+        if self.vectorise == "false":
+            return False
+        if self.fabric.world_size > 1:
+            self._tell(f"under DDP ({self.fabric.world_size} processes) every rank trains its shard of each model")
+            return False
+        if type(self.fabric.strategy.precision) is not Precision:
+            self._tell("trainer.precision is not 32-true")
+            return False
+        return True
+
+    def _tell(self, reason: str) -> None:
+        if reason not in self._told:
+            self._told.add(reason)
+            log.info("trainer.vectorise=%s: training one model at a time where %s", self.vectorise, reason)
 
     # ---------------------------------------------------------------- inference
     def predict(self, handle: ModelHandle, images: ImageSet | Tensor) -> Tensor:
@@ -266,8 +337,22 @@ class LocalTrainer:
         return predict_logits(handle.module, x_all, self.fabric.device, self.predict_batch_size)
 
     def predict_many(self, handles: Sequence[ModelHandle], images: ImageSet | Tensor) -> Tensor:
-        """Stacked logits (K, N, J) of several models on the same images."""
-        return torch.stack([self.predict(h, images) for h in handles])
+        """Stacked logits (K, N, J) of several models on the same images (same-architecture ones as one vmapped batch)."""
+        from fdattack.fd import vectorised  # imported here: it builds on this module
+
+        x_all = images.images if isinstance(images, ImageSet) else images
+        groups: dict[tuple, list[int]] = defaultdict(list)
+        if self.vectorise != "false":
+            for i, h in enumerate(handles):
+                if h.wrap_optimizer is None and vectorised.is_plain_classifier(h.module):  # no training defense around the network
+                    groups[vectorised.architecture(h.module)].append(i)
+        logits: list[Tensor | None] = [None] * len(handles)
+        for rows in groups.values():
+            if len(rows) > 1:
+                stacked = vectorised.predict_copies([handles[i].module for i in rows], x_all, self.fabric.device)
+                for i, out in zip(rows, stacked):
+                    logits[i] = out
+        return torch.stack([self.predict(h, x_all) if out is None else out for h, out in zip(handles, logits)])
 
 
 @torch.no_grad()
@@ -297,9 +382,9 @@ def make_fabric(accelerator: str, devices: object, strategy: str, num_nodes: int
     return fabric
 
 
-def default_engine(batch_size: int = 64) -> LocalTrainer:
+def default_engine(batch_size: int = 64, vectorise: str | bool = "auto") -> LocalTrainer:
     """A single-process CPU engine, for attacks and modules used outside a run."""
-    return LocalTrainer(make_fabric("cpu", 1, "auto", 1, "32-true"), batch_size=batch_size)
+    return LocalTrainer(make_fabric("cpu", 1, "auto", 1, "32-true"), batch_size=batch_size, vectorise=vectorise)
 
 
 def seed_everything_quietly(seed: int) -> None:

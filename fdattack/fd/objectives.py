@@ -1,6 +1,8 @@
 """Per-phase training objectives of the protocols: ``(logits, batch) -> scalar loss``.
 
-Distillation batches carry the soft target in ``batch["target"]`` (rows aligned with the batch).
+Distillation batches carry the soft target in ``batch["target"]`` (rows aligned with the batch). Objectives
+without data-dependent branches are declared :func:`~fdattack.lit.classifier.vmappable`, so that clients of
+one architecture train with them as one vmapped batch (:mod:`fdattack.fd.vectorised`).
 """
 
 from __future__ import annotations
@@ -11,19 +13,22 @@ from torch import Tensor
 from fdattack import functional
 from fdattack.data.imageset import IndexedBatch
 from fdattack.fd.aggregation import fedgems_kl
-from fdattack.lit.classifier import Objective, cross_entropy
+from fdattack.lit.classifier import Objective, cross_entropy, vmappable
 
 
+@vmappable
 def l1_to_logits(logits: Tensor, batch: IndexedBatch) -> Tensor:
     """FedMD digest: mean absolute error to the consensus logits (``nn.L1Loss``; pli.md §5.1, pdafd.md Eq. 1)."""
     return functional.l1_to_logits(logits, batch["target"])  # type: ignore[typeddict-item]
 
 
+@vmappable
 def soft_cross_entropy(logits: Tensor, batch: IndexedBatch) -> Tensor:
     """DS-FL distillation: -sum_u q_u log softmax(z)_u averaged over the batch (pli.md §5.3)."""
     return functional.soft_cross_entropy(logits, batch["target"])  # type: ignore[typeddict-item]
 
 
+@vmappable
 def kl_to_probs(logits: Tensor, batch: IndexedBatch) -> Tensor:
     """Cronus distillation: KL(p_teacher || softmax(z)), batchmean (pdafd.md §3, A19)."""
     return functional.kl_divergence_from_logits(batch["target"], logits, reduction="batchmean")  # type: ignore[typeddict-item]
@@ -35,6 +40,7 @@ def fedgems_client(epsilon: float, kl_mode: str) -> Objective:
     ``kl_mode="code"`` reproduces the authors' ``nn.KLDivLoss()(log_softmax(teacher), softmax(z))``
     (element-wise mean, teacher in the log slot, §13.8); ``"standard"`` is batchmean KL(teacher || student).
     """
+    @vmappable
     def objective(logits: Tensor, batch: IndexedBatch) -> Tensor:
         kl = fedgems_kl(logits, batch["target"], kl_mode)  # type: ignore[typeddict-item]
         return epsilon * cross_entropy(logits, batch) + (1.0 - epsilon) * kl
@@ -45,7 +51,8 @@ def fedgems_client(epsilon: float, kl_mode: str) -> Objective:
 def mixed_ce_kl(logits: Tensor, batch: IndexedBatch) -> Tensor:
     """Cronus mixed KD: CE on rows with a hard label and no soft target, KL on rows with a soft target.
 
-    Rows with ``target`` summing to 0 are private rows (hard label only).
+    Rows with ``target`` summing to 0 are private rows (hard label only). Not :func:`vmappable`: which terms
+    exist depends on the batch's rows, so these clients train one at a time.
     """
     target = batch["target"]  # type: ignore[typeddict-item]
     soft = target.sum(dim=-1) > 0

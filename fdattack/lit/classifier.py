@@ -18,6 +18,20 @@ Objective = Callable[[Tensor, IndexedBatch], Tensor]
 Batch = IndexedBatch | Sequence[Tensor] | Tensor
 
 
+def vmappable(objective: Objective) -> Objective:
+    """Declare that ``objective`` runs under ``torch.func.vmap`` exactly as on one model's batch (no branch on the
+    data's values, no ``.item()``), so same-architecture models can train with it as one batch
+    (:mod:`fdattack.fd.vectorised`). Returns ``objective``."""
+    objective.vmappable = True  # type: ignore[attr-defined]
+    return objective
+
+
+def is_vmappable(objective: Objective) -> bool:
+    """Whether ``objective`` was declared :func:`vmappable` (a training defense's wrapper is not, unless it says so)."""
+    return bool(getattr(objective, "vmappable", False))
+
+
+@vmappable
 def cross_entropy(logits: Tensor, batch: IndexedBatch) -> Tensor:
     """Mean cross-entropy to the hard labels ``batch["y"]`` (unlabeled rows, y = -1, are ignored)."""
     return F.cross_entropy(logits, batch["y"], ignore_index=UNLABELED)

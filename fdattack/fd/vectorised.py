@@ -1,0 +1,572 @@
+"""Many models of one architecture trained and queried as one: stacked weights under ``torch.func.vmap``.
+
+The clients of a simulation (K = 10 to 1,000) and LiRA's shadow students (8 to 32 per target client,
+issue #8) are many copies of one small network, each trained on its own data. Trained one by one, a
+round costs K times the tiny steps of one model. Here the copies' parameters, buffers and optimizer
+states are stacked along a leading model axis, and every mini-batch step is one vmapped
+``torch.func.functional_call`` of the shared network, one backward pass and one optimizer update for
+all of them.
+
+:func:`fit_copies` is the "train N copies" API: it takes the engine's :class:`~fdattack.fd.engine.FitJob`
+list (one job per model) and gives each model exactly the steps :meth:`LocalTrainer.fit
+<fdattack.fd.engine.LocalTrainer.fit>` would: the same seeded batch order (epoch e shuffles with
+``derive_seed(seed, e)``), the same batch size, no padding (models whose set sizes differ meet in
+sub-groups of equal batch size: the tail steps form small groups, so BatchNorm statistics and mean losses
+see exactly the loop's rows), Adam or SGD arithmetic as ``torch.optim`` does it, and BatchNorm running
+statistics per model. Weights, buffers and optimizer states are read from and written back into each
+model's module and ``torch.optim`` optimizer, so checkpoints, resume and later per-model phases are
+unchanged. The results equal the loop's up to float rounding: vmapped convolutions and batched matrix
+products sum in another order (``tests/test_vectorised.py`` states the tolerance). The protocols' client
+phases reach it through :meth:`LocalTrainer.fit_many <fdattack.fd.engine.LocalTrainer.fit_many>`; LiRA's
+shadow students (issue #8) are to train through the same call. :func:`predict_copies` is the inference
+counterpart (:meth:`LocalTrainer.predict_many <fdattack.fd.engine.LocalTrainer.predict_many>`).
+
+On a CPU the vmapped networks run their 2-D convolutions as im2col + matrix product with channels-last results
+and their max-pooling backward in that layout (:class:`_CpuConvolutions`), the activations of one call are
+bounded (:data:`CPU_ELEMENTS_PER_CALL`), and glibc's ``malloc`` keeps freed blocks for reuse
+(:func:`_keep_freed_memory`); ``benchmarks/bench_engine.py`` measures the result.
+
+:func:`unsupported` says why a job cannot take this path (a training defense, an objective not declared
+:func:`~fdattack.lit.classifier.vmappable`, dropout, an optimizer other than plain Adam or SGD, ...);
+:func:`group_key` says which jobs can share a call.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import ctypes
+import functools
+import platform
+import warnings
+import weakref
+from collections import defaultdict
+from typing import Callable, Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+from torch.func import functional_call, vmap
+from torch.nn.modules.batchnorm import _BatchNorm
+from torch.nn.modules.dropout import _DropoutNd
+from torch.overrides import TorchFunctionMode
+
+from fdattack.fd.engine import FitJob, FitResult, ModelHandle, derive_seed, epoch_order
+from fdattack.lit.classifier import ClassifierLitModule, is_vmappable
+from fdattack.lit.modes import eval_mode
+
+#: the largest activation of one vmapped call, in elements (models x batch rows x the network's largest layer output
+#: per row): 16 MB of float32 on a CPU (2**21 to 2**23 train FedMD's digits clients equally fast; 2**20 is 5% slower,
+#: 2**19 25%), 1 GB on an accelerator
+CPU_ELEMENTS_PER_CALL = 1 << 22
+DEVICE_ELEMENTS_PER_CALL = 1 << 28
+#: Adam and SGD settings the stacked update reproduces; any other value of these keys is :func:`unsupported`
+_PLAIN = {"amsgrad": False, "maximize": False, "capturable": False, "differentiable": False, "decoupled_weight_decay": False}
+
+
+def raw_optimizer(handle: ModelHandle) -> torch.optim.Optimizer:
+    """The ``torch.optim`` optimizer inside Fabric's wrapper."""
+    return getattr(handle.optimizer, "optimizer", handle.optimizer)
+
+
+def unsupported(job: FitJob) -> str | None:
+    """Why ``job`` cannot be trained by :func:`fit_copies` (a clause for a log line), or None when it can."""
+    handle, module = job.handle, job.handle.module
+    if handle.wrap_optimizer is not None:
+        return "a training defense wraps the model's training"
+    if not is_plain_classifier(module) or not module.automatic_optimization:
+        return f"{type(module).__name__} is not a classifier with automatic optimisation and its own training_step"
+    if not is_vmappable(job.objective):
+        return f"the objective {getattr(job.objective, '__name__', job.objective)!r} is not declared vmappable"
+    return network_problem(module.net) or _optimizer_problem(handle)
+
+
+def network_problem(net: nn.Module) -> str | None:
+    """Why the network cannot be trained under vmap as the loop trains it, or None."""
+    return _describe(net)[1]
+
+
+def _describe(net: nn.Module) -> tuple[tuple, str | None]:
+    """(:func:`architecture`, :func:`network_problem`) of ``net``, computed once per network."""
+    known = _NETWORKS.get(net)
+    if known is None:
+        tensors = [*net.named_parameters(), *net.named_buffers()]
+        signature = (type(net), repr(net), tuple((name, tuple(t.shape), t.dtype, t.device) for name, t in tensors))
+        known = _NETWORKS[net] = (signature, _problem(net))
+    return known
+
+
+def _problem(net: nn.Module) -> str | None:
+    for layer in net.modules():
+        if isinstance(layer, _DropoutNd) and layer.p > 0:
+            return "the network has dropout (its random masks would differ from the loop's)"
+        if isinstance(layer, _BatchNorm) and layer.momentum is None:
+            return "the network has BatchNorm with momentum=None (a cumulative average)"
+    return None
+
+
+def _optimizer_problem(handle: ModelHandle) -> str | None:
+    optimizer = raw_optimizer(handle)
+    if len(handle.optimizers) != 1 or type(optimizer) not in (torch.optim.Adam, torch.optim.SGD):
+        return f"the optimizer is {type(optimizer).__name__} (the vectorised step reproduces Adam and SGD)"
+    group = optimizer.param_groups
+    if len(group) != 1 or any(group[0].get(key, value) != value for key, value in _PLAIN.items()) or group[0].get("dampening", 0) != 0:
+        return "the optimizer has settings the vectorised step does not reproduce (amsgrad, maximize, dampening, several groups, ...)"
+    params = list(handle.module.net.parameters())  # type: ignore[union-attr]
+    if len(group[0]["params"]) != len(params) or any(a is not b for a, b in zip(group[0]["params"], params)):
+        return "the optimizer does not hold exactly the network's parameters"
+    if not all(p.requires_grad for p in params):
+        return "the module has frozen parameters"
+    return None
+
+
+def is_plain_classifier(module: nn.Module) -> bool:
+    """A :class:`ClassifierLitModule` whose forward and training step are its class's: ``objective(net(x), batch)``."""
+    kind = type(module)
+    return (isinstance(module, ClassifierLitModule) and kind.forward is ClassifierLitModule.forward
+            and kind.training_step is ClassifierLitModule.training_step)
+
+
+_NETWORKS: "weakref.WeakKeyDictionary[nn.Module, tuple[tuple, str | None]]" = weakref.WeakKeyDictionary()
+
+
+def architecture(module: ClassifierLitModule) -> tuple:
+    """What makes two classifiers one architecture: their network's class and structure (its ``repr``), and every
+    parameter's and buffer's name, shape, dtype and device."""
+    return _describe(module.net)[0]
+
+
+def group_key(job: FitJob) -> tuple:
+    """Jobs with equal keys train in one :func:`fit_copies` call: architecture, objective, optimizer and its settings,
+    epochs, and whether batches carry soft targets."""
+    optimizer = raw_optimizer(job.handle)
+    settings = tuple((key, value) for key, value in sorted(optimizer.param_groups[0].items()) if key != "params")
+    return architecture(job.handle.module), job.objective, type(optimizer), settings, job.epochs, job.targets is None
+
+
+# ---------------------------------------------------------------------------------------------------- stacking
+def _pool_first(net: nn.Module) -> nn.Module:
+    """``net``, or a copy in which every ``ReLU`` or ``LeakyReLU`` directly followed by a ``MaxPool2d`` in an
+    ``nn.Sequential`` comes after the pool instead: the same values and gradients (a non-decreasing activation
+    commutes with a maximum, and picks the same element of each window), with the activation on 1/k² of the rows.
+    Parameter and buffer names are unchanged (both layers have none)."""
+    def pairs(module: nn.Module) -> list[tuple[nn.Sequential, int]]:
+        return [(m, i) for m in module.modules() if isinstance(m, nn.Sequential) for i in range(len(m) - 1)
+                if isinstance(m[i], (nn.ReLU, nn.LeakyReLU)) and getattr(m[i], "negative_slope", 0.0) >= 0
+                and isinstance(m[i + 1], nn.MaxPool2d) and not m[i + 1].return_indices]
+
+    if not pairs(net):
+        return net
+    net = copy.deepcopy(net)
+    for sequential, i in pairs(net):
+        sequential[i], sequential[i + 1] = sequential[i + 1], sequential[i]
+    return net
+
+
+class _Stack:
+    """The parameters and buffers of same-architecture networks, stacked along a leading model axis; ``template``
+    is the network the vmapped calls run (:func:`_pool_first` of the first)."""
+
+    def __init__(self, nets: Sequence[nn.Module]) -> None:
+        self.template = _pool_first(nets[0])
+        self.per_model = [(dict(m.named_parameters()), dict(m.named_buffers())) for m in nets]
+        self.params = {name: torch.stack([p[name].detach() for p, _ in self.per_model]) for name in self.per_model[0][0]}
+        self.buffers = {name: torch.stack([b[name] for _, b in self.per_model]) for name in self.per_model[0][1]}
+
+    def take(self, models: Tensor) -> tuple[dict[str, Tensor], dict[str, Tensor]]:
+        """Copies of the rows of ``models``: parameters as leaves that require grad, and buffers."""
+        return ({name: t[models].requires_grad_() for name, t in self.params.items()},
+                {name: t[models] for name, t in self.buffers.items()})
+
+    def write_back(self) -> None:
+        """Copy every model's rows into its network."""
+        with torch.no_grad():
+            for stacked, index in ((self.params, 0), (self.buffers, 1)):
+                for name, rows in stacked.items():
+                    for tensors, row in zip(self.per_model, rows):
+                        tensors[index][name].copy_(row)
+
+
+@functools.cache
+def _keep_freed_memory_once() -> None:
+    libc = ctypes.CDLL("libc.so.6")
+    libc.mallopt(_M_TRIM_THRESHOLD, 1 << 28)
+    libc.mallopt(_M_MMAP_THRESHOLD, 1 << 25)
+
+
+_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3  # glibc's mallopt parameters
+
+
+def _keep_freed_memory(device: torch.device) -> None:
+    """On a CPU with glibc, let ``malloc`` keep freed blocks below 32 MB for reuse (trimming above 256 MB), once per process.
+
+    A vectorised step allocates and frees activations of several MB per call; by default glibc hands such blocks
+    back to the system and the next call faults them in again page by page, which costs about as much as the
+    step's arithmetic. Peak memory is unchanged; the process keeps up to 256 MB of freed memory for reuse.
+    """
+    if device.type == "cpu" and platform.system() == "Linux" and platform.libc_ver()[0] == "glibc":
+        _keep_freed_memory_once()
+
+
+def _models_per_call(per_row: int, rows: int, device: torch.device) -> int:
+    """How many models one vmapped call takes, each on ``rows`` rows whose largest activation has ``per_row`` elements per row."""
+    budget = CPU_ELEMENTS_PER_CALL if device.type == "cpu" else DEVICE_ELEMENTS_PER_CALL
+    return max(1, budget // (per_row * max(rows, 1)))
+
+
+@torch.no_grad()
+def _largest_output(net: nn.Module, row: Tensor) -> int:
+    """Elements of the largest output of any layer of ``net`` for one input row (one eval-mode pass)."""
+    sizes = [row.numel()]
+    hooks = [m.register_forward_hook(lambda m, i, out: sizes.append(out.numel() if isinstance(out, Tensor) else 0))
+             for m in net.modules()]
+    try:
+        with eval_mode(net):
+            net(row)
+    finally:
+        for hook in hooks:
+            hook.remove()
+    return max(sizes)
+
+
+def _pair(value: int | Sequence[int]) -> tuple[int, int]:
+    return (value, value) if isinstance(value, int) else (int(value[0]), int(value[1]))
+
+
+def _conv2d(input: Tensor, weight: Tensor, bias: Tensor | None = None, stride: int | Sequence[int] = 1,
+            padding: int | Sequence[int] | str = 0, dilation: int | Sequence[int] = 1, groups: int = 1) -> Tensor:
+    """``F.conv2d`` as im2col + one matrix product, its result channels-last in memory (``F.conv2d`` itself for
+    grouped, dilated or ``padding="same"`` convolutions).
+
+    Under vmap, per-model weights make ``F.conv2d`` one grouped convolution with an NCHW result, on which PyTorch's
+    CPU pooling kernels are several times slower; the matrix product of the shifted-slice im2col is also faster
+    than the grouped convolution for the small networks of FD clients. Same sums, in another order.
+    """
+    if input.dim() != 4 or groups != 1 or isinstance(padding, str) or _pair(dilation) != (1, 1):
+        return F.conv2d(input, weight, bias, stride, padding, dilation, groups)
+    (sh, sw), (ph, pw) = _pair(stride), _pair(padding)
+    out_channels, in_channels, kh, kw = weight.shape
+    if ph or pw:
+        input = F.pad(input, (pw, pw, ph, ph))
+    n, _, h, w = input.shape
+    ho, wo = (h - kh) // sh + 1, (w - kw) // sw + 1
+    pixels = input.permute(0, 2, 3, 1)  # (B, H, W, C)
+    shifted = [pixels[:, i : i + sh * (ho - 1) + 1 : sh, j : j + sw * (wo - 1) + 1 : sw] for i in range(kh) for j in range(kw)]
+    columns = torch.stack(shifted, dim=-1).reshape(n * ho * wo, in_channels * kh * kw)  # im2col, (c, i, j) order as the kernel
+    kernel = weight.reshape(out_channels, -1).t()
+    out = columns @ kernel if bias is None else torch.addmm(bias, columns, kernel)
+    return out.reshape(n, ho, wo, out_channels).permute(0, 3, 1, 2)
+
+
+class _MaxPool2d(torch.autograd.Function):
+    """``F.max_pool2d`` whose backward keeps the input's memory layout: PyTorch's CPU backward, given the
+    contiguous gradient that ``flatten`` hands back and a channels-last input, converts back and forth and hands a
+    gradient in the other layout to the next backward step. Under vmap the model axis joins the batch axis."""
+
+    @staticmethod
+    def forward(x: Tensor, kernel_size: object, stride: object, padding: object, dilation: object, ceil_mode: bool) -> tuple[Tensor, Tensor]:
+        return torch.ops.aten.max_pool2d_with_indices(x, kernel_size, stride, padding, dilation, ceil_mode)
+
+    @staticmethod
+    def setup_context(ctx: object, inputs: tuple, output: tuple) -> None:
+        ctx.save_for_backward(inputs[0], output[1])  # type: ignore[attr-defined]
+        ctx.settings = inputs[1:]  # type: ignore[attr-defined]
+        ctx.mark_non_differentiable(output[1])  # type: ignore[attr-defined]
+
+    @staticmethod
+    def backward(ctx: object, grad: Tensor, _: object) -> tuple:
+        x, indices = ctx.saved_tensors  # type: ignore[attr-defined]
+        layout = torch.channels_last if x.is_contiguous(memory_format=torch.channels_last) and not x.is_contiguous() else torch.contiguous_format
+        grad_input = torch.ops.aten.max_pool2d_with_indices_backward(grad.contiguous(memory_format=layout), x, *ctx.settings,  # type: ignore[attr-defined]
+                                                                     indices.contiguous(memory_format=layout))
+        return grad_input, None, None, None, None, None
+
+    @staticmethod
+    def vmap(info: object, in_dims: tuple, x: Tensor, *args: object) -> tuple:
+        x = x.movedim(in_dims[0], 0)
+        out, indices = _MaxPool2d.apply(x.flatten(0, 1), *args)
+        return (out.unflatten(0, (x.shape[0], -1)), indices.unflatten(0, (x.shape[0], -1))), (0, 0)
+
+
+def _max_pool2d(input: Tensor, kernel_size: object, stride: object = None, padding: object = 0, dilation: object = 1,
+                ceil_mode: bool = False, return_indices: bool = False) -> Tensor:
+    """``F.max_pool2d``, through :class:`_MaxPool2d` where a gradient will flow back."""
+    if input.dim() != 4 or return_indices or not torch.is_grad_enabled():
+        return F.max_pool2d(input, kernel_size, stride, padding, dilation, ceil_mode=ceil_mode, return_indices=return_indices)
+    return _MaxPool2d.apply(input, _pair(kernel_size), _pair(stride if stride else kernel_size), _pair(padding), _pair(dilation), ceil_mode)[0]
+
+
+class _CpuConvolutions(TorchFunctionMode):
+    """While active (the vmapped calls on a CPU), 2-D convolutions run as :func:`_conv2d` and max-pooling as
+    :func:`_max_pool2d`; every other function runs as called."""
+
+    def __torch_function__(self, func: Callable, types: object, args: tuple = (), kwargs: dict | None = None) -> object:
+        return (_conv2d if func is F.conv2d else _max_pool2d if func is F.max_pool2d else func)(*args, **(kwargs or {}))
+
+
+class _Apply:
+    """Calls ``fn`` under vmap, with the CPU convolution layout where it helps.
+
+    Ops without a batching rule (``kl_div``) run through vmap's per-model fallback: same results, slower; PyTorch's
+    warning about it is silenced here.
+    """
+
+    def __init__(self, fn: Callable, device: torch.device, in_dims: tuple) -> None:
+        self.fn, self.device = vmap(fn, in_dims=in_dims), device
+
+    def __call__(self, *args: object) -> Tensor:
+        with warnings.catch_warnings(), _CpuConvolutions() if self.device.type == "cpu" else contextlib.nullcontext():
+            warnings.filterwarnings("ignore", message="There is a performance drop because we have not yet implemented the batching rule")
+            return self.fn(*args)
+
+
+# ---------------------------------------------------------------------------------------------------- optimizers
+class _StackedOptimizer:
+    """Per-model optimizer state stacked like :class:`_Stack`; ``update`` steps the rows of some models, as torch.optim would.
+
+    Reads each model's hyper-parameters and state from its ``torch.optim`` optimizer and writes the state back
+    in ``torch.optim``'s own format, so ``state_dict()`` and a later per-model step are unchanged.
+    """
+
+    state_keys: tuple[str, ...] = ()
+
+    def __init__(self, optimizers: Sequence[torch.optim.Optimizer], names: Sequence[str], params: dict[str, Tensor]) -> None:
+        self.optimizers = list(optimizers)
+        self.names = list(names)
+        self.group = {key: value for key, value in optimizers[0].param_groups[0].items() if key != "params"}
+        states = [[opt.state.get(p, {}) for p in opt.param_groups[0]["params"]] for opt in optimizers]
+        self.state = {key: {name: torch.stack([self._initial(s[i], key, params[name][k]) for k, s in enumerate(states)])
+                            for i, name in enumerate(self.names)} for key in self.state_keys}
+        self.started = {name: torch.tensor([self._started(s[i]) for s in states], device=params[name].device)
+                        for i, name in enumerate(self.names)}
+
+    @staticmethod
+    def _initial(state: dict, key: str, param: Tensor) -> Tensor:
+        value = state.get(key)
+        return torch.zeros_like(param) if value is None else value.to(param)
+
+    def _started(self, state: dict) -> float:
+        raise NotImplementedError
+
+    def update(self, models: Tensor | None, params: dict[str, Tensor], grads: dict[str, Tensor]) -> None:
+        """Step ``params`` in place with ``grads``: every model's rows (``models=None``), or the rows of ``models``
+        (ascending; ``grads`` rows aligned with them), leaving the other models and their state untouched."""
+        for name in self.names:
+            if models is None:
+                self.started[name] = self._step(params[name], grads[name], {key: self.state[key][name] for key in self.state_keys},
+                                                 self.started[name])
+                continue
+            param, state = params[name][models], {key: self.state[key][name][models] for key in self.state_keys}
+            self.started[name][models] = self._step(param, grads[name], state, self.started[name][models])
+            params[name][models] = param
+            for key, value in state.items():
+                self.state[key][name][models] = value
+
+    def _step(self, param: Tensor, grad: Tensor, state: dict[str, Tensor], started: Tensor) -> Tensor:
+        raise NotImplementedError
+
+    def write_back(self) -> None:
+        """Store every model's state in its ``torch.optim`` optimizer."""
+        for k, optimizer in enumerate(self.optimizers):
+            for i, p in enumerate(optimizer.param_groups[0]["params"]):
+                name = self.names[i]
+                optimizer.state[p] = self._state_of(k, name)
+
+    def _state_of(self, k: int, name: str) -> dict:
+        raise NotImplementedError
+
+
+def _per_model(values: Tensor, like: Tensor) -> Tensor:
+    """(G,) per-model values shaped to broadcast against (G, ...) stacked tensors, in their dtype."""
+    return values.to(like.dtype).reshape(-1, *([1] * (like.dim() - 1)))
+
+
+class StackedAdam(_StackedOptimizer):
+    """``torch.optim.Adam`` (L2 weight decay added to the gradient, bias corrections per model step count)."""
+
+    state_keys = ("exp_avg", "exp_avg_sq")
+
+    def _started(self, state: dict) -> float:
+        return float(state["step"]) if "step" in state else 0.0
+
+    def _step(self, param: Tensor, grad: Tensor, state: dict[str, Tensor], started: Tensor) -> Tensor:
+        lr, (beta1, beta2), eps, weight_decay = self.group["lr"], self.group["betas"], self.group["eps"], self.group["weight_decay"]
+        step = started.double() + 1  # bias corrections in double precision, as torch.optim computes them in Python floats
+        if weight_decay != 0:
+            grad = grad.add(param, alpha=weight_decay)
+        exp_avg, exp_avg_sq = state["exp_avg"], state["exp_avg_sq"]
+        exp_avg.lerp_(grad, 1 - beta1)
+        exp_avg_sq.mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
+        step_size = lr / (1 - beta1**step)
+        bias_correction2_sqrt = (1 - beta2**step) ** 0.5
+        denom = (exp_avg_sq.sqrt() / _per_model(bias_correction2_sqrt, param)).add_(eps)
+        param.add_(_per_model(-step_size, param) * exp_avg / denom)  # addcdiv's order: value * t1 / t2
+        return step.to(started.dtype)
+
+    def _state_of(self, k: int, name: str) -> dict:
+        return {"step": torch.tensor(float(self.started[name][k])), "exp_avg": self.state["exp_avg"][name][k].clone(),
+                "exp_avg_sq": self.state["exp_avg_sq"][name][k].clone()}
+
+
+class StackedSGD(_StackedOptimizer):
+    """``torch.optim.SGD`` with weight decay, momentum (dampening 0) and Nesterov."""
+
+    state_keys = ("momentum_buffer",)
+
+    def _started(self, state: dict) -> float:
+        return float(state.get("momentum_buffer") is not None)
+
+    def _step(self, param: Tensor, grad: Tensor, state: dict[str, Tensor], started: Tensor) -> Tensor:
+        lr, momentum, weight_decay = self.group["lr"], self.group["momentum"], self.group["weight_decay"]
+        if weight_decay != 0:
+            grad = grad.add(param, alpha=weight_decay)
+        if momentum != 0:
+            buf = state["momentum_buffer"]
+            buf.copy_(torch.where(_per_model(started, param).bool(), buf.mul(momentum).add(grad), grad))  # the first step clones grad
+            grad = grad.add(buf, alpha=momentum) if self.group["nesterov"] else buf
+        param.add_(grad, alpha=-lr)
+        return torch.ones_like(started) if momentum != 0 else started
+
+    def _state_of(self, k: int, name: str) -> dict:
+        if self.group["momentum"] == 0:
+            return {}
+        return {"momentum_buffer": self.state["momentum_buffer"][name][k].clone()}
+
+
+def stacked_optimizer(optimizers: Sequence[torch.optim.Optimizer], names: Sequence[str], params: dict[str, Tensor]) -> _StackedOptimizer:
+    """:class:`StackedAdam` or :class:`StackedSGD` over ``optimizers`` (one per model, parameters in ``names`` order)."""
+    kind = StackedAdam if isinstance(optimizers[0], torch.optim.Adam) else StackedSGD
+    return kind(optimizers, names, params)
+
+
+# ---------------------------------------------------------------------------------------------------- training
+class _Rows:
+    """Every model's training rows laid end to end, one tensor per batch key (a set shared by several models once)."""
+
+    def __init__(self, jobs: Sequence[FitJob], device: torch.device) -> None:
+        parts: dict[str, list[Tensor]] = defaultdict(list)
+        seen: dict[tuple[int, int], int] = {}
+        self.offsets: list[int] = []
+        self.sizes = [len(job.data) for job in jobs]
+        total = 0
+        for job in jobs:
+            key = (id(job.data), id(job.targets))
+            if key not in seen:
+                seen[key] = total
+                rows = job.rows()
+                for name, tensor in rows.batch(torch.arange(len(rows))).items():
+                    parts[name].append(tensor)
+                total += len(rows)
+            self.offsets.append(seen[key])
+        self.tensors = {name: torch.cat(tensors).to(device) for name, tensors in parts.items()}
+
+    def batch(self, rows: Tensor) -> dict[str, Tensor]:
+        """(G, b, ...) tensors of the (G, b) pooled ``rows``."""
+        return {name: tensor[rows] for name, tensor in self.tensors.items()}
+
+
+def _steps(orders: Sequence[Tensor], batch_size: int) -> list[list[tuple[Tensor, Tensor]]]:
+    """One epoch's vmapped steps: per step, (models, rows) for each batch size met at that step.
+
+    ``orders[k]`` is model k's pooled row order; step s of model k is rows ``orders[k][s*B : (s+1)*B]``, exactly
+    the loop's batches. Models with one set size share a schedule; at every step the models whose batch has the
+    same size form one sub-group (models ascending, rows (G, b)).
+    """
+    by_size: dict[int, list[int]] = defaultdict(list)
+    for k, order in enumerate(orders):
+        by_size[len(order)].append(k)
+    classes = [(n, torch.tensor(models), torch.stack([orders[k] for k in models])) for n, models in by_size.items()]
+    schedule = []
+    for start in range(0, max(by_size), batch_size):
+        meet: dict[int, list[tuple[Tensor, Tensor]]] = defaultdict(list)
+        for n, models, order in classes:
+            if n > start:
+                meet[min(batch_size, n - start)].append((models, order[:, start : start + batch_size]))
+        step = []
+        for parts in meet.values():
+            models, rows = torch.cat([m for m, _ in parts]), torch.cat([r for _, r in parts])
+            ascending = models.argsort()
+            step.append((models[ascending], rows[ascending]))
+        schedule.append(step)
+    return schedule
+
+
+def fit_copies(jobs: Sequence[FitJob], batch_size: int, device: torch.device) -> list[FitResult]:
+    """Train every job's model, all in one vmapped step per mini-batch: the "train N copies" API.
+
+    Each model takes the steps :meth:`LocalTrainer.fit <fdattack.fd.engine.LocalTrainer.fit>` would take (its own
+    seeded batches of its own rows, its own optimizer state), to float tolerance. The jobs must share a
+    :func:`group_key` and pass :func:`unsupported`; their objectives must already be set and fresh optimizers
+    built (the engine's ``fit_many`` does both). LiRA's shadow students (issue #8) will use it, through ``fit_many``.
+
+    Returns:
+        one :class:`FitResult` per job, in order.
+    """
+    _keep_freed_memory(device)
+    for job in jobs:
+        if not job.handle.module.training:
+            job.handle.module.train()
+    stack = _Stack([job.handle.module.net for job in jobs])  # type: ignore[union-attr]
+    optimizer = stacked_optimizer([raw_optimizer(job.handle) for job in jobs], list(stack.params), stack.params)
+    objective, template = jobs[0].objective, stack.template
+
+    def loss(params: dict[str, Tensor], buffers: dict[str, Tensor], batch: dict[str, Tensor]) -> Tensor:
+        return objective(functional_call(template, (params, buffers), (batch["x"],)), batch)
+
+    losses, rows = _Apply(loss, device, (0, 0, 0)), _Rows(jobs, device)
+    per_row = _largest_output(template, rows.tensors["x"][:1])
+    total = torch.zeros(len(jobs), device=device)
+    steps = torch.zeros(len(jobs), dtype=torch.long)
+    for epoch in range(jobs[0].epochs):
+        orders = [epoch_order(n, derive_seed(job.seed, epoch)) + offset for job, n, offset in zip(jobs, rows.sizes, rows.offsets)]
+        for step in _steps(orders, batch_size):
+            for models, batch_rows in step:
+                batch = rows.batch(batch_rows.to(device))
+                models = models.to(device)
+                per_call = _models_per_call(per_row, batch_rows.shape[1], device)
+                grads: dict[str, list[Tensor]] = defaultdict(list)
+                for lo in range(0, len(models), per_call):
+                    chunk = models[lo : lo + per_call]
+                    params, buffers = stack.take(chunk)
+                    values = losses(params, buffers, {key: t[lo : lo + per_call] for key, t in batch.items()})
+                    values.sum().backward()
+                    for name, p in params.items():
+                        grads[name].append(p.grad)
+                    for name, b in buffers.items():
+                        stack.buffers[name][chunk] = b
+                    total.index_add_(0, chunk, values.detach())
+                whole = len(models) == len(jobs)
+                optimizer.update(None if whole else models, stack.params, {name: torch.cat(g) for name, g in grads.items()})
+                steps[models.cpu()] += 1
+    stack.write_back()
+    optimizer.write_back()
+    return [FitResult(int(s), float(t) / int(s) if s else float("nan")) for s, t in zip(steps, total.cpu())]
+
+
+# ---------------------------------------------------------------------------------------------------- inference
+@torch.no_grad()
+def predict_copies(modules: Sequence[ClassifierLitModule], images: Tensor, device: torch.device) -> Tensor:
+    """Logits (K, N, J) of same-:func:`architecture` classifiers in eval mode, on CPU, as
+    :func:`~fdattack.fd.engine.predict_logits` of each (to float tolerance).
+
+    Each vmapped call takes as many rows and models as the activation budget allows (all rows for each model where
+    they fit), so that few calls cover the K x N rows.
+    """
+    _keep_freed_memory(device)
+    stack = _Stack([m.net for m in modules])
+
+    def forward(params: dict[str, Tensor], buffers: dict[str, Tensor], x: Tensor) -> Tensor:
+        return functional_call(stack.template, (params, buffers), (x,))
+
+    apply = _Apply(forward, device, (0, 0, None))
+    per_row = _largest_output(stack.template, images[:1].to(device))
+    rows = max(1, min(images.shape[0], _models_per_call(per_row, 1, device)))
+    per_call = _models_per_call(per_row, rows, device)
+    outputs = []
+    with eval_mode(stack.template):
+        for lo in range(0, len(modules), per_call):
+            params = {name: t[lo : lo + per_call] for name, t in stack.params.items()}
+            buffers = {name: t[lo : lo + per_call] for name, t in stack.buffers.items()}
+            parts = [apply(params, buffers, images[start : start + rows].to(device)).float().cpu() for start in range(0, images.shape[0], rows)]
+            outputs.append(torch.cat(parts, dim=1))
+    return torch.cat(outputs)
