@@ -40,6 +40,7 @@ sys.path.insert(0, str(REPO))
 
 from fdattack.config import compose  # noqa: E402
 from fdattack.experiment import Experiment  # noqa: E402
+from fdattack.fd.malloc import keep_freed_memory  # noqa: E402
 from fdattack.fd.orchestrator import RoundOrchestrator  # noqa: E402
 
 torch.set_num_threads(1)
@@ -150,6 +151,7 @@ IMPLEMENTATIONS = ("vectorised", "per-client", "plain")
 
 
 def worker(impl: str, k: int, rounds: int, out: Path) -> None:
+    keep_freed_memory()  # as the fdattack command does, for every implementation alike
     times = time_plain_loop(k, rounds, out) if impl == "plain" else time_fdattack(k, rounds, out, vectorise=impl == "vectorised")
     peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     print(json.dumps({"times": times, "peak_mb": peak_mb}))

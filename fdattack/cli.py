@@ -51,6 +51,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         args.overrides = [*args.overrides, *unknown]  # overrides given after --count/--root
     elif unknown:
         parser.error(f"unrecognized arguments: {' '.join(unknown)}")
+    if args.command in ("run", "sweep"):
+        from fdattack.fd.malloc import keep_freed_memory
+
+        keep_freed_memory()
     try:
         if args.command == "run":
             return _run(args)

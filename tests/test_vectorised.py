@@ -18,6 +18,7 @@ from __future__ import annotations
 import copy
 import json
 import logging
+import platform
 from pathlib import Path
 
 import pytest
@@ -295,3 +296,10 @@ def test_a_training_defense_under_auto_trains_one_at_a_time(tmp_path: Path, monk
     assert calls == []
     assert [r.getMessage() for r in caplog.records if "vectorise" in r.getMessage()] == [
         "trainer.vectorise=auto: training one model at a time where a training defense wraps the model's training"]
+
+
+def test_the_command_keeps_freed_memory_with_settings_glibc_accepts() -> None:
+    from fdattack.fd import malloc
+
+    expected = platform.system() == "Linux" and platform.libc_ver()[0] == "glibc"
+    assert malloc.keep_freed_memory() is expected  # mallopt returns 0 for a parameter number it does not know

@@ -21,10 +21,12 @@ phases reach it through :meth:`LocalTrainer.fit_many <fdattack.fd.engine.LocalTr
 shadow students (issue #8) are to train through the same call. :func:`predict_copies` is the inference
 counterpart (:meth:`LocalTrainer.predict_many <fdattack.fd.engine.LocalTrainer.predict_many>`).
 
-On a CPU the vmapped networks run their 2-D convolutions as im2col + matrix product with channels-last results
-and their max-pooling backward in that layout (:class:`_CpuConvolutions`), the activations of one call are
-bounded (:data:`CPU_ELEMENTS_PER_CALL`), and glibc's ``malloc`` keeps freed blocks for reuse
-(:func:`_keep_freed_memory`); ``benchmarks/bench_engine.py`` measures the result.
+Three things make the path fast on a CPU, each measured on FedMD's digits clients at K = 100 (one thread):
+the vmapped networks run their 2-D convolutions as im2col + matrix product with channels-last results
+(:class:`_CpuConvolutions`; without it a round takes 2.3x as long), an activation directly followed by max-pooling
+runs after the pool (:func:`_pool_first`; 6 to 20%), and the activations of one call are bounded
+(:data:`CPU_ELEMENTS_PER_CALL`). The ``fdattack`` command also keeps freed memory for reuse
+(:func:`fdattack.fd.malloc.keep_freed_memory`; 18%). ``benchmarks/bench_engine.py`` measures the result.
 
 :func:`unsupported` says why a job cannot take this path (a training defense, an objective not declared
 :func:`~fdattack.lit.classifier.vmappable`, dropout, an optimizer other than plain Adam or SGD, ...);
@@ -35,9 +37,6 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import ctypes
-import functools
-import platform
 import warnings
 import weakref
 from collections import defaultdict
@@ -187,27 +186,6 @@ class _Stack:
                         tensors[index][name].copy_(row)
 
 
-@functools.cache
-def _keep_freed_memory_once() -> None:
-    libc = ctypes.CDLL("libc.so.6")
-    libc.mallopt(_M_TRIM_THRESHOLD, 1 << 28)
-    libc.mallopt(_M_MMAP_THRESHOLD, 1 << 25)
-
-
-_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3  # glibc's mallopt parameters
-
-
-def _keep_freed_memory(device: torch.device) -> None:
-    """On a CPU with glibc, let ``malloc`` keep freed blocks below 32 MB for reuse (trimming above 256 MB), once per process.
-
-    A vectorised step allocates and frees activations of several MB per call; by default glibc hands such blocks
-    back to the system and the next call faults them in again page by page, which costs about as much as the
-    step's arithmetic. Peak memory is unchanged; the process keeps up to 256 MB of freed memory for reuse.
-    """
-    if device.type == "cpu" and platform.system() == "Linux" and platform.libc_ver()[0] == "glibc":
-        _keep_freed_memory_once()
-
-
 def _models_per_call(per_row: int, rows: int, device: torch.device) -> int:
     """How many models one vmapped call takes, each on ``rows`` rows whose largest activation has ``per_row`` elements per row."""
     budget = CPU_ELEMENTS_PER_CALL if device.type == "cpu" else DEVICE_ELEMENTS_PER_CALL
@@ -258,50 +236,12 @@ def _conv2d(input: Tensor, weight: Tensor, bias: Tensor | None = None, stride: i
     return out.reshape(n, ho, wo, out_channels).permute(0, 3, 1, 2)
 
 
-class _MaxPool2d(torch.autograd.Function):
-    """``F.max_pool2d`` whose backward keeps the input's memory layout: PyTorch's CPU backward, given the
-    contiguous gradient that ``flatten`` hands back and a channels-last input, converts back and forth and hands a
-    gradient in the other layout to the next backward step. Under vmap the model axis joins the batch axis."""
-
-    @staticmethod
-    def forward(x: Tensor, kernel_size: object, stride: object, padding: object, dilation: object, ceil_mode: bool) -> tuple[Tensor, Tensor]:
-        return torch.ops.aten.max_pool2d_with_indices(x, kernel_size, stride, padding, dilation, ceil_mode)
-
-    @staticmethod
-    def setup_context(ctx: object, inputs: tuple, output: tuple) -> None:
-        ctx.save_for_backward(inputs[0], output[1])  # type: ignore[attr-defined]
-        ctx.settings = inputs[1:]  # type: ignore[attr-defined]
-        ctx.mark_non_differentiable(output[1])  # type: ignore[attr-defined]
-
-    @staticmethod
-    def backward(ctx: object, grad: Tensor, _: object) -> tuple:
-        x, indices = ctx.saved_tensors  # type: ignore[attr-defined]
-        layout = torch.channels_last if x.is_contiguous(memory_format=torch.channels_last) and not x.is_contiguous() else torch.contiguous_format
-        grad_input = torch.ops.aten.max_pool2d_with_indices_backward(grad.contiguous(memory_format=layout), x, *ctx.settings,  # type: ignore[attr-defined]
-                                                                     indices.contiguous(memory_format=layout))
-        return grad_input, None, None, None, None, None
-
-    @staticmethod
-    def vmap(info: object, in_dims: tuple, x: Tensor, *args: object) -> tuple:
-        x = x.movedim(in_dims[0], 0)
-        out, indices = _MaxPool2d.apply(x.flatten(0, 1), *args)
-        return (out.unflatten(0, (x.shape[0], -1)), indices.unflatten(0, (x.shape[0], -1))), (0, 0)
-
-
-def _max_pool2d(input: Tensor, kernel_size: object, stride: object = None, padding: object = 0, dilation: object = 1,
-                ceil_mode: bool = False, return_indices: bool = False) -> Tensor:
-    """``F.max_pool2d``, through :class:`_MaxPool2d` where a gradient will flow back."""
-    if input.dim() != 4 or return_indices or not torch.is_grad_enabled():
-        return F.max_pool2d(input, kernel_size, stride, padding, dilation, ceil_mode=ceil_mode, return_indices=return_indices)
-    return _MaxPool2d.apply(input, _pair(kernel_size), _pair(stride if stride else kernel_size), _pair(padding), _pair(dilation), ceil_mode)[0]
-
-
 class _CpuConvolutions(TorchFunctionMode):
-    """While active (the vmapped calls on a CPU), 2-D convolutions run as :func:`_conv2d` and max-pooling as
-    :func:`_max_pool2d`; every other function runs as called."""
+    """While active (the vmapped calls on a CPU), 2-D convolutions run as :func:`_conv2d`; every other function runs
+    as called."""
 
     def __torch_function__(self, func: Callable, types: object, args: tuple = (), kwargs: dict | None = None) -> object:
-        return (_conv2d if func is F.conv2d else _max_pool2d if func is F.max_pool2d else func)(*args, **(kwargs or {}))
+        return (_conv2d if func is F.conv2d else func)(*args, **(kwargs or {}))
 
 
 class _Apply:
@@ -502,7 +442,6 @@ def fit_copies(jobs: Sequence[FitJob], batch_size: int, device: torch.device) ->
     Returns:
         one :class:`FitResult` per job, in order.
     """
-    _keep_freed_memory(device)
     for job in jobs:
         if not job.handle.module.training:
             job.handle.module.train()
@@ -552,7 +491,6 @@ def predict_copies(modules: Sequence[ClassifierLitModule], images: Tensor, devic
     Each vmapped call takes as many rows and models as the activation budget allows (all rows for each model where
     they fit), so that few calls cover the K x N rows.
     """
-    _keep_freed_memory(device)
     stack = _Stack([m.net for m in modules])
 
     def forward(params: dict[str, Tensor], buffers: dict[str, Tensor], x: Tensor) -> Tensor:
