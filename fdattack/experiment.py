@@ -20,6 +20,7 @@ from omegaconf import DictConfig, OmegaConf
 from torchvision.utils import save_image
 
 from fdattack.attacks import ATTACKS, Attack, AttackContext
+from fdattack.attacks.results import LabelDistributions, Reconstructions
 from fdattack.attacks.state_store import ClientStateStore
 from fdattack.config.validation import check_names
 from fdattack.data.domains import DOMAIN_TRANSFORMS
@@ -27,6 +28,8 @@ from fdattack.data.federated import FederatedData
 from fdattack.defenses import DEFENSES, Defense
 from fdattack.errors import FdattackError
 from fdattack.evaluation import ConfidenceGapDiagnostic, Evaluator, Oracle, ReconstructionScorer, Report, train_identity_scorer
+from fdattack.evaluation.label_distribution import LabelDistributionScorer
+from fdattack.evaluation.membership import CandidatePool, MembershipScorer, candidate_pool
 from fdattack.fd.engine import LocalTrainer, derive_seed, make_fabric, seed_everything_quietly
 from fdattack.fd.orchestrator import RoundOrchestrator
 from fdattack.fd.protocols import PROTOCOLS
@@ -51,9 +54,24 @@ def known_degradation(cfg: DictConfig) -> Degradation | None:
     return partial(DOMAIN_TRANSFORMS.get(cfg.data.aux_domain), k=cfg.data.blur_strength)
 
 
-def view_for(cfg: DictConfig, protocol: Protocol, data: FederatedData) -> AttackerView:
+def attack_classes(cfg: DictConfig) -> list[type[Attack]]:
+    """The registered classes of ``cfg.attacks``, in order."""
+    return [ATTACKS.get(name) for name in cfg.attacks]
+
+
+def membership_candidates(cfg: DictConfig, data: FederatedData) -> CandidatePool | None:
+    """The candidate samples of the membership attacks (None when none runs), drawn with the run seed."""
+    if not any(cls.wants_candidates for cls in attack_classes(cfg)):
+        return None
+    return candidate_pool(data.split, cfg.evaluation.max_candidates, derive_seed(cfg.seed, "membership_candidates"))
+
+
+def view_for(cfg: DictConfig, protocol: Protocol, data: FederatedData, candidates: CandidatePool | None = None) -> AttackerView:
     """The attacker's view of this run, from the protocol's declared threat model."""
-    return attacker_view(data.split, protocol.threat_model, protocol.name, protocol.server is not None, known_degradation(cfg))
+    shared = set(protocol.client_archs)
+    return attacker_view(data.split, protocol.threat_model, protocol.name, protocol.server is not None, known_degradation(cfg),
+                         candidates=None if candidates is None else candidates.as_known(),
+                         architecture=shared.pop() if len(shared) == 1 else None)
 
 
 def build_defenses(cfg: DictConfig) -> list[Defense]:
@@ -88,20 +106,25 @@ def build_attacks(cfg: DictConfig, view: AttackerView, protocol: Protocol, engin
     return attacks
 
 
-def build_evaluator(cfg: DictConfig, oracle: Oracle, progress: Progress | None = None) -> Evaluator:
-    """The evaluation side: the reconstruction scorer (with the evaluation classifier) when attacks run, and the diagnostics."""
+def build_evaluator(cfg: DictConfig, oracle: Oracle, progress: Progress | None = None, candidates: CandidatePool | None = None) -> Evaluator:
+    """The evaluation side: a scorer for each result type the attacks return (the reconstruction scorer with its
+    evaluation classifier, label distributions, membership against ``candidates``) and the diagnostics."""
     diagnostics = []
     if cfg.observers.confidence_gap.enabled:
         diagnostics.append(ConfidenceGapDiagnostic(oracle, cfg.observers.confidence_gap.max_samples))
+    produced = set().union(*(cls.produces for cls in attack_classes(cfg)))
+    seed = derive_seed(cfg.seed, "evaluation")
+    label_distributions = LabelDistributionScorer(oracle.split, seed) if LabelDistributions in produced else None
+    membership = MembershipScorer(candidates, seed) if candidates is not None else None
     scorer = None
-    if cfg.attacks:
+    if Reconstructions in produced:
         ev = cfg.evaluation
         if ev.classifier and progress is not None:
             progress.activity(f"training the evaluation classifier ({ev.classifier}, {ev.epochs} epochs)")
         identity = (train_identity_scorer(oracle.split, oracle.engine, ev.classifier, ev.epochs, ev.lr, derive_seed(cfg.seed, 0, "evaluation_classifier"))
                     if ev.classifier else None)
         scorer = ReconstructionScorer(oracle.split, identity)
-    return Evaluator(oracle, scorer, diagnostics)
+    return Evaluator(oracle, scorer, diagnostics, label_distributions, membership)
 
 
 def _flat_config(cfg: DictConfig) -> dict:
@@ -156,7 +179,8 @@ class Experiment:
         self.engine = LocalTrainer(self.fabric, batch_size=cfg.protocol.optim.batch_size, vectorise=t.vectorise)
         self.protocol = PROTOCOLS.get(cfg.protocol.name)(cfg.protocol, cfg.model, self.data.split, self.engine, cfg.seed, build_defenses(cfg))
         self.oracle = Oracle(self.data.split, self.engine, tuple(self.protocol.clients), self.protocol.server)
-        self.view = view_for(cfg, self.protocol, self.data)
+        candidates = membership_candidates(cfg, self.data)
+        self.view = view_for(cfg, self.protocol, self.data, candidates)
         # only rank 0 writes the run directory; the other ranks keep their attack states in a scratch folder
         self._scratch = None if self.fabric.is_global_zero else tempfile.TemporaryDirectory(prefix="fdattack-attack-state-")
         state_root = self.output_dir / "attack_state" if self._scratch is None else Path(self._scratch.name)
@@ -164,7 +188,7 @@ class Experiment:
         attack_engine = LocalTrainer(make_fabric(t.accelerator, t.devices, t.strategy, t.num_nodes, t.precision), batch_size=cfg.protocol.optim.batch_size,
                                      vectorise=t.vectorise)
         self.attacks = build_attacks(cfg, self.view, self.protocol, attack_engine, state_root)
-        self.evaluator = build_evaluator(cfg, self.oracle, self.progress)
+        self.evaluator = build_evaluator(cfg, self.oracle, self.progress, candidates)
 
     def run(self) -> dict[str, float]:
         """Run (or resume) every round; write the run directory; return the final metrics. The run directory's lock is released at the end."""

@@ -56,6 +56,10 @@ class Attack(Observer):
     Settings: ClassVar[type]
     #: what the attack needs from the protocol, whatever its settings
     needs: ClassVar[frozenset[Capability]] = frozenset()
+    #: the result types it returns (the run builds the evaluation side's scorers for them)
+    produces: ClassVar[frozenset[type]] = frozenset()
+    #: whether it scores candidate samples for membership (the run then gives the view a candidate set)
+    wants_candidates: ClassVar[bool] = False
 
     def __init__(self, view: AttackerView, settings: Any, context: AttackContext) -> None:
         self.view = view

@@ -9,6 +9,7 @@ from torch import Tensor
 
 from fdattack.attacks.base import Attack, AttackContext
 from fdattack.attacks.pli_inputs import tempered_softmax
+from fdattack.attacks.results import Reconstructions
 from fdattack.config.knobs import knob
 from fdattack.errors import ConfigError
 from fdattack.fd.engine import ModelHandle, default_engine
@@ -38,6 +39,7 @@ class InversionAttack(Attack):
     """
 
     needs = frozenset({Capability.public_data, Capability.public_outputs})
+    produces = frozenset({Reconstructions})
 
     def __init__(self, view: AttackerView, settings: InversionSettings, context: AttackContext) -> None:
         super().__init__(view, settings, context)

@@ -46,6 +46,7 @@ class PublicMeanAttack(Attack):
     name = "public_mean"
     Settings = PublicMeanSettings
     needs = frozenset({Capability.public_data})
+    produces = frozenset({Reconstructions})
 
     def __init__(self, view: AttackerView, settings: PublicMeanSettings, context: AttackContext) -> None:
         super().__init__(view, settings, context)

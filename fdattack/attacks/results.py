@@ -1,13 +1,13 @@
 """The typed results attacks return; the evaluation side alone turns them into metrics.
 
 An attack never scores itself: it hands these to :class:`fdattack.evaluation.Evaluator`, which holds the
-ground truth. The families to come add their own types here (label distributions, membership scores).
+ground truth: reconstructions (PLI, TBI), label distributions (LDIA) and membership scores (LiRA).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Literal, Union
+from dataclasses import dataclass, field
+from typing import Literal, Mapping, Optional, Union
 
 from torch import Tensor
 
@@ -28,5 +28,41 @@ class Reconstructions:
     role: Literal["attack", "prior"] = "attack"
 
 
+@dataclass(frozen=True)
+class LabelDistributions:
+    """Each client's estimated label distribution p̂ (pdafd.md §5.2).
+
+    Attributes:
+        clients: the clients estimated, in row order.
+        estimates: (n, M) rows that sum to 1.
+    """
+
+    clients: tuple[int, ...]
+    estimates: Tensor
+
+
+@dataclass(frozen=True)
+class MembershipScores:
+    """Per target client, a membership score for every candidate sample the attacker holds (pdafd.md §6).
+
+    Columns follow the attacker's candidate set (:attr:`AttackerView.candidates <fdattack.fd.threat.AttackerView.candidates>`);
+    the attacker never learns which candidates are whose members, so it scores all of them for every client
+    and the evaluator picks each client's members and non-members.
+
+    Attributes:
+        clients: the target clients, in row order.
+        scores: (n, C) float64, higher = more likely a member of that client (the unsaturated score).
+        name: the metric prefix (``attack/<name>/...``) where one attack reports several variants; None = the attack's name.
+        paper_scores: (n, C) the paper's float32 λ, scored as ``paper_<metric>`` for parity (ties at 1.0 included), or None.
+        details: the attack's own diagnostics of how it scored (e.g. references per client), logged as they are.
+    """
+
+    clients: tuple[int, ...]
+    scores: Tensor
+    name: Optional[str] = None
+    paper_scores: Optional[Tensor] = None
+    details: Mapping[str, float] = field(default_factory=dict)
+
+
 #: every result type an attack may return
-AttackResult = Union[Reconstructions]
+AttackResult = Union[Reconstructions, LabelDistributions, MembershipScores]

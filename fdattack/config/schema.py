@@ -100,6 +100,7 @@ class ProtocolConfig:
     num_clients: int = knob(4, "K, the number of clients", ge=1)
     rounds: int = knob(5, "communication rounds T", ge=1)
     public_per_round: Optional[int] = knob(None, "public samples drawn per round; null = all of the public set", ge=1)
+    public_stratified: bool = knob(False, "draw the round's public samples evenly over the labels (PDA-FD's class-balanced D_inf) where the public set is labeled; else uniformly")
     on_bad_upload: OnBadUpload = knob(OnBadUpload.error, "what a NaN/inf upload does: error (stop with a message) | drop (leave that client out of the round and record it)")
     optim: OptimConfig = knob(OptimConfig(), "optimizer of clients and server")
 
@@ -172,6 +173,7 @@ class EvaluationConfig:
     classifier: Optional[str] = knob("pdafd_cnn", "evaluation classifier over the target labels, trained on their private images apart from the federated models (top-1/top-5 of reconstructions); a classifier registry name, or null for none")
     epochs: int = knob(30, "its training epochs", ge=1)
     lr: float = knob(1e-3, "its Adam learning rate", gt=0)
+    max_candidates: Optional[int] = knob(None, "membership attacks: how many candidate samples the attacker tests, drawn at random from every client's private samples and the test samples; null = all of them", ge=2)
 
 
 @dataclass

@@ -82,3 +82,19 @@ def assert_disjoint(parts: list[np.ndarray]) -> None:
     joined = np.concatenate(parts) if parts else np.empty(0, dtype=np.int64)
     if len(np.unique(joined)) != len(joined):
         raise AssertionError("partition parts overlap")
+
+
+def balanced_sample(labels: np.ndarray, size: int, rng: np.random.Generator) -> np.ndarray:
+    """``size`` rows without replacement, as evenly spread over the labels as the label counts allow (pdafd.md §5.2, A8):
+    each label gets ``size // L`` rows (the remainder to random labels); a label short of rows gives all it has and
+    the others make up the difference. Sorted."""
+    classes = [rng.permutation(np.flatnonzero(labels == c)) for c in np.unique(labels)]
+    size = min(size, len(labels))
+    quota = np.zeros(len(classes), dtype=np.int64)
+    while quota.sum() < size:  # water-filling: raise every label that still has rows by one share
+        open_ = [i for i, rows in enumerate(classes) if quota[i] < len(rows)]
+        share, extra = divmod(int(size - quota.sum()), len(open_))
+        lucky = set(rng.choice(open_, size=extra, replace=False).tolist()) if extra else set()
+        for i in open_:
+            quota[i] = min(len(classes[i]), quota[i] + share + (i in lucky))
+    return np.sort(np.concatenate([rows[:q] for rows, q in zip(classes, quota)]))

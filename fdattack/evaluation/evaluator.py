@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from typing import Optional, Protocol, Sequence
 
-from fdattack.attacks.results import AttackResult, Reconstructions
+from fdattack.attacks.results import AttackResult, LabelDistributions, MembershipScores, Reconstructions
+from fdattack.evaluation.label_distribution import LabelDistributionScorer
+from fdattack.evaluation.membership import MembershipScorer
 from fdattack.evaluation.oracle import Oracle
 from fdattack.evaluation.protocol_metrics import protocol_metrics
 from fdattack.evaluation.reconstruction import ReconstructionScorer
@@ -29,12 +31,17 @@ class Evaluator:
         oracle: the ground truth (private sets, models).
         reconstructions: scorer of :class:`Reconstructions` (None when no attack reconstructs).
         diagnostics: measurements reported every round.
+        label_distributions: scorer of :class:`LabelDistributions` (None when no attack estimates them).
+        membership: scorer of :class:`MembershipScores` (None when no attack infers membership).
     """
 
-    def __init__(self, oracle: Oracle, reconstructions: Optional[ReconstructionScorer] = None, diagnostics: Sequence[Diagnostic] = ()) -> None:
+    def __init__(self, oracle: Oracle, reconstructions: Optional[ReconstructionScorer] = None, diagnostics: Sequence[Diagnostic] = (),
+                 label_distributions: Optional[LabelDistributionScorer] = None, membership: Optional[MembershipScorer] = None) -> None:
         self.oracle = oracle
         self.reconstructions = reconstructions
         self.diagnostics = list(diagnostics)
+        self.label_distributions = label_distributions
+        self.membership = membership
 
     def setup_report(self) -> Report:
         """After the set-up phases (round 0): the protocol's utility metrics."""
@@ -51,9 +58,14 @@ class Evaluator:
         """``attack/<attack>/...`` metrics, images and artifacts of an attack's results this round."""
         report = Report()
         for result in results:
-            if not isinstance(result, Reconstructions):
+            if isinstance(result, Reconstructions):
+                report.update(self._score_reconstructions(attack, result))
+            elif isinstance(result, LabelDistributions) and self.label_distributions is not None:
+                report.update(self.label_distributions(attack, result))
+            elif isinstance(result, MembershipScores) and self.membership is not None:
+                report.update(self.membership(attack, result))
+            else:
                 raise TypeError(f"the evaluator has no scorer for {type(result).__name__} (from attack {attack})")
-            report.update(self._score_reconstructions(attack, result))
         return report
 
     def _score_reconstructions(self, attack: str, result: Reconstructions) -> Report:

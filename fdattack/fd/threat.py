@@ -133,6 +133,11 @@ class AttackerView:
         has_server_model: whether the attacker has a server model f_0 to query.
         prior_data: the attacker's own labeled data (FedInverse, L-Attack), or None.
         degradation: the known transform that made the insensitive public look (blur), or None.
+        candidates: the samples whose membership the attacker tests (images and labels, in an order that says
+            nothing of whose they are; pdafd.md §6.6), or None when no membership attack runs.
+        architecture: the clients' network name where all clients share one: PDA-FD's attacker copies it for its
+            students (pdafd.md §6.4 [P]); None for heterogeneous clients.
+        num_clients: N, how many clients the federation has (the server knows whom it talks to).
     """
 
     threat: ThreatModel
@@ -144,6 +149,9 @@ class AttackerView:
     has_server_model: bool
     prior_data: Optional[ImageSet] = None
     degradation: Optional[Degradation] = None
+    candidates: Optional[ImageSet] = None
+    architecture: Optional[str] = None
+    num_clients: int = 0
 
     @property
     def public_labels_known(self) -> bool:
@@ -167,7 +175,8 @@ def _public_as_known(public: ImageSet, threat: ThreatModel) -> ImageSet:
 
 
 def attacker_view(split: FederatedSplit, threat: ThreatModel, protocol: str, has_server_model: bool,
-                  degradation: Optional[Degradation] = None) -> AttackerView:
+                  degradation: Optional[Degradation] = None, candidates: Optional[ImageSet] = None,
+                  architecture: Optional[str] = None) -> AttackerView:
     """Build the view an attack of ``protocol`` gets from the split, per ``threat``.
 
     Args:
@@ -176,6 +185,8 @@ def attacker_view(split: FederatedSplit, threat: ThreatModel, protocol: str, has
         protocol: protocol name.
         has_server_model: whether the configuration trains a server model f_0.
         degradation: the transform that made the insensitive public look, where it is known.
+        candidates: the membership candidates as the attacker knows them (no origin), or None.
+        architecture: the clients' shared network name, or None.
     """
     public = None if threat.query_rows == "none" else _public_as_known(split.public, threat)
     prior = None
@@ -191,4 +202,7 @@ def attacker_view(split: FederatedSplit, threat: ThreatModel, protocol: str, has
         has_server_model=has_server_model,
         prior_data=prior,
         degradation=degradation,
+        candidates=candidates,
+        architecture=architecture,
+        num_clients=len(split.private),
     )

@@ -1,25 +1,32 @@
-"""The end-of-run table printed by ``fdattack run``: each attack's final scores next to chance."""
+"""The end-of-run tables printed by ``fdattack run``: each attack's final scores next to their baselines, one table
+per kind of attack (reconstruction, label distribution, membership)."""
 
 from __future__ import annotations
 
-#: (metric suffix under ``attack/<name>/``, column title, format)
-COLUMNS = (
-    ("accuracy", "accuracy", "{:.2f}"),
-    ("ssim", "SSIM", "{:.3f}"),
-    ("too_close_to_public", "too close to public", "{:.0f}"),
-    ("eval_top1", "eval top-1", "{:.2f}"),
-    ("chance", "chance", "{:.2f}"),
+#: per kind of attack: (metric suffix under ``attack/<name>/``, column title, format); an attack is listed in the
+#: first table whose first metric it reports
+TABLES = (
+    (("accuracy", "accuracy", "{:.2f}"), ("ssim", "SSIM", "{:.3f}"), ("too_close_to_public", "too close to public", "{:.0f}"),
+     ("eval_top1", "eval top-1", "{:.2f}"), ("chance", "chance", "{:.2f}")),
+    (("kl", "KL(p||p^)", "{:.3f}"), ("chebyshev", "Chebyshev", "{:.3f}"), ("random_kl", "random KL", "{:.3f}"),
+     ("uniform_kl", "uniform KL", "{:.3f}")),
+    (("tpr_at_1pct_fpr", "TPR@1%FPR", "{:.2%}"), ("tpr_at_0.1pct_fpr", "TPR@0.1%FPR", "{:.2%}"), ("auc", "AUC", "{:.3f}"),
+     ("balanced_accuracy", "balanced acc.", "{:.2%}")),
 )
 
 
 def attack_summary(final: dict[str, float]) -> str:
-    """A fixed-width table with a row per attack found in ``final`` (``attack/<name>/<metric>`` keys); "" if none."""
+    """Fixed-width tables with a row per attack found in ``final`` (``attack/<name>/<metric>`` keys); "" if none."""
     names = sorted({key.split("/")[1] for key in final if key.startswith("attack/") and key.count("/") == 2})
-    if not names:
-        return ""
-    header = ["attack", *(title for _, title, _ in COLUMNS)]
-    rows = [[name, *(fmt.format(final[f"attack/{name}/{metric}"]) if f"attack/{name}/{metric}" in final else "-"
-                     for metric, _, fmt in COLUMNS)] for name in names]
-    widths = [max(len(row[i]) for row in [header, *rows]) for i in range(len(header))]
-    return "\n".join("  ".join(cell.ljust(w) if i == 0 else cell.rjust(w) for i, (cell, w) in enumerate(zip(row, widths)))
-                     for row in [header, *rows])
+    tables = []
+    for columns in TABLES:
+        listed = [name for name in names if f"attack/{name}/{columns[0][0]}" in final]
+        if not listed:
+            continue
+        header = ["attack", *(title for _, title, _ in columns)]
+        rows = [[name, *(fmt.format(final[f"attack/{name}/{metric}"]) if f"attack/{name}/{metric}" in final else "-"
+                         for metric, _, fmt in columns)] for name in listed]
+        widths = [max(len(row[i]) for row in [header, *rows]) for i in range(len(header))]
+        tables.append("\n".join("  ".join(cell.ljust(w) if i == 0 else cell.rjust(w) for i, (cell, w) in enumerate(zip(row, widths)))
+                                for row in [header, *rows]))
+    return "\n\n".join(tables)

@@ -18,6 +18,7 @@ from omegaconf import DictConfig
 from torch import Tensor
 
 from fdattack.config.schema import ProtocolConfig
+from fdattack.data import partitions
 from fdattack.data.federated import FederatedSplit
 from fdattack.data.imageset import UNLABELED, ImageSet
 from fdattack.defenses.base import Defense, Release, TrainingDefense, UploadDefense, dense_bytes
@@ -172,12 +173,15 @@ class Protocol(ABC):
         return list(range(self.num_clients))
 
     def public_rows(self, round: int) -> Tensor:
-        """Public rows drawn for ``round``: all, or ``public_per_round`` without replacement (sorted)."""
-        n = len(self.split.public)
-        m = self.cfg.public_per_round
+        """Public rows drawn for ``round`` (S_t): all, or ``public_per_round`` without replacement, evenly over the
+        labels with ``public_stratified`` where the server's public set is labeled (pdafd.md §5.2, A8); sorted."""
+        public = self.split.public
+        n, m = len(public), self.cfg.public_per_round
         if m is None or m >= n:
             return torch.arange(n)
         rng = np.random.default_rng(derive_seed(self.seed, "public", round))
+        if self.cfg.public_stratified and bool((public.labels != UNLABELED).all()):
+            return torch.as_tensor(partitions.balanced_sample(public.labels.numpy(), int(m), rng), dtype=torch.long)
         return torch.as_tensor(np.sort(rng.choice(n, size=int(m), replace=False)), dtype=torch.long)
 
     def public_batch(self, round: int) -> PublicBatch | None:

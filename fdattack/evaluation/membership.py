@@ -1,0 +1,130 @@
+"""Membership ground truth: the candidate samples the attacker holds, whose members they are, and the scoring of
+:class:`~fdattack.attacks.results.MembershipScores` (pdafd.md §6.6, §8.2).
+
+The attacker holds one candidate set (images and labels, :meth:`CandidatePool.as_known`): every client's
+private samples and the test samples, or a seeded random part of them, in a shuffled order. It never learns
+whose members they are, so membership attacks score every candidate for every target client. For client n the
+evaluator takes its members (its private samples among the candidates) and as many label-matched non-members,
+drawn with replacement from the test candidates (the authors' protocol, §6.6, A18), computes the metrics of
+:func:`~fdattack.metrics.membership.membership_metrics`, and averages them over the clients (§8.2).
+"""
+
+from __future__ import annotations
+
+import io
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from fdattack.attacks.results import MembershipScores
+from fdattack.data.federated import FederatedSplit
+from fdattack.data.imageset import ImageSet
+from fdattack.evaluation.report import Report
+from fdattack.metrics.membership import membership_metrics, roc
+
+#: origin of a candidate that is nobody's member (a test sample)
+NON_MEMBER = -1
+
+
+@dataclass(frozen=True)
+class CandidatePool:
+    """The candidates, their labels, and whose private sample each is (:data:`NON_MEMBER` for test samples)."""
+
+    images: Tensor
+    labels: Tensor
+    origin: Tensor
+
+    def as_known(self) -> ImageSet:
+        """What the attacker holds: images and labels, nothing of their origin."""
+        n = len(self.labels)
+        return ImageSet(self.images, self.labels.clone(), torch.zeros(n, dtype=torch.long), torch.arange(n))
+
+
+def candidate_pool(split: FederatedSplit, max_candidates: int | None, seed: int) -> CandidatePool:
+    """Every private and test sample (or ``max_candidates`` of them, drawn uniformly), in a seeded random order."""
+    sets = [*split.private, split.test]
+    origin = torch.cat([torch.full((len(s),), k, dtype=torch.long) for k, s in enumerate(split.private)]
+                       + [torch.full((len(split.test),), NON_MEMBER, dtype=torch.long)])
+    rng = np.random.default_rng(seed)
+    order = rng.permutation(len(origin))
+    if max_candidates is not None:
+        order = order[:max_candidates]
+    rows = torch.as_tensor(order, dtype=torch.long)
+    images = torch.cat([s.images for s in sets])[rows]
+    labels = torch.cat([s.labels for s in sets])[rows]
+    return CandidatePool(images, labels, origin[rows])
+
+
+class MembershipScorer:
+    """Scores membership results against the pool's ground truth, one evaluation set per target client.
+
+    Args:
+        pool: the candidates and their origin.
+        seed: seeds the draw of each client's non-members (fixed for the run, so rounds compare).
+    """
+
+    def __init__(self, pool: CandidatePool, seed: int) -> None:
+        self.pool = pool
+        self.seed = seed
+        self._sets: dict[int, tuple[Tensor, Tensor]] = {}
+
+    def evaluation_set(self, client: int) -> tuple[Tensor, Tensor]:
+        """(candidate columns, is_member) of ``client``: its members, then label-matched non-members (with replacement)."""
+        if client not in self._sets:
+            members = torch.nonzero(self.pool.origin == client).flatten()
+            outsiders = torch.nonzero(self.pool.origin == NON_MEMBER).flatten()
+            rng = np.random.default_rng([self.seed, client])
+            picked = []
+            for label, count in zip(*torch.unique(self.pool.labels[members], return_counts=True)):
+                same = outsiders[self.pool.labels[outsiders] == label].numpy()
+                if len(same):
+                    picked.append(torch.as_tensor(rng.choice(same, size=int(count), replace=True)))
+            non_members = torch.cat(picked) if picked else torch.empty(0, dtype=torch.long)
+            columns = torch.cat([members, non_members])
+            self._sets[client] = (columns, torch.arange(len(columns)) < len(members))
+        return self._sets[client]
+
+    def __call__(self, attack: str, result: MembershipScores) -> Report:
+        """``attack/<name>/...``: the mean over target clients of each metric, and a log-log ROC figure."""
+        name = result.name or attack
+        per_client: list[dict[str, float]] = []
+        paper: list[dict[str, float]] = []
+        curves = []
+        for row, client in enumerate(result.clients):
+            columns, is_member = self.evaluation_set(client)
+            if is_member.all() or not is_member.any():
+                continue  # no member (or no non-member) of this client among the candidates
+            per_client.append(membership_metrics(is_member, result.scores[row, columns]))
+            curves.append(roc(is_member, result.scores[row, columns]))
+            if result.paper_scores is not None:
+                paper.append(membership_metrics(is_member, result.paper_scores[row, columns]))
+        metrics = {f"attack/{name}/{key}": float(np.mean([m[key] for m in per_client])) for key in (per_client[0] if per_client else {})}
+        metrics.update({f"attack/{name}/paper_{key}": float(np.mean([m[key] for m in paper])) for key in (paper[0] if paper else {})})
+        metrics[f"attack/{name}/clients_scored"] = float(len(per_client))
+        metrics.update({f"attack/{name}/{key}": float(value) for key, value in result.details.items()})
+        images = {f"attack/{name}/roc": roc_figure(curves, name)} if curves else {}
+        return Report(metrics=metrics, images=images)
+
+
+def roc_figure(curves: list[tuple[Tensor, Tensor]], title: str) -> Tensor:
+    """Every target client's ROC on log-log axes with the chance diagonal (as the paper's Fig. 9): (3, H, W) in [0, 1]."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from PIL import Image
+
+    fig, ax = plt.subplots(figsize=(4, 4), dpi=100)
+    floor = 1e-4
+    for k, (fpr, tpr) in enumerate(curves):
+        ax.plot(fpr.clamp_min(floor).numpy(), tpr.clamp_min(floor).numpy(), linewidth=1, label=f"client {k}" if len(curves) <= 10 else None)
+    ax.plot([floor, 1], [floor, 1], "k--", linewidth=0.8, label="chance")
+    ax.set(xscale="log", yscale="log", xlim=(floor, 1), ylim=(floor, 1), xlabel="false positive rate", ylabel="true positive rate", title=title)
+    ax.legend(fontsize=6, loc="lower right")
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png", bbox_inches="tight")
+    plt.close(fig)
+    image = np.asarray(Image.open(buffer).convert("RGB"), dtype=np.float32) / 255.0
+    return torch.from_numpy(image).permute(2, 0, 1).contiguous()
