@@ -4,7 +4,11 @@ Defenses are picked by name (``defenses=[laplace, topk]``), each with its knobs 
 ``defense.<name>`` (its ``Settings`` dataclass), and compose in the listed order. An upload defense
 transforms every payload a client releases on public data, the round's upload and every answer to
 a query alike, so an attack never sees an undefended output. A training defense wraps a client's
-network, objective or optimizer (DP-SGD, MID and BiDO are of this kind).
+network, objective or optimizer, or one phase's training job (DP-SGD, MID and BiDO are of this kind).
+
+A defense may report metrics after every round (:meth:`Defense.round_metrics`, logged as
+``defense/<name>/<metric>``, e.g. DP-SGD's ε) and keep state across rounds that checkpoints save
+(:meth:`Defense.state_dict`).
 """
 
 from __future__ import annotations
@@ -12,7 +16,7 @@ from __future__ import annotations
 import hashlib
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 from torch import Tensor, nn
@@ -21,6 +25,9 @@ from fdattack.fd.record import PayloadKind
 from fdattack.fd.threat import Capability
 from fdattack.lit.classifier import Objective
 from fdattack.registry import Registry
+
+if TYPE_CHECKING:
+    from fdattack.fd.engine import FitJob
 
 FLOAT_BYTES = 4  #: a dense payload is float32 on the wire
 
@@ -66,6 +73,17 @@ class Defense(ABC):
         self.settings = settings
         self.seed = seed
 
+    def round_metrics(self) -> dict[str, float]:
+        """Metrics after each round (set-up included), logged as ``defense/<name>/<key>``; none by default."""
+        return {}
+
+    def state_dict(self) -> dict:
+        """What a checkpoint keeps of this defense between rounds (e.g. DP-SGD's privacy accountants)."""
+        return {}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Restore :meth:`state_dict`."""
+
 
 class UploadDefense(Defense):
     """Transforms an (N, J) payload of logits or probabilities before it leaves the client."""
@@ -85,7 +103,12 @@ class TrainingDefense(Defense):
     """Wraps how a client trains; each hook returns its argument unchanged unless overridden."""
 
     def wrap_network(self, client: int, net: nn.Module) -> nn.Module:
-        """The client's network (e.g. MID's information bottleneck)."""
+        """The client's network (e.g. MID's information bottleneck).
+
+        Raises:
+            ValueError: this defense cannot train the network; the message reads on from ``model.name=<name>``
+                (``has BatchNorm2d, which ...``) and the protocol reports it naming the key.
+        """
         return net
 
     def wrap_objective(self, client: int, objective: Objective) -> Objective:
@@ -93,8 +116,13 @@ class TrainingDefense(Defense):
         return objective
 
     def wrap_optimizer(self, client: int, optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
-        """The client's optimizer (e.g. DP-SGD's clipped, noised step)."""
+        """The client's optimizer, for every phase."""
         return optimizer
+
+    def wrap_job(self, client: int, phase: str, job: FitJob, batch_size: int) -> FitJob:
+        """The client's training in one phase, trained in mini-batches of ``batch_size`` (e.g. DP-SGD's Poisson
+        batches and clipped, noised steps in the phases on private data, through ``job.sampler`` and ``job.session``)."""
+        return job
 
 
 def dense_bytes(payload: Tensor) -> int:

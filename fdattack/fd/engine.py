@@ -27,6 +27,7 @@ from __future__ import annotations
 import hashlib
 import logging
 from collections import Counter, defaultdict
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from types import ModuleType
 from typing import Callable, Mapping, Protocol, Sequence
@@ -133,6 +134,14 @@ class ModelHandle:
             optimizer.load_state_dict(optimizer_state)
 
 
+BatchSampler = Callable[[int, int, int], list[Tensor]]
+"""``(rows n, epoch seed, batch size) -> the row indices of each step of one epoch`` (a batch may be empty)."""
+
+FitSession = Callable[[ModelHandle], AbstractContextManager[ModelHandle]]
+"""A scope around one job's epochs: given the job's model, it yields the handle to train (the same module, its
+optimizer possibly wrapped) and undoes on exit what it set up (DP-SGD's per-sample gradient hooks)."""
+
+
 @dataclass
 class FitJob:
     """One classifier trained for ``epochs`` over ``data`` with ``objective`` (the protocols' phases).
@@ -145,6 +154,9 @@ class FitJob:
         seed: shuffling seed; derive it from (run seed, round, phase, client) for exact resume.
         targets: (N, J) soft targets for distillation phases, or None.
         fresh_optimizer: start this phase from a new optimizer (PDA-FD's digest) instead of the kept one.
+        sampler: draws each epoch's batches instead of the seeded shuffle (a training defense's: DP-SGD's Poisson
+            sampling); seed it from its epoch seed so that runs reproduce and resume.
+        session: wraps the job's epochs (a training defense's: DP-SGD's clipped, noised steps), or None.
     """
 
     handle: ModelHandle
@@ -154,6 +166,8 @@ class FitJob:
     seed: int
     targets: Tensor | None = None
     fresh_optimizer: bool = False
+    sampler: BatchSampler | None = None
+    session: FitSession | None = None
 
     def rows(self) -> Batchable:
         """What the epochs draw batches from: the samples, with ``target`` rows where the job has soft targets."""
@@ -224,13 +238,14 @@ class LocalTrainer:
         return list(torch.split(order, batch_size))
 
     def fit_module(self, handle: ModelHandle, data: Batchable, epochs: int, seed: int, batch_size: int | None = None,
-                   shuffle: bool = True) -> FitResult:
+                   shuffle: bool = True, sampler: BatchSampler | None = None) -> FitResult:
         """Run ``epochs`` epochs of the module's own ``training_step`` over ``data``.
 
         With automatic optimisation the engine takes the step (zero_grad, ``fabric.backward``, step) on the
         module's single optimizer; with ``automatic_optimization = False`` the module's training_step steps
         its own optimizers (``self.optimizers()``, ``self.manual_backward``), as under a ``lightning.Trainer``.
-        Epoch e shuffles with ``derive_seed(seed, e)``.
+        Epoch e shuffles with ``derive_seed(seed, e)``, or draws its batches with ``sampler`` given that seed (not
+        sharded over DDP ranks). An empty batch is still a step; its loss does not count in the mean loss.
         """
         result = FitResult()
         if epochs <= 0 or len(data) == 0:
@@ -239,15 +254,16 @@ class LocalTrainer:
         automatic = module.automatic_optimization
         handle.wrapped.train()
         total, losses = torch.zeros((), device=device), 0
+        draw = sampler or (lambda n, epoch_seed, size: self._batches(n, epoch_seed, size, shuffle))
         for epoch in range(epochs):
-            for batch_idx, idx in enumerate(self._batches(len(data), derive_seed(seed, epoch), batch_size or self.batch_size, shuffle)):
+            for batch_idx, idx in enumerate(draw(len(data), derive_seed(seed, epoch), batch_size or self.batch_size)):
                 batch = {k: v.to(device, non_blocking=True) for k, v in data.batch(idx).items()}
                 loss = handle.wrapped.training_step(batch, batch_idx)
                 if automatic:
                     handle.optimizer.zero_grad(set_to_none=True)
                     self.fabric.backward(loss)
                     handle.optimizer.step()
-                if isinstance(loss, Tensor):
+                if isinstance(loss, Tensor) and len(idx):
                     total += loss.detach()
                     losses += 1
                 result.steps += 1
@@ -270,7 +286,8 @@ class LocalTrainer:
         if job.epochs <= 0 or len(job.data) == 0:
             return FitResult()
         self._prepare(job)
-        return self.fit_module(job.handle, job.rows(), job.epochs, job.seed)
+        with job.session(job.handle) if job.session is not None else nullcontext(job.handle) as handle:
+            return self.fit_module(handle, job.rows(), job.epochs, job.seed, sampler=job.sampler)
 
     def _prepare(self, job: FitJob) -> None:
         """The job's fresh optimizer (if it asks for one) and objective."""
@@ -306,7 +323,9 @@ class LocalTrainer:
         groups: dict[tuple, list[int]] = defaultdict(list)
         for i in active:
             job = jobs[i]
-            reason = "a model appears in several jobs" if uses[id(job.handle)] > 1 else vectorised.unsupported(job)
+            reason = ("a model appears in several jobs" if uses[id(job.handle)] > 1
+                      else "a training defense draws the batches or takes the steps" if job.sampler or job.session
+                      else vectorised.unsupported(job))
             if reason is None:
                 groups[vectorised.group_key(job)].append(i)
             else:

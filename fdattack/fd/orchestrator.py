@@ -25,7 +25,7 @@ log = logging.getLogger(__name__)
 
 @dataclass
 class RoundResult:
-    """What the protocol reports of a round (phase losses, dropped uploads); no ground truth."""
+    """What the protocol reports of a round (phase losses, dropped uploads, defense metrics); no ground truth."""
 
     round: int
     metrics: dict[str, float]
@@ -52,14 +52,14 @@ class RoundOrchestrator:
         """Round 0: the protocol's set-up phases (transfer learning, warm-up)."""
         ctx = RoundContext(round=0, participants=list(range(self.protocol.num_clients)))
         self._run_phases(ctx, self.protocol.setup_phases())
-        return RoundResult(round=0, metrics=dict(ctx.metrics))
+        return RoundResult(round=0, metrics={**ctx.metrics, **self.protocol.defense_metrics()})
 
     def run_round(self, round: int) -> RoundResult:
         """One communication round: every phase, one record per phase."""
         torch.manual_seed(derive_seed(self.protocol.seed, "round", round))
         ctx = RoundContext(round=round, participants=self.protocol.participants(round), batch=self.protocol.public_batch(round))
         self._run_phases(ctx, self.protocol.round_phases(round))
-        metrics = {**ctx.metrics, "protocol/dropped_uploads": float(len(ctx.dropped))}
+        metrics = {**ctx.metrics, **self.protocol.defense_metrics(), "protocol/dropped_uploads": float(len(ctx.dropped))}
         return RoundResult(round=round, metrics=metrics)
 
     def _run_phases(self, ctx: RoundContext, phases: list[Phase]) -> None:

@@ -101,6 +101,8 @@ class Protocol(ABC):
         self.num_clients = int(cfg.num_clients)
         if len(split.private) != self.num_clients:
             raise ConfigError(f"protocol.num_clients={self.num_clients} but the data has {len(split.private)} private sets")
+        #: every defense, in the configured order (their metrics and states)
+        self.defenses = tuple(defenses)
         #: applied, in order, to every payload a client sends and to every query answer
         self.upload_defenses = tuple(d for d in defenses if isinstance(d, UploadDefense))
         self.training_defenses = tuple(d for d in defenses if isinstance(d, TrainingDefense))
@@ -145,7 +147,10 @@ class Protocol(ABC):
             raise ConfigError(f"model {arch!r} for {name}: {err} (see data.image_size)") from None
         defenses = self.training_defenses if client is not None else ()
         for defense in defenses:
-            net = defense.wrap_network(client, net)  # type: ignore[arg-type]
+            try:
+                net = defense.wrap_network(client, net)  # type: ignore[arg-type]
+            except ValueError as err:
+                raise ConfigError(f"defense {defense.name}: {self._arch_key(client)}={arch} {err}") from None  # type: ignore[arg-type]
         optim = self.cfg.optim
         module = ClassifierLitModule(
             net, self.split.num_classes, optimizer=str(optim.name), lr=optim.lr, weight_decay=optim.weight_decay,
@@ -158,6 +163,11 @@ class Protocol(ABC):
                     optimizer = defense.wrap_optimizer(client, optimizer)  # type: ignore[arg-type]
                 return optimizer
         return self.engine.setup(name, module, wrap_optimizer=wrap)
+
+    def _arch_key(self, client: int) -> str:
+        """The config key that chose client ``client``'s architecture: ``model.name`` or ``model.clients[i]``."""
+        listed = len(self.model_cfg.clients)
+        return f"model.clients[{client % listed}]" if listed else "model.name"
 
     # ------------------------------------------------------------------ schedule
     def setup_phases(self) -> list[Phase]:
@@ -213,13 +223,16 @@ class Protocol(ABC):
 
     def train_clients(self, ctx: RoundContext, phase: str, clients: list[int], data: Callable[[int], ImageSet], epochs: int,
                       objective: Objective, targets: Tensor | Callable[[int], Tensor] | None = None) -> None:
-        """Train ``clients`` (each on ``data(k)``, with soft targets ``targets`` or ``targets(k)``) in one engine call."""
+        """Train ``clients`` (each on ``data(k)``, with soft targets ``targets`` or ``targets(k)``) in one engine call;
+        each client's job goes through the training defenses' :meth:`~TrainingDefense.wrap_job` for ``phase``."""
         fresh = bool(self.cfg.optim.fresh_per_phase)
-        jobs = [
-            FitJob(self.clients[k], data(k), epochs, self._objective_for(k, objective), self.seed_for(ctx.round, phase, k),
-                   targets=targets(k) if callable(targets) else targets, fresh_optimizer=fresh)
-            for k in clients
-        ]
+        jobs = []
+        for k in clients:
+            job = FitJob(self.clients[k], data(k), epochs, self._objective_for(k, objective), self.seed_for(ctx.round, phase, k),
+                         targets=targets(k) if callable(targets) else targets, fresh_optimizer=fresh)
+            for defense in self.training_defenses:
+                job = defense.wrap_job(k, phase, job, self.engine.batch_size)
+            jobs.append(job)
         results = self.engine.fit_many(jobs)
         losses = [r.mean_loss for r in results if r.steps]
         if losses:
@@ -308,6 +321,10 @@ class Protocol(ABC):
         for adversary in self.adversaries:
             adversary.close_phase()
 
+    def defense_metrics(self) -> dict[str, float]:
+        """Every defense's :meth:`~fdattack.defenses.base.Defense.round_metrics`, as ``defense/<name>/<key>``."""
+        return {f"defense/{d.name}/{key}": value for d in self.defenses for key, value in d.round_metrics().items()}
+
     # ------------------------------------------------------------------ persistence
     def extra_state(self) -> dict:
         """Protocol state beyond the models (e.g. FedGEMS' knowledge pool)."""
@@ -322,6 +339,7 @@ class Protocol(ABC):
             "server": None if self.server is None else self.server.state_dict(),
             "extra": self.extra_state(),
             "adversaries": [a.state_dict() for a in self.adversaries],
+            "defenses": {d.name: d.state_dict() for d in self.defenses},
         }
 
     def load_state_dict(self, state: dict) -> None:
@@ -332,6 +350,10 @@ class Protocol(ABC):
         self.load_extra_state(state["extra"])
         for adversary, queued in zip(self.adversaries, state.get("adversaries", []), strict=False):
             adversary.load_state_dict(queued)
+        saved = state.get("defenses", {})
+        for defense in self.defenses:
+            if defense.name in saved:
+                defense.load_state_dict(saved[defense.name])
 
     def describe(self) -> dict[str, object]:
         """The self-describing threat model and shape of this protocol (printed at start-up)."""

@@ -1,0 +1,172 @@
+"""DP-SGD (Abadi et al. 2016) through opacus: PDA-FD's training defense (pdafd.md §12 "Defences", A26, A27).
+
+In every phase listed in ``phases`` (by default the local updates on the client's private set; distillation
+on public data stays non-private, A26) each client trains with DP-SGD: every step draws a Poisson batch (each
+of the n rows with probability q = B/n), clips each sample's gradient to L2 norm C, adds N(0, σ²C²) to their
+sum and divides by the expected batch size B, then takes the client's optimizer step (Adam or SGD). Opacus'
+RDP accountant, one per client, composes the steps; after every round the defense reports the ε each client
+has spent so far at ``delta`` (``defense/dpsgd/epsilon``, the largest over clients, and ``epsilon_mean``).
+
+The per-sample gradient hooks are on the client's network only during its private phases, so ``module.net``
+stays the plain network everywhere else: same ``state_dict`` keys, same checkpoints, same queries.
+"""
+
+from __future__ import annotations
+
+import functools
+import warnings
+from contextlib import contextmanager
+from dataclasses import dataclass, replace
+from typing import Iterator
+
+import torch
+from opacus import GradSampleModule
+from opacus.accountants import RDPAccountant
+from opacus.optimizers import DPOptimizer
+from opacus.utils.uniform_sampler import UniformWithReplacementSampler
+from opacus.validators import ModuleValidator
+from torch import Tensor, nn
+
+from fdattack.config.knobs import Choice, knob
+from fdattack.defenses.base import DEFENSES, TrainingDefense
+from fdattack.errors import ConfigError
+from fdattack.fd.engine import FitJob, ModelHandle, derive_seed
+from fdattack.models import CLASSIFIERS, build_classifier
+
+
+class DPPhase(Choice):
+    """The protocols' client-training phases (a protocol that adds one adds it here)."""
+
+    transfer_public = "transfer_public"
+    transfer_private = "transfer_private"
+    digest = "digest"
+    revisit = "revisit"
+    warmup = "warmup"
+    local_train = "local_train"
+    distill = "distill"
+
+    def __repr__(self) -> str:  # as written in a config (``--help-config`` shows the default list)
+        return repr(self.value)
+
+
+#: the phases in which a client trains on its private set alone (FedMD, DS-FL, Cronus, FedGEMS, FedAvg)
+PRIVATE_PHASES = [DPPhase.transfer_private, DPPhase.revisit, DPPhase.warmup, DPPhase.local_train]
+
+
+@dataclass
+class DPSGDSettings:
+    noise_multiplier: float = knob(1.0, "σ: the Gaussian noise on each step's sum of clipped per-sample gradients has std σ·C "
+                                        "(0 = clipping only)", ge=0)
+    max_grad_norm: float = knob(10.0, "C: each sample's gradient is clipped to L2 norm C (PDA-FD Table 9: 10)", gt=0)
+    delta: float = knob(1e-5, "δ of the (ε, δ) reported after every round (opacus RDP accountant)", gt=0, lt=1)
+    poisson_sampling: bool = knob(True, "each step takes every row with probability q = B/n (opacus); false: the usual shuffled batches "
+                                        "of B (the reported ε still assumes Poisson sampling at q)")
+    phases: list[DPPhase] = knob(PRIVATE_PHASES, "client phases trained with DP-SGD; default: the local updates on private data (A26), "
+                                                 "distillation on public data stays non-private; cronus with protocol.mixed_kd=true trains on "
+                                                 f"private data in distill [any of: {' | '.join(DPPhase)}]")
+
+
+def sample_rate(n: int, batch_size: int) -> float:
+    """q = B / n, the probability that a step takes a given row (at most 1)."""
+    return min(1.0, batch_size / n)
+
+
+def poisson_batches(n: int, seed: int, batch_size: int) -> list[Tensor]:
+    """One epoch of Poisson sampling, as opacus' ``DPDataLoader``: int(1/q) steps, each taking every row with
+    probability q = B/n, independently (a step may be empty); seeded with ``seed``."""
+    sampler = UniformWithReplacementSampler(num_samples=n, sample_rate=sample_rate(n, batch_size),
+                                            generator=torch.Generator().manual_seed(seed))
+    return [torch.tensor(rows, dtype=torch.long) for rows in sampler]
+
+
+def unsupported_layers(net: nn.Module) -> list[str]:
+    """Layer types of ``net`` that opacus' validators refuse to train per sample (BatchNorm mixes the samples of a batch)."""
+    validators = ModuleValidator.VALIDATORS
+    return sorted({type(m).__name__ for m in net.modules() if type(m) in validators and validators[type(m)](m)})
+
+
+@functools.cache
+def trainable_classifiers() -> tuple[str, ...]:
+    """The registered classifiers that DP-SGD can train (no :func:`unsupported_layers`), for error messages."""
+    return tuple(sorted(name for name in CLASSIFIERS if not unsupported_layers(build_classifier(name, 3, 32, 10))))
+
+
+@contextmanager
+def private_steps(handle: ModelHandle, *, noise_multiplier: float, max_grad_norm: float, expected_batch_size: int, rate: float,
+                  accountant: RDPAccountant, seed: int) -> Iterator[ModelHandle]:
+    """The client's model with per-sample gradient hooks on its network and an optimizer that takes DP-SGD steps.
+
+    Each step: per-sample gradients g_i (opacus hooks), g̃ = (Σ_i g_i · min(1, C/‖g_i‖) + N(0, σ²C² I)) / B,
+    then the client's own optimizer on g̃; ``accountant`` records the step at sampling rate ``rate``. The noise
+    is drawn from a generator seeded with ``seed``. On exit the hooks and opacus' attributes are removed.
+    """
+    net = handle.module.net
+    hooks = GradSampleModule(net, loss_reduction="mean")
+    generator = torch.Generator(device=next(net.parameters()).device).manual_seed(seed)
+    optimizer = DPOptimizer(handle.optimizer, noise_multiplier=noise_multiplier, max_grad_norm=max_grad_norm,
+                            expected_batch_size=expected_batch_size, generator=generator)
+    optimizer.attach_step_hook(accountant.get_optimizer_hook_fn(rate))
+    try:
+        with warnings.catch_warnings():  # torch's note that the first layer's input needs no gradient: expected here
+            warnings.filterwarnings("ignore", "Full backward hook is firing", UserWarning)
+            yield replace(handle, optimizers=[optimizer])
+    finally:
+        hooks.cleanup()
+        for p in optimizer.params:
+            if hasattr(p, "summed_grad"):
+                del p.summed_grad
+
+
+@DEFENSES.register("dpsgd")
+class DPSGDDefense(TrainingDefense):
+    """Every client trains its ``phases`` with DP-SGD (opacus); ε per client from an RDP accountant.
+
+    Refused at build time: a network with BatchNorm (its per-sample gradients are not defined) and DDP (each
+    client trains in one process here, without opacus' distributed optimizer). With ``poisson_sampling=false``
+    and σ = 0, C large, a client whose private set fits in one batch trains as without the defense.
+    """
+
+    name = "dpsgd"
+    Settings = DPSGDSettings
+
+    def __init__(self, settings: DPSGDSettings, seed: int) -> None:
+        super().__init__(settings, seed)
+        self.accountants: dict[int, RDPAccountant] = {}
+
+    def wrap_network(self, client: int, net: nn.Module) -> nn.Module:
+        """Check that opacus can train ``net`` per sample, and open the client's accountant; the network is unchanged."""
+        if torch.distributed.is_available() and torch.distributed.is_initialized() and torch.distributed.get_world_size() > 1:
+            raise ConfigError(f"defense {self.name}: trainer.devices and trainer.num_nodes run {torch.distributed.get_world_size()} processes (DDP); "
+                              "DP-SGD trains each client in one process: set trainer.devices=1 and trainer.num_nodes=1")
+        layers = unsupported_layers(net)
+        if layers:
+            raise ValueError(f"has {', '.join(layers)}, which DP-SGD cannot train per sample; choose a model without it: "
+                             f"{', '.join(trainable_classifiers())}")
+        self.accountants[client] = RDPAccountant()
+        return net
+
+    def wrap_job(self, client: int, phase: str, job: FitJob, batch_size: int) -> FitJob:
+        """In a listed phase: Poisson batches (or the plain shuffle) and :func:`private_steps` at q = B/n; else ``job``."""
+        if phase not in self.settings.phases or job.epochs <= 0 or len(job.data) == 0:
+            return job
+        n = len(job.data)
+        s = self.settings
+        session = functools.partial(private_steps, noise_multiplier=float(s.noise_multiplier), max_grad_norm=float(s.max_grad_norm),
+                                    expected_batch_size=min(batch_size, n), rate=sample_rate(n, batch_size),
+                                    accountant=self.accountants[client], seed=derive_seed(job.seed, self.name))
+        return replace(job, sampler=poisson_batches if s.poisson_sampling else None, session=session)
+
+    def epsilons(self) -> dict[int, float]:
+        """ε spent so far by each client at ``delta`` (0 before its first private step, inf with σ = 0)."""
+        return {k: float(a.get_epsilon(delta=float(self.settings.delta))) for k, a in sorted(self.accountants.items())}
+
+    def round_metrics(self) -> dict[str, float]:
+        eps = list(self.epsilons().values())
+        return {"epsilon": max(eps), "epsilon_mean": sum(eps) / len(eps)} if eps else {}
+
+    def state_dict(self) -> dict:
+        return {"accountants": {k: dict(a.state_dict()) for k, a in self.accountants.items()}}
+
+    def load_state_dict(self, state: dict) -> None:
+        for k, saved in state["accountants"].items():
+            self.accountants[int(k)].load_state_dict(saved)
