@@ -232,19 +232,19 @@ class Experiment:
                 report.metrics = {**setup_metrics, **report.metrics}
                 _record(run_dir, tracker, 0, report)
                 self._checkpoint(0, elapsed_before, tracker)
-            final: dict[str, float] | None = None
+            # metrics.json holds every metric's latest value (an attack of round 1 stays in it), as W&B's summary does
+            final = _latest_metrics(self.output_dir) if last is not None and fabric.is_global_zero else {}
             for round_index in range(start_round + 1, rounds + 1):
                 round_started = time.perf_counter()
                 report = self._round(orchestrator, round_index)
                 report.metrics["time/round_s"] = time.perf_counter() - round_started
                 _record(run_dir, tracker, round_index, report)
-                final = dict(report.metrics)
+                final.update(report.metrics)
                 if round_index % cfg.checkpoint_every == 0 or round_index == rounds:
                     progress.activity(f"round {round_index}: checkpoint")
                     self._checkpoint(round_index, elapsed_before, tracker)
                 progress.advance()
             progress.close()
-            final = final if final is not None else _last_round_metrics(self.output_dir)
             final["time/total_s"] = elapsed_before + time.perf_counter() - self.started
             run_dir.write_metrics(final)
             tracker.set_summary(final)
@@ -310,12 +310,15 @@ def run(cfg: DictConfig) -> dict[str, float]:
     return Experiment(cfg).run()
 
 
-def _last_round_metrics(output_dir: Path) -> dict[str, float]:
-    """Metrics of the last line of ``rounds.jsonl`` (a resumed run that had already finished)."""
-    lines = (output_dir / "rounds.jsonl").read_text().splitlines()
-    row = json.loads(lines[-1]) if lines else {}
-    row.pop("round", None)
-    return row
+def _latest_metrics(output_dir: Path) -> dict[str, float]:
+    """Every metric's latest value over the rounds of ``rounds.jsonl`` after round 0 (a resumed run's earlier rounds)."""
+    path = output_dir / "rounds.jsonl"
+    latest: dict[str, float] = {}
+    for line in path.read_text().splitlines() if path.is_file() else []:
+        row = json.loads(line)
+        if row.pop("round") > 0:
+            latest.update(row)
+    return latest
 
 
 def _disabled(cfg: DictConfig) -> DictConfig:
