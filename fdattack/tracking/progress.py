@@ -29,6 +29,10 @@ SCORE_COLUMNS = (
     ("ssim", "SSIM", "{:.3f}"),
     ("eval_top1", "eval top-1", "{:.2f}"),
     ("chance", "chance", "{:.2f}"),
+    ("kl", "KL", "{:.3f}"),
+    ("random_kl", "random KL", "{:.3f}"),
+    ("tpr_at_1pct_fpr", "TPR@1%FPR", "{:.2%}"),
+    ("auc", "AUC", "{:.3f}"),
 )
 
 

@@ -14,9 +14,9 @@ from typing import Any, Iterable
 
 from fdattack.tracking.report_figures import CHANCE_METRICS, copy_grid, grid_html, latest_grids, plot_metric, run_style
 from fdattack.tracking.report_runs import Run, Section, format_value, label_keys, load_runs, sections
-from fdattack.tracking.summary import COLUMNS
+from fdattack.tracking.summary import TABLES
 
-TITLES = {metric: title for metric, title, _ in COLUMNS}
+TITLES = {metric: title for columns in TABLES for metric, title, _ in columns}
 STYLE = """
 body{font-family:system-ui,'DejaVu Sans',sans-serif;margin:24px;color:#1a1a1a;font-size:15px;line-height:1.4}
 h1{margin-top:0} h2{border-bottom:2px solid #ddd;padding-bottom:4px;margin-top:2em} h3{margin:1.4em 0 .5em}
