@@ -48,7 +48,7 @@ def test_ldia_and_distillation_lira_beat_their_baselines_on_mnist(tmp_path: Path
                  "logger.wandb.mode=disabled", "logger.progress=never", f"output_dir={out}"]) == 0
     m = _metrics(out)
     assert m["attack/ldia/kl"] < m["attack/ldia/uniform_kl"] / 2 and m["attack/ldia/kl"] < m["attack/ldia/random_kl_mean1000"] / 4
-    assert m["attack/ldia/chebyshev"] < m["attack/ldia/random_chebyshev_mean1000"] / 2
+    assert m["attack/ldia/chebyshev"] < min(m["attack/ldia/uniform_chebyshev"], 0.6 * m["attack/ldia/random_chebyshev_mean1000"])
     assert m["attack/lira_distill/tpr_at_1pct_fpr"] > 0.03 and m["attack/lira_distill/auc"] > 0.6
     assert m["attack/lira_distill/clients_scored"] == 5.0
 
