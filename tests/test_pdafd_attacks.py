@@ -148,3 +148,14 @@ def test_stratified_public_rows_spread_over_the_labels(tmp_path: Path) -> None:
     counts = torch.bincount(exp.data.split.public.labels[exp.protocol.public_rows(1)], minlength=10)
     assert int(counts.sum()) == 100 and int(counts.max()) - int(counts.min()) <= 1
     exp.run_dir.release()
+
+
+@pytest.mark.parametrize("experiment", ["pdafd_cifar10", "pdafd_fashion_mnist"])
+@pytest.mark.parametrize("protocol", ["fedmd_pdafd", "dsfl_pdafd", "cronus"])
+def test_paper_scale_experiments_compose_to_the_papers_settings(tmp_path: Path, experiment: str, protocol: str) -> None:
+    cfg = compose(str(REPO / "conf" / "experiment" / f"{experiment}.yaml"), [f"protocol={protocol}", f"data.root={tmp_path}"])
+    assert cfg.model.name == ("resnet18_gn" if experiment == "pdafd_cifar10" else "pdafd_cnn")
+    assert (cfg.protocol.num_clients, cfg.protocol.rounds, cfg.protocol.public_per_round, cfg.protocol.public_stratified) == (10, 10, 5000, True)
+    assert cfg.data.public_fraction == 0.2 and cfg.data.partition == "dirichlet" and list(cfg.attacks) == ["ldia", "lira_coop", "lira_distill"]
+    assert (cfg.attack.lira_distill.students, cfg.attack.lira_distill.epochs, cfg.attack.lira_coop.beta) == (32, 20, 0.1)
+    assert cfg.protocol.optim.lr == 1e-3 and cfg.protocol.optim.weight_decay == 0.0

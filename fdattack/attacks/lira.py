@@ -217,8 +217,7 @@ class DistillLiRAAttack(LiRAAttack):
         clients = tuple(sorted(target))
         students = self.trained_students(round, collected)
         scores = []
-        with torch.no_grad():
-            logits = self.engine.predict_many([h for n in clients for h in students[n]], self.candidates.images)
+        logits = self.engine.predict_many([h for n in clients for h in students[n]], self.candidates.images)
         k = self.settings.students
         for i, n in enumerate(clients):
             references = confidences(logits[i * k : (i + 1) * k], "logits", self.candidates.labels)
@@ -251,7 +250,7 @@ class DistillLiRAAttack(LiRAAttack):
                 students[n].append(handle)
                 if saved is None:
                     rng = np.random.default_rng(derive_seed(self.context.seed, self.name, round, n, k, "subset"))
-                    share = torch.as_tensor(rng.permutation(len(collected.rows))[: max(1, round_half_up(s.fraction * len(collected.rows)))])
+                    share = torch.as_tensor(rng.permutation(len(collected.rows))[: max(1, int(s.fraction * len(collected.rows) + 0.5))])
                     jobs.append(FitJob(handle, view.public.subset(collected.rows[share]), s.epochs, module.objective,
                                        derive_seed(self.context.seed, self.name, round, n, k), targets=targets[share]))
             if saved is None:
@@ -274,10 +273,6 @@ class DistillLiRAAttack(LiRAAttack):
         digest.update(rows.numpy().tobytes())
         digest.update(teacher.float().contiguous().numpy().tobytes())
         return directory / "students" / f"round_{round:04d}_client_{client}_{digest.hexdigest()}.pt"
-
-
-def round_half_up(value: float) -> int:
-    return int(np.floor(value + 0.5))
 
 
 def _scores(clients: tuple[int, ...], per_client: list[tuple[Tensor, Tensor]], name: str | None = None,
