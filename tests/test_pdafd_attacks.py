@@ -77,6 +77,17 @@ def test_targets_outputs_reach_the_attack_only_through_the_adversary(tmp_path: P
     assert 0.0 <= final["attack/lira_coop/auc"] <= 1.0 and final["attack/lira_coop/clients_scored"] == 4
 
 
+def test_two_attacks_inserting_into_one_batch_each_find_their_candidates(tmp_path: Path) -> None:
+    exp = Experiment(compose(None, [*tiny(tmp_path), *SMALL, "attacks=[lira_coop,lira_distill]", "attack.lira_coop.insert=batch",
+                                    "attack.lira_distill.insert=batch"]))
+    candidates = len(exp.view.candidates)  # type: ignore[arg-type]
+    final = exp.run()
+    rows = [json.loads(line) for line in (tmp_path / "run" / "rounds.jsonl").read_text().splitlines()]
+    assert rows[1]["comm/upload_bytes"] == 4 * (100 + 2 * candidates) * 10 * 4  # both blocks went out
+    assert final["adversary/lira_coop/added_samples"] == final["adversary/lira_distill/added_samples"] == candidates
+    assert final["attack/lira_coop/clients_scored"] == final["attack/lira_distill/clients_scored"] == 4
+
+
 def test_membership_attacks_hold_the_candidates_but_not_whose_they_are(tmp_path: Path) -> None:
     exp = Experiment(compose(None, [*tiny(tmp_path), *SMALL, "attacks=[ldia,lira_coop,lira_distill]"]))
     exp.run()

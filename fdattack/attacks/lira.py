@@ -111,15 +111,25 @@ class LiRAAttack(Attack):
         n, c = len(record.batch.rows), len(self.candidates)
         kind = next(iter(record.uploads.values())).kind
         public, answers = {}, {}
+        start = n + self._added_at(record.batch.added) if self.settings.insert == InsertMode.batch else 0
         for k, upload in sorted(record.uploads.items()):
             assert upload.outputs is not None
             public[k] = upload.outputs[:n]
             if self.settings.insert == InsertMode.batch:
-                answers[k] = upload.outputs[n : n + c]  # the candidates come first among the added images
+                answers[k] = upload.outputs[start : start + c]
             else:
                 assert self.context.adversary is not None
                 answers[k] = self.context.adversary.query(k, self.candidates.images)
         self.collected = Collected(record.batch.rows.clone(), kind, public, answers)  # type: ignore[arg-type]
+
+    def _added_at(self, added: Tensor | None) -> int:
+        """Where the candidates start among the images the server added to the batch (other attacks may add theirs)."""
+        c = len(self.candidates)
+        first = self.candidates.images[:1]
+        for start in range(0, 0 if added is None else len(added) - c + 1):
+            if torch.equal(added[start : start + 1], first) and torch.equal(added[start : start + c], self.candidates.images):  # type: ignore[index]
+                return start
+        raise RuntimeError(f"attack {self.name}: the candidates it added are not in round {self.settings.round}'s public batch")
 
     def on_round_end(self, round: int) -> list[AttackResult]:
         if round + 1 == self.settings.round:
