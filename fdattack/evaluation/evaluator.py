@@ -70,7 +70,7 @@ class Evaluator:
 
     def _score_reconstructions(self, attack: str, result: Reconstructions) -> Report:
         if self.reconstructions is None:
-            raise RuntimeError("no reconstruction scorer was built for this run")
+            raise RuntimeError(f"attack {attack} returned reconstructions but does not declare them: set produces = frozenset({{Reconstructions}}) on its class")
         scores, grid = self.reconstructions(result.images, result.labels)
         if result.role == "prior":
             return Report(metrics={f"attack/{attack}/prior_{k}": scores[k] for k in PRIOR_METRICS if k in scores},
