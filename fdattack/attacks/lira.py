@@ -17,6 +17,7 @@ which ranks as Eq. 6's λ without its float32 saturation; the authors' float32 �
 from __future__ import annotations
 
 import hashlib
+from abc import ABC, abstractmethod
 import logging
 from dataclasses import dataclass
 from pathlib import Path
@@ -76,7 +77,7 @@ def confidences(outputs: Tensor, kind: PayloadKind, labels: Tensor) -> Tensor:
     return scaled_confidence(outputs, labels) if kind == "logits" else scaled_confidence_from_probs(outputs, labels)
 
 
-class LiRAAttack(Attack):
+class LiRAAttack(Attack, ABC):
     """What both variants share: the candidates' outputs at the attacked upload phase, and the offline-LiRA scores."""
 
     Settings = LiRASettings
@@ -140,9 +141,9 @@ class LiRAAttack(Attack):
         target = {k: confidences(out, collected.kind, self.candidates.labels) for k, out in collected.candidates.items()}
         return self.score(round, collected, target)
 
+    @abstractmethod
     def score(self, round: int, collected: Collected, target: dict[int, Tensor]) -> list[AttackResult]:
         """The variant's membership scores, from every client's φ (C,) on the candidates."""
-        raise NotImplementedError
 
     def lira(self, target: Tensor, references: Tensor) -> tuple[Tensor, Tensor]:
         """(s, float32 λ) of one target's φ (C,) against its references' φ (K, C)."""

@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+from abc import ABC, abstractmethod
 import warnings
 import weakref
 from collections import defaultdict
@@ -261,7 +262,7 @@ class _Apply:
 
 
 # ---------------------------------------------------------------------------------------------------- optimizers
-class _StackedOptimizer:
+class _StackedOptimizer(ABC):
     """Per-model optimizer state stacked like :class:`_Stack`; ``update`` steps the rows of some models, as torch.optim would.
 
     Reads each model's hyper-parameters and state from its ``torch.optim`` optimizer and writes the state back
@@ -285,8 +286,9 @@ class _StackedOptimizer:
         value = state.get(key)
         return torch.zeros_like(param) if value is None else value.to(param)
 
+    @abstractmethod
     def _started(self, state: dict) -> float:
-        raise NotImplementedError
+        """The step count a model's torch.optim state stands at (0 before its first step)."""
 
     def update(self, models: Tensor | None, params: dict[str, Tensor], grads: dict[str, Tensor]) -> None:
         """Step ``params`` in place with ``grads``: every model's rows (``models=None``), or the rows of ``models``
@@ -302,8 +304,9 @@ class _StackedOptimizer:
             for key, value in state.items():
                 self.state[key][name][models] = value
 
+    @abstractmethod
     def _step(self, param: Tensor, grad: Tensor, state: dict[str, Tensor], started: Tensor) -> Tensor:
-        raise NotImplementedError
+        """One update of the stacked ``param`` rows in place (``state`` too); returns the new per-model step counts."""
 
     def write_back(self) -> None:
         """Store every model's state in its ``torch.optim`` optimizer."""
@@ -312,8 +315,9 @@ class _StackedOptimizer:
                 name = self.names[i]
                 optimizer.state[p] = self._state_of(k, name)
 
+    @abstractmethod
     def _state_of(self, k: int, name: str) -> dict:
-        raise NotImplementedError
+        """Model ``k``'s state of parameter ``name`` in torch.optim's format."""
 
 
 def _per_model(values: Tensor, like: Tensor) -> Tensor:
