@@ -219,7 +219,8 @@ def _conv2d(input: Tensor, weight: Tensor, bias: Tensor | None = None, stride: i
 
     Under vmap, per-model weights make ``F.conv2d`` one grouped convolution with an NCHW result, on which PyTorch's
     CPU pooling kernels are several times slower; the matrix product of the shifted-slice im2col is also faster
-    than the grouped convolution for the small networks of FD clients. Same sums, in another order.
+    than the grouped convolution for the small networks of FD clients. The bias rides in the product as a column of
+    ones (a vmapped ``addmm`` adds it in a second pass over the output). Same sums, in another order.
     """
     if input.dim() != 4 or groups != 1 or isinstance(padding, str) or _pair(dilation) != (1, 1):
         return F.conv2d(input, weight, bias, stride, padding, dilation, groups)
@@ -232,8 +233,11 @@ def _conv2d(input: Tensor, weight: Tensor, bias: Tensor | None = None, stride: i
     pixels = input.permute(0, 2, 3, 1)  # (B, H, W, C)
     shifted = [pixels[:, i : i + sh * (ho - 1) + 1 : sh, j : j + sw * (wo - 1) + 1 : sw] for i in range(kh) for j in range(kw)]
     columns = torch.stack(shifted, dim=-1).reshape(n * ho * wo, in_channels * kh * kw)  # im2col, (c, i, j) order as the kernel
-    kernel = weight.reshape(out_channels, -1).t()
-    out = columns @ kernel if bias is None else torch.addmm(bias, columns, kernel)
+    kernel = weight.reshape(out_channels, -1)
+    if bias is not None:
+        columns = F.pad(columns, (0, 1), value=1.0)
+        kernel = torch.cat([kernel, bias[:, None]], dim=1)
+    out = columns @ kernel.t()
     return out.reshape(n, ho, wo, out_channels).permute(0, 3, 1, 2)
 
 
