@@ -79,6 +79,8 @@ def test_help_config_documents_every_registered_component() -> None:
                 "defense.rounding.decimals", "protocol.era_temperature"):
         assert f"\n  {key} " in text
     assert "[full | client_only]" in text and "[> 0]" in text
+    # setting-dependent needs: LiRA's default insert=query asks for the server's query power
+    assert "attack.lira_coop (attacks=[lira_coop]; needs with these defaults: output_uploads, query_chosen_batch)" in text
 
 
 NEW_ATTACK = '''

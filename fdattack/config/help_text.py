@@ -28,8 +28,9 @@ def help_config() -> str:
     for name, rows in protocol_rows.items():
         lines += _section(f"protocol.name={name}:", rows, width)
     for name, rows in attack_rows.items():
-        needs = ", ".join(sorted(c.value for c in attacks.get(name).needs))
-        lines += _section(f"attack.{name} (attacks=[{name}]; needs: {needs or 'nothing'}):", rows, width)
+        attack = attacks.get(name)
+        needs = ", ".join(sorted(c.value for c in attack.required(attack.Settings())))
+        lines += _section(f"attack.{name} (attacks=[{name}]; needs with these defaults: {needs or 'nothing'}):", rows, width)
     for name, rows in defense_rows.items():
         lines += _section(f"defense.{name} (defenses=[{name}]):", rows, width)
     return "\n".join(lines)
