@@ -41,7 +41,7 @@ class ActiveAttack(Attack):
         if record.round == 1 and record.phase == "upload":
             adversary.choose_public_rows(torch.arange(10))
             adversary.add_public_samples(self.probes)
-            ActiveAttack.seen["answer"] = adversary.query(1, self.probes)
+            ActiveAttack.seen["answer"] = adversary.query(1, self.probes).outputs
             ActiveAttack.seen["open_walk"] = list(reachable(adversary))
         if record.round == 1 and record.phase == "aggregate":
             assert record.aggregate is not None

@@ -12,6 +12,11 @@ never through a back door:
 
 Scores are the standardised s = (φ_t − μ_out) / σ_out in float64 (:func:`~fdattack.functional.lira.offline_lira`),
 which ranks as Eq. 6's λ without its float32 saturation; the authors' float32 λ is reported beside it (``paper_*``).
+
+Evasive clients (``protocol.evasive_clients``, §6.7) withhold some outputs; the server sees which (the answered masks
+of :class:`~fdattack.fd.record.Reply`), never the withheld values. A reference that withheld a candidate is left out
+of that candidate's μ_out and σ_out; a candidate the target withheld, or that no reference answered, scores lowest
+(−inf; λ = 0), a predicted non-member, unless Co-op LiRA's ``countermeasure`` gives it a score.
 """
 
 from __future__ import annotations
@@ -33,7 +38,7 @@ from fdattack.attacks.results import AttackResult, MembershipScores
 from fdattack.config.knobs import Choice, knob
 from fdattack.errors import ConfigError
 from fdattack.fd.engine import FitJob, LocalTrainer, ModelHandle, default_engine, derive_seed
-from fdattack.fd.record import PayloadKind, RoundRecord
+from fdattack.fd.record import PayloadKind, Reply, RoundRecord
 from fdattack.fd.threat import AttackerView, Capability
 from fdattack.functional.information import kl_divergence
 from fdattack.functional.label_distribution import estimate_from_outputs
@@ -62,14 +67,17 @@ class Collected:
     Attributes:
         rows: (N,) the round's public rows S_t.
         kind: ``logits`` or ``probs``, what the clients send.
-        public: client -> (N, M) its upload on ``rows``.
-        candidates: client -> (C, M) its outputs on the candidates.
+        public: client -> its upload on ``rows``, (N, M) outputs and the rows it answered.
+        candidates: client -> its (C, M) outputs on the candidates and the candidates it answered.
+        neighbours: client -> its outputs on the candidates' neighbours (C·n, M), candidate-major (Co-op's
+            ``countermeasure=neighbours``), or None.
     """
 
     rows: Tensor
     kind: PayloadKind
-    public: dict[int, Tensor]
-    candidates: dict[int, Tensor]
+    public: dict[int, Reply]
+    candidates: dict[int, Reply]
+    neighbours: Optional[dict[int, Reply]] = None
 
 
 def confidences(outputs: Tensor, kind: PayloadKind, labels: Tensor) -> Tensor:
@@ -114,14 +122,18 @@ class LiRAAttack(Attack, ABC):
         public, answers = {}, {}
         start = n + self._added_at(record.batch.added) if self.settings.insert == InsertMode.batch else 0
         for k, upload in sorted(record.uploads.items()):
-            assert upload.outputs is not None
-            public[k] = upload.outputs[:n]
+            sent = upload.reply()
+            public[k] = Reply(sent.outputs[:n], sent.answered[:n])
             if self.settings.insert == InsertMode.batch:
-                answers[k] = upload.outputs[start : start + c]
+                answers[k] = Reply(sent.outputs[start : start + c], sent.answered[start : start + c])
             else:
                 assert self.context.adversary is not None
                 answers[k] = self.context.adversary.query(k, self.candidates.images)
-        self.collected = Collected(record.batch.rows.clone(), kind, public, answers)  # type: ignore[arg-type]
+        self.collected = Collected(record.batch.rows.clone(), kind, public, answers, self.query_neighbours(sorted(answers)))  # type: ignore[arg-type]
+
+    def query_neighbours(self, clients: list[int]) -> Optional[dict[int, Reply]]:
+        """Every client's outputs on the candidates' neighbours, asked while the upload phase is open; None = not needed."""
+        return None
 
     def _added_at(self, added: Tensor | None) -> int:
         """Where the candidates start among the images the server added to the batch (other attacks may add theirs)."""
@@ -138,22 +150,55 @@ class LiRAAttack(Attack, ABC):
         collected, self.collected = self.collected, None
         if round != self.settings.round or collected is None:
             return []
-        target = {k: confidences(out, collected.kind, self.candidates.labels) for k, out in collected.candidates.items()}
-        return self.score(round, collected, target)
+        target = {k: confidences(r.outputs, collected.kind, self.candidates.labels) for k, r in collected.candidates.items()}
+        return self.score(round, collected, target, {k: r.answered for k, r in collected.candidates.items()})
 
     @abstractmethod
-    def score(self, round: int, collected: Collected, target: dict[int, Tensor]) -> list[AttackResult]:
-        """The variant's membership scores, from every client's φ (C,) on the candidates."""
+    def score(self, round: int, collected: Collected, target: dict[int, Tensor], answered: dict[int, Tensor]) -> list[AttackResult]:
+        """The variant's membership scores, from every client's φ (C,) on the candidates and which it answered (C,)."""
 
-    def lira(self, target: Tensor, references: Tensor) -> tuple[Tensor, Tensor]:
-        """(s, float32 λ) of one target's φ (C,) against its references' φ (K, C)."""
-        return offline_lira(target, references, self.settings.global_variance), offline_lira_float32_lambda(target, references)
+    def lira(self, target: Tensor, references: Tensor, answered: Optional[Tensor] = None,
+             reference_answered: Optional[Tensor] = None) -> tuple[Tensor, Tensor]:
+        """(s, float32 λ) of one target's φ (C,) against its references' φ (K, C).
+
+        Args:
+            answered: (C,) the candidates the target answered (None = all); the others score −inf (λ = 0).
+            reference_answered: (K, C) the references' answers; each candidate is tested against those that answered.
+        """
+        s = offline_lira(target, references, self.settings.global_variance, reference_answered)
+        lam = offline_lira_float32_lambda(target, references, reference_answered)
+        untestable = torch.zeros_like(s, dtype=torch.bool) if answered is None else ~answered
+        if reference_answered is not None:
+            untestable |= ~reference_answered.any(dim=0)
+        return s.masked_fill(untestable, float("-inf")), lam.masked_fill(untestable, 0.0)
+
+
+class Countermeasure(Choice):
+    none = "none"
+    shadow_target = "shadow_target"
+    neighbours = "neighbours"
 
 
 @dataclass
 class CoopSettings(LiRASettings):
     beta: float = knob(0.1, "a client is a reference when KL(p^_target || p^_client) of their LDIA estimates is below beta", gt=0)
     min_references: int = knob(3, "fewest references: where fewer clients pass beta, the ones with the smallest KL are taken (counted in fallback_clients)", ge=2)
+    countermeasure: Countermeasure = knob(Countermeasure.none, "against evasive clients (pdafd.md 6.7): none (a candidate the target withheld scores lowest, a predicted "
+                                          "non-member) | shadow_target (a student distilled from the target's answered public rows scores every candidate in its "
+                                          "place) | neighbours (the target and the references are queried on noisy neighbours of every candidate; phi averaged over them)")
+    shadow_epochs: int = knob(20, "countermeasure=shadow_target: the shadow's training epochs (as the distillation students)", ge=1)
+    shadow_lr: float = knob(1e-3, "countermeasure=shadow_target: the shadow's Adam learning rate", gt=0)
+    shadow_batch_size: int = knob(64, "countermeasure=shadow_target: the shadow's mini-batch size", ge=1)
+    neighbours: int = knob(16, "countermeasure=neighbours: noisy neighbours queried per candidate", ge=1)
+    neighbour_std: float = knob(0.3, "countermeasure=neighbours: std of the Gaussian noise added to each pixel (images in [-1, 1])", gt=0)
+    neighbour_clip: float = knob(0.7, "countermeasure=neighbours: the noise is clipped to +-neighbour_clip per pixel, then images to [-1, 1]", gt=0)
+
+
+def neighbours_of(images: Tensor, count: int, std: float, clip: float, generator: torch.Generator) -> Tensor:
+    """(C·count, ...) neighbours of images (C, ...) in [-1, 1]: each plus Gaussian noise of ``std`` clipped to ±``clip``
+    per element, clamped to [-1, 1]; candidate-major (the neighbours of image c are rows c·count .. c·count + count − 1)."""
+    noise = torch.randn((len(images), count, *images.shape[1:]), generator=generator) * std
+    return (images.unsqueeze(1) + noise.clamp(-clip, clip)).clamp(-1, 1).flatten(0, 1)
 
 
 @ATTACKS.register("lira_coop")
@@ -161,21 +206,58 @@ class CoopLiRAAttack(LiRAAttack):
     """Co-op LiRA (§6.3): the other clients whose LDIA estimate is within KL β of the target's are its references.
 
     Reports ``lira_coop`` (β references, A13's fallback to the ``min_references`` nearest) and ``lira_coop_all``
-    (every other client, as the authors' code and Table 4).
+    (every other client, as the authors' code and Table 4). LDIA reads only the public rows each client answered.
+
+    Against evasive clients (§6.7, ``countermeasure``):
+
+    - ``shadow_target`` (countermeasure 1): one student per target, distilled (as Distillation-based LiRA's, all in
+      one ``fit_many``) from the target's outputs on the round's public rows it answered, never on a candidate, scores
+      **every** candidate in the target's place: under [D] the target withholds all its members, so only the shadow
+      can score them, and scoring the answered candidates with the target itself would mix two models' scales, a gap
+      the test would read as membership. The other clients stay the references.
+    - ``neighbours`` (countermeasure 2, [D]'s recipe): ``neighbours`` noisy copies of every candidate go to every
+      client through the :class:`~fdattack.fd.adversary.Adversary` (counted) while the upload phase is open; each
+      model's φ is averaged over the neighbours it answered, for every candidate, then tested as usual.
     """
 
     name = "lira_coop"
     Settings = CoopSettings
 
+    @classmethod
+    def required(cls, settings: CoopSettings) -> frozenset[Capability]:
+        extra = {Capability.query_chosen_batch} if settings.countermeasure == Countermeasure.neighbours else \
+            {Capability.public_data} if settings.countermeasure == Countermeasure.shadow_target else set()
+        return super().required(settings) | extra
+
     def __init__(self, view: AttackerView, settings: CoopSettings, context: AttackContext) -> None:
         super().__init__(view, settings, context)
         if view.num_clients < 3:
             raise ConfigError(f"attack lira_coop takes the other clients as references and needs at least 3 clients; protocol.num_clients={view.num_clients}")
+        if settings.countermeasure == Countermeasure.shadow_target:
+            if view.architecture is None:
+                raise ConfigError("attack.lira_coop.countermeasure=shadow_target copies the clients' shared architecture, and these clients have several")
+            self.engine = attack_engine(context, settings.shadow_batch_size)
 
-    def score(self, round: int, collected: Collected, target: dict[int, Tensor]) -> list[AttackResult]:
+    def query_neighbours(self, clients: list[int]) -> Optional[dict[int, Reply]]:
+        s = self.settings
+        if s.countermeasure != Countermeasure.neighbours:
+            return None
+        assert self.context.adversary is not None
+        generator = torch.Generator().manual_seed(derive_seed(self.context.seed, self.name, s.round, "neighbours"))
+        images = neighbours_of(self.candidates.images, s.neighbours, s.neighbour_std, s.neighbour_clip, generator)
+        return {k: self.context.adversary.query(k, images) for k in clients}
+
+    def score(self, round: int, collected: Collected, target: dict[int, Tensor], answered: dict[int, Tensor]) -> list[AttackResult]:
         s = self.settings
         clients = tuple(sorted(target))
-        estimates = {k: estimate_from_outputs(out, collected.kind) for k, out in collected.public.items()}
+        estimates = {k: estimate_from_outputs(r.outputs[r.answered], collected.kind) for k, r in collected.public.items()}
+        withheld = float(np.mean([float((~answered[k]).float().mean()) for k in clients]))
+        if collected.neighbours is not None:
+            target, answered = self._neighbour_confidences(collected)
+        tested, tested_answered = target, answered
+        if s.countermeasure == Countermeasure.shadow_target:
+            tested = self._shadow_confidences(round, collected)
+            tested_answered = {n: torch.ones_like(answered[n]) for n in clients}
         selected, everyone = [], []
         counts, fallbacks = [], 0
         for n in clients:
@@ -185,10 +267,67 @@ class CoopLiRAAttack(LiRAAttack):
             if len(references) < s.min_references:
                 references, fallbacks = sorted(others, key=distance.__getitem__)[: s.min_references], fallbacks + 1
             counts.append(len(references))
-            selected.append(self.lira(target[n], torch.stack([target[k] for k in references])))
-            everyone.append(self.lira(target[n], torch.stack([target[k] for k in others])))
-        details = {"references_mean": float(np.mean(counts)), "fallback_clients": float(fallbacks)}
+            for scores, group in ((selected, references), (everyone, others)):
+                scores.append(self.lira(tested[n], torch.stack([target[k] for k in group]), tested_answered[n], torch.stack([answered[k] for k in group])))
+        details = {"references_mean": float(np.mean(counts)), "fallback_clients": float(fallbacks), "withheld_fraction": withheld}
         return [_scores(clients, selected, None, details), _scores(clients, everyone, f"{self.name}_all")]
+
+    def _neighbour_confidences(self, collected: Collected) -> tuple[dict[int, Tensor], dict[int, Tensor]]:
+        """Every client's φ (C,) averaged over the neighbours it answered, and the candidates with at least one answer."""
+        assert collected.neighbours is not None
+        labels = self.candidates.labels.repeat_interleave(self.settings.neighbours)
+        phi, answered = {}, {}
+        for k, reply in collected.neighbours.items():
+            values = confidences(reply.outputs, collected.kind, labels).view(len(self.candidates), -1)
+            weight = reply.answered.view(len(self.candidates), -1).double()
+            phi[k] = (values * weight).sum(dim=1) / weight.sum(dim=1).clamp_min(1)
+            answered[k] = weight.sum(dim=1) > 0
+        return phi, answered
+
+    def _shadow_confidences(self, round: int, collected: Collected) -> dict[int, Tensor]:
+        """φ (C,) on the candidates of each target's shadow, distilled from the target's answered public rows."""
+        s, view = self.settings, self.view
+        assert view.public is not None and view.architecture is not None
+        handles, jobs = [], []
+        for n, reply in sorted(collected.public.items()):
+            loss, teacher = student_targets(collected.kind, False, reply.outputs[reply.answered])
+            handle = new_student(self.engine, f"{self.name}_client{n}_shadow", view.architecture, view, loss, s.shadow_lr,
+                                 derive_seed(self.context.seed, self.name, round, n, "shadow_init"))
+            handles.append(handle)
+            jobs.append(FitJob(handle, view.public.subset(collected.rows[reply.answered]), s.shadow_epochs, handle.module.objective,
+                               derive_seed(self.context.seed, self.name, round, n, "shadow"), targets=teacher))
+        log.info("%s: distilling a shadow target for each of %d clients (round %d)", self.name, len(jobs), round)
+        self.engine.fit_many(jobs)
+        logits = self.engine.predict_many(handles, self.candidates.images)
+        for handle in handles:
+            self.engine.release(handle)
+        return {n: confidences(logits[i], "logits", self.candidates.labels) for i, n in enumerate(sorted(collected.public))}
+
+
+def attack_engine(context: AttackContext, batch_size: int) -> LocalTrainer:
+    """An engine for an attack's own training: on the run's Fabric where there is one, else a CPU process."""
+    if context.engine is None:
+        return default_engine(batch_size)
+    return LocalTrainer(context.engine.fabric, batch_size, vectorise=context.engine.vectorise)
+
+
+def student_targets(kind: PayloadKind, logprob_matching: bool, teacher: Tensor) -> tuple[str, Tensor]:
+    """A student's loss and soft targets for a teacher's uploads (§6.4, A19): L1 to logits, KL to probabilities, or
+    with ``logprob_matching`` L1 to log-probabilities as logits."""
+    if kind != "probs":
+        return "l1", teacher
+    return ("l1", teacher.clamp_min(1e-12).log()) if logprob_matching else ("kl", teacher)
+
+
+def new_student(engine: LocalTrainer, name: str, architecture: str, view: AttackerView, loss: str, lr: float, seed: int,
+                state: Optional[dict] = None) -> ModelHandle:
+    """A :class:`DistillationStudent` of ``architecture`` seeded with ``seed`` (or holding ``state``), set up by ``engine``."""
+    c, h, _ = view.image_shape
+    torch.manual_seed(seed)
+    module = DistillationStudent(architecture, view.num_classes, loss, lr, in_channels=c, image_size=h)  # type: ignore[arg-type]
+    if state is not None:
+        module.load_state_dict(state)
+    return engine.setup(name, module)
 
 
 @dataclass
@@ -221,10 +360,9 @@ class DistillLiRAAttack(LiRAAttack):
         self.architecture = settings.student_model or view.architecture
         if self.architecture is None:
             raise ConfigError("attack.lira_distill.student_model is null and the clients have several architectures; name the students' classifier")
-        self.engine = LocalTrainer(context.engine.fabric, settings.batch_size, vectorise=context.engine.vectorise) \
-            if context.engine is not None else default_engine(settings.batch_size)
+        self.engine = attack_engine(context, settings.batch_size)
 
-    def score(self, round: int, collected: Collected, target: dict[int, Tensor]) -> list[AttackResult]:
+    def score(self, round: int, collected: Collected, target: dict[int, Tensor], answered: dict[int, Tensor]) -> list[AttackResult]:
         clients = tuple(sorted(target))
         students = self.trained_students(round, collected)
         scores = []
@@ -232,37 +370,33 @@ class DistillLiRAAttack(LiRAAttack):
         k = self.settings.students
         for i, n in enumerate(clients):
             references = confidences(logits[i * k : (i + 1) * k], "logits", self.candidates.labels)
-            scores.append(self.lira(target[n], references))
+            scores.append(self.lira(target[n], references, answered[n]))
         for handles in students.values():
             for handle in handles:
                 self.engine.release(handle)
         return [_scores(clients, scores)]
 
     def trained_students(self, round: int, collected: Collected) -> dict[int, list[ModelHandle]]:
-        """Every target's K students, trained (or restored from the run directory's cache)."""
+        """Every target's K students, trained on the public rows it answered (or restored from the run directory's cache)."""
         s, view = self.settings, self.view
-        assert view.public is not None
-        loss = "kl" if collected.kind == "probs" and not s.logprob_matching else "l1"
-        c, h, _ = view.image_shape
+        assert view.public is not None and self.architecture is not None
         students: dict[int, list[ModelHandle]] = {}
         jobs: list[FitJob] = []
         fresh: dict[int, Path | None] = {}
-        for n, teacher in sorted(collected.public.items()):
-            targets = teacher.clamp_min(1e-12).log() if collected.kind == "probs" and s.logprob_matching else teacher
-            cache = self._cache_path(round, n, collected.rows, teacher, loss)
+        for n, reply in sorted(collected.public.items()):
+            rows, teacher = collected.rows[reply.answered], reply.outputs[reply.answered]
+            loss, targets = student_targets(collected.kind, s.logprob_matching, teacher)
+            cache = self._cache_path(round, n, rows, teacher, loss)
             saved = torch.load(cache, map_location="cpu", weights_only=True) if cache is not None and cache.is_file() else None
             students[n] = []
             for k in range(s.students):
-                torch.manual_seed(derive_seed(self.context.seed, self.name, round, n, k, "init"))
-                module = DistillationStudent(self.architecture, view.num_classes, loss, s.lr, in_channels=c, image_size=h)
-                if saved is not None:
-                    module.load_state_dict(saved[k])
-                handle = self.engine.setup(f"{self.name}_client{n}_student{k}", module)
+                handle = new_student(self.engine, f"{self.name}_client{n}_student{k}", self.architecture, view, loss, s.lr,
+                                     derive_seed(self.context.seed, self.name, round, n, k, "init"), None if saved is None else saved[k])
                 students[n].append(handle)
                 if saved is None:
                     rng = np.random.default_rng(derive_seed(self.context.seed, self.name, round, n, k, "subset"))
-                    share = torch.as_tensor(rng.permutation(len(collected.rows))[: max(1, int(s.fraction * len(collected.rows) + 0.5))])
-                    jobs.append(FitJob(handle, view.public.subset(collected.rows[share]), s.epochs, module.objective,
+                    share = torch.as_tensor(rng.permutation(len(rows))[: max(1, int(s.fraction * len(rows) + 0.5))])
+                    jobs.append(FitJob(handle, view.public.subset(rows[share]), s.epochs, handle.module.objective,
                                        derive_seed(self.context.seed, self.name, round, n, k), targets=targets[share]))
             if saved is None:
                 fresh[n] = cache

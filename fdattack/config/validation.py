@@ -20,6 +20,7 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 from fdattack.config.composition import registries
 from fdattack.config.knobs import check_ranges
 from fdattack.errors import ConfigError
+from fdattack.fd.evasion import evasive_clients
 from fdattack.fd.threat import CAPABILITY_TEXT, Capability
 
 
@@ -160,6 +161,7 @@ def check_compatibility(cfg: DictConfig) -> None:
     """
     protocols, attacks, defenses = registries()
     protocol = protocols.get(cfg.protocol.name)
+    evasive_clients(cfg.protocol.evasive_clients, int(cfg.protocol.num_clients), protocol.uploads_outputs)
     offers = protocol.offers(cfg.protocol)
     _unique("attacks", list(cfg.attacks))
     _unique("defenses", list(cfg.defenses))

@@ -7,7 +7,8 @@ A protocol's :class:`~fdattack.fd.threat.ThreatModel` lists the powers its serve
 - choose the public rows of the next round (``choose_public_batch``),
 - add its own images to the next round's public batch (``add_public_samples``),
 - send one client a chosen aggregate in place of the real one, this round (``send_aggregate``),
-- ask a client for its outputs on chosen images while a phase is open (``query_chosen_batch``).
+- ask a client for its outputs on chosen images while a phase is open (``query_chosen_batch``); the answer is a
+  :class:`~fdattack.fd.record.Reply` that says which images the client answered (an evasive client withholds some).
 
 The adversary holds only what the attack queued and, during a phase, the phase-bound answerer of
 the protocol's queries (the queried networks, never the protocol or its data). Every use is
@@ -22,11 +23,11 @@ from typing import Callable, Optional
 import torch
 from torch import Tensor
 
-from fdattack.fd.record import QueryRefusedError, StaleQueryError
+from fdattack.fd.record import QueryRefusedError, Reply, StaleQueryError
 from fdattack.fd.threat import Capability
 
-#: ``(client, images (M, C, H, W)) -> (M, J)`` outputs as the client would send them
-ImageAnswer = Callable[[int, Tensor], Tensor]
+#: ``(client, images (M, C, H, W)) -> (M, J)`` outputs as the client would send them, and which images it answered
+ImageAnswer = Callable[[int, Tensor], Reply]
 
 
 class Adversary:
@@ -81,8 +82,9 @@ class Adversary:
         self._aggregates[int(client)] = aggregate.detach().float().cpu().clone()
         self.usage["sent_aggregates"] += 1
 
-    def query(self, client: int, images: Tensor) -> Tensor:
-        """``client``'s outputs on ``images`` as it would send them (upload kind and defenses); open phases only."""
+    def query(self, client: int, images: Tensor) -> Reply:
+        """``client``'s outputs on ``images`` as it would send them (upload kind and defenses), and which images it
+        answered (``Reply.answered``; zeros stand for the others); open phases only. Only answered images cost bytes."""
         self._require(Capability.query_chosen_batch)
         if self._answer is None or self._phase is None:
             raise StaleQueryError("the adversary can query clients only while a phase is open (from on_record)")
@@ -93,7 +95,8 @@ class Adversary:
         answer = self._answer(int(client), images)
         self.usage["queries"] += 1
         self.usage["query_samples"] += len(images)
-        self.usage["query_bytes"] += answer.numel() * answer.element_size()
+        sent = answer.outputs[answer.answered]
+        self.usage["query_bytes"] += sent.numel() * sent.element_size()
         return answer
 
     # ------------------------------------------------------------ the protocol's side

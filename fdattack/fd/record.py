@@ -1,7 +1,7 @@
 """What crosses the wire in a round, as published to observers after every phase.
 
 A :class:`RoundRecord` holds only what the protocol's messages carry (each client's upload exactly
-as sent, the aggregate sent back, the server model's outputs on public samples) plus a
+as sent, with the rows it answered, the aggregate sent back, the server model's outputs on public samples) plus a
 :class:`PublicQuery` handle that answers model queries on the public rows the threat model grants,
 during the record's own phase only. It never holds a private image, a private label or a reference
 to the data module, and once its phase is over nothing in it reaches a model:
@@ -44,6 +44,23 @@ class PublicBatch:
 
 
 @dataclass(frozen=True)
+class Reply:
+    """A client's answer to a request for outputs on some samples, where it may withhold some (an evasive client).
+
+    Attributes:
+        outputs: (N, J) the outputs on the samples answered; the rows of withheld samples are zeros, no answer.
+        answered: (N,) bool, which samples it answered. The requester learns which rows were withheld, never why.
+    """
+
+    outputs: Tensor
+    answered: Tensor
+
+    @property
+    def complete(self) -> bool:
+        return bool(self.answered.all())
+
+
+@dataclass(frozen=True)
 class Upload:
     """One client's message to the server.
 
@@ -51,10 +68,13 @@ class Upload:
         client: client index k.
         kind: ``"logits"`` (raw), ``"probs"`` (softmax at ``temperature``) or ``"weights"`` (FedAvg).
         batch: the round's public samples the outputs refer to (None for weights).
-        outputs: (N + M, J) logits or probabilities on ``batch`` (its rows, then its added images), or None for weights.
+        outputs: (N + M, J) logits or probabilities on ``batch`` (its rows, then its added images), or None for weights;
+            zeros on the rows it withheld (see ``answered``).
         state: model weights (FedAvg), or None.
         num_samples: n_k, the client's private-set size (FedAvg weighting).
         temperature: softmax temperature of ``probs`` uploads.
+        answered: (N + M,) bool, the rows of ``batch`` it answered, where an evasive client withheld some
+            (``protocol.evasive_clients``); None = every row.
     """
 
     client: int
@@ -64,6 +84,13 @@ class Upload:
     state: Mapping[str, Tensor] | None = None
     num_samples: int = 0
     temperature: float = 1.0
+    answered: Tensor | None = None
+
+    def reply(self) -> Reply:
+        """The outputs with the rows answered (all of them where :attr:`answered` is None)."""
+        assert self.outputs is not None
+        answered = torch.ones(len(self.outputs), dtype=torch.bool) if self.answered is None else self.answered
+        return Reply(self.outputs, answered)
 
     def tensors(self) -> list[Tensor]:
         """Every tensor the upload carries (for NaN checks)."""
@@ -86,6 +113,7 @@ class Upload:
             state=state,
             num_samples=self.num_samples,
             temperature=self.temperature,
+            answered=None if self.answered is None else self.answered.clone(),
         )
 
 

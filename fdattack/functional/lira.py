@@ -35,7 +35,22 @@ def scaled_confidence_from_probs(probs: Tensor, labels: Tensor) -> Tensor:
     return torch.log(p) - torch.log1p(-p)
 
 
-def offline_lira(target: Tensor, reference: Tensor, global_variance: bool = False) -> Tensor:
+def _moments(reference: Tensor, answered: Tensor | None, dtype: torch.dtype) -> tuple[Tensor, Tensor, Tensor]:
+    """Per sample: the mean, the sum of squared deviations and the count of the references' φ (K, N) in ``answered``
+    (K, N) bool (every one where None), in ``dtype``."""
+    ref = reference.to(dtype)
+    weight = torch.ones_like(ref) if answered is None else answered.to(dtype)
+    count = weight.sum(dim=0)
+    mu = (ref * weight).sum(dim=0) / count.clamp_min(1)
+    return mu, ((ref - mu) ** 2 * weight).sum(dim=0), count
+
+
+def _unbiased_std(squares: Tensor, count: Tensor) -> Tensor:
+    """sqrt(squares / (count − 1)) per sample; 0 below two values."""
+    return torch.where(count > 1, squares / (count - 1).clamp_min(1), torch.zeros_like(squares)).sqrt()
+
+
+def offline_lira(target: Tensor, reference: Tensor, global_variance: bool = False, answered: Tensor | None = None) -> Tensor:
     """Standardised offline-LiRA score s = (φ_t − μ_out) / σ_out per sample (higher = more likely a member).
 
     Args:
@@ -43,13 +58,15 @@ def offline_lira(target: Tensor, reference: Tensor, global_variance: bool = Fals
         reference: (K, N) φ of the K reference (OUT) models.
         global_variance: one σ pooled over all samples (Carlini's option, steadier for K <= 8) instead of the
             per-sample unbiased std (the paper's).
+        answered: (K, N) bool, the reference scores that exist (a reference that withheld a sample has none); None =
+            all. A sample no reference answered gets μ = 0 and the caller decides what its score means.
     """
-    mu = reference.double().mean(dim=0)
+    mu, squares, count = _moments(reference, answered, torch.float64)
     if global_variance:
-        std = (reference.double() - mu).pow(2).sum() / max(reference.numel() - reference.shape[1], 1)
-        sigma = std.sqrt().expand_as(mu)
+        dof = float((count - 1).clamp_min(0).sum())
+        sigma = (squares.sum() / max(dof, 1.0)).sqrt().expand_as(mu)
     else:
-        sigma = reference.double().std(dim=0, unbiased=True) if reference.shape[0] > 1 else torch.zeros_like(mu)
+        sigma = _unbiased_std(squares, count)
     return (target.double() - mu) / sigma.clamp_min(MIN_STD)
 
 
@@ -58,7 +75,7 @@ def offline_lira_log_probability(target: Tensor, reference: Tensor, global_varia
     return torch.special.log_ndtr(offline_lira(target, reference, global_variance))
 
 
-def offline_lira_float32_lambda(target: Tensor, reference: Tensor) -> Tensor:
+def offline_lira_float32_lambda(target: Tensor, reference: Tensor, answered: Tensor | None = None) -> Tensor:
     """λ = Φ((φ_t − μ_out) / σ_out) (Eq. 6) as the authors compute it, for parity with the paper's tables (A15).
 
     float32 ``Normal(μ_out, σ_out).cdf`` with the per-sample unbiased std, σ = 0 replaced by 1e-8 ([C]). It is exactly
@@ -66,11 +83,12 @@ def offline_lira_float32_lambda(target: Tensor, reference: Tensor) -> Tensor:
 
     Args:
         target: (N,) φ of the target model; reference: (K, N) φ of the K >= 2 reference (OUT) models.
+        answered: (K, N) bool, the reference scores that exist, as in :func:`offline_lira`; None = all.
     """
-    reference = reference.float()
-    sigma = reference.std(dim=0, unbiased=True)
+    mu, squares, count = _moments(reference, answered, torch.float32)
+    sigma = _unbiased_std(squares, count)
     sigma = torch.where(sigma == 0, torch.full_like(sigma, MIN_STD), sigma)
-    return torch.distributions.Normal(reference.mean(dim=0), sigma).cdf(target.float())
+    return torch.distributions.Normal(mu, sigma).cdf(target.float())
 
 
 def online_lira(target: Tensor, inside: Tensor, outside: Tensor) -> Tensor:

@@ -25,7 +25,8 @@ from fdattack.defenses.base import Defense, Release, TrainingDefense, UploadDefe
 from fdattack.errors import ConfigError
 from fdattack.fd.adversary import Adversary
 from fdattack.fd.engine import FitJob, LocalTrainer, ModelHandle, derive_seed, predict_logits
-from fdattack.fd.record import PayloadKind, PublicBatch, PublicQuery, Upload
+from fdattack.fd.evasion import Evasion, evasive_clients, image_digests
+from fdattack.fd.record import PayloadKind, PublicBatch, PublicQuery, QueryRefusedError, Reply, Upload
 from fdattack.fd.threat import Capability, ThreatModel
 from fdattack.lit.classifier import ClassifierLitModule, Objective
 from fdattack.models import build_classifier
@@ -114,6 +115,10 @@ class Protocol(ABC):
         self.server: ModelHandle | None = None
         if self.server_model_enabled(cfg):
             self.server = self._make_model("server", model_cfg.server or model_cfg.name)
+        evasive = evasive_clients(cfg.evasive_clients, self.num_clients, self.uploads_outputs)
+        #: what the evasive clients withhold (pdafd.md §6.7), or None where every client answers everything
+        self.evasion = Evasion({k: split.private[k].images for k in sorted(evasive)}, derive_seed(seed, "evasion")) if evasive else None
+        self._public_digests: list[bytes] | None = None
 
     # ------------------------------------------------------------------ what the protocol offers
     @classmethod
@@ -268,20 +273,53 @@ class Protocol(ABC):
         return "logits", 1.0
 
     def upload_outputs(self, ctx: RoundContext) -> None:
-        """Every participant sends its outputs on the round's public samples, through the upload defenses."""
+        """Every participant sends its outputs on the round's public samples, through the upload defenses; an evasive
+        client withholds some rows (:mod:`fdattack.fd.evasion`), counted in ``protocol/withheld_rows``."""
         assert ctx.batch is not None
         kind, temperature = self.upload_kind()
         logits = self.engine.predict_many([self.clients[k] for k in ctx.participants], self.public_subset(ctx))
         key = batch_key(ctx.batch)
+        parts = self._batch_digests(ctx.batch) if self.evasion is not None else []
         for row, k in enumerate(ctx.participants):
             release = Release(k, ctx.round, "upload", kind, key)
-            out, size = as_sent(logits[row], temperature, self.upload_defenses, release)
+            answered = None if self.evasion is None else ~self.evasion.withheld_parts(k, parts)
+            out, size = as_answered(logits[row], answered, temperature, self.upload_defenses, release)
             ctx.count_bytes("upload", size)
-            ctx.uploads[k] = Upload(client=k, kind=kind, batch=ctx.batch, outputs=out, temperature=temperature)
+            if answered is not None and not bool(answered.all()):
+                ctx.metrics["protocol/withheld_rows"] = ctx.metrics.get("protocol/withheld_rows", 0.0) + float((~answered).sum())
+            else:
+                answered = None
+            ctx.uploads[k] = Upload(client=k, kind=kind, batch=ctx.batch, outputs=out, temperature=temperature, answered=answered)
 
-    def stacked_uploads(self, ctx: RoundContext) -> Tensor:
-        """(K', N, J) outputs of the accepted uploads."""
-        return torch.stack([ctx.uploads[k].outputs for k in ctx.senders])  # type: ignore[misc]
+    def _batch_digests(self, batch: PublicBatch) -> list[list[bytes]]:
+        """The two parts of a batch as an evasive client reads them: its public rows' digests, then its added images'."""
+        if self._public_digests is None:
+            self._public_digests = image_digests(self.split.public.images)
+        rows = [self._public_digests[i] for i in batch.rows.tolist()]
+        return [rows, image_digests(batch.added)] if batch.added is not None else [rows]
+
+    def aggregate_uploads(self, ctx: RoundContext, rule: Callable[[Tensor, Tensor], Tensor], kind: PayloadKind) -> Tensor:
+        """(N, J) aggregate of the accepted uploads: ``rule(outputs (K', N', J), rows (N',))`` -> (N', J).
+
+        Each row is aggregated over the clients that answered it: with every row answered, ``rule`` sees all uploads
+        on all rows; else the rows are grouped by who answered them. A row no client answered gets the uninformative
+        aggregate, zero logits or uniform probabilities (``kind``), counted in ``protocol/unanswered_rows``.
+        """
+        replies = [ctx.uploads[k].reply() for k in ctx.senders]
+        outputs = torch.stack([r.outputs for r in replies])
+        answered = torch.stack([r.answered for r in replies])
+        n, j = outputs.shape[1:]
+        if bool(answered.all()):
+            return rule(outputs, torch.arange(n))
+        aggregate = outputs.new_zeros(n, j) if kind == "logits" else outputs.new_full((n, j), 1.0 / j)
+        patterns, group = torch.unique(answered.T, dim=0, return_inverse=True)
+        for i, pattern in enumerate(patterns):
+            rows = torch.nonzero(group == i).flatten()
+            if bool(pattern.any()):
+                aggregate[rows] = rule(outputs[pattern][:, rows], rows).to(aggregate.dtype)
+            else:
+                ctx.metrics["protocol/unanswered_rows"] = float(len(rows))
+        return aggregate
 
     def record_server_outputs(self, ctx: RoundContext) -> None:
         if self.server is not None:
@@ -308,7 +346,7 @@ class Protocol(ABC):
             {k: self.clients[k].module.net for k in ctx.participants},
             None if self.server is None else self.server.module.net,
             self.split.public.images, self.upload_defenses, kind, temperature, ctx.round, phase,
-            self.engine.fabric.device, self.engine.predict_batch_size,
+            self.engine.fabric.device, self.engine.predict_batch_size, self.evasion,
         )
         for adversary in self.adversaries:
             adversary.open_phase(answer.on_images, ctx.round, phase, tuple(ctx.participants))
@@ -362,6 +400,7 @@ class Protocol(ABC):
             "clients": self.num_clients,
             "client_architectures": sorted(set(self.client_archs)),
             "server_model": self.server is not None,
+            "evasive_clients": sorted(self.evasion.clients) if self.evasion is not None else [],
             **self.threat_model.describe(),
         }
 
@@ -370,6 +409,17 @@ def batch_key(batch: PublicBatch) -> bytes:
     """What a payload on ``batch`` answers, for :class:`~fdattack.defenses.base.Release`."""
     key = Release.key_of(batch.rows)
     return key if batch.added is None else key + Release.key_of(batch.added)
+
+
+def as_answered(logits: Tensor, answered: Tensor | None, temperature: float, defenses: Sequence[UploadDefense],
+                release: Release) -> tuple[Tensor, int]:
+    """:func:`as_sent` of the rows ``answered`` (all where None); withheld rows are zeros and cost nothing on the wire."""
+    if answered is None or bool(answered.all()):
+        return as_sent(logits, temperature, defenses, release)
+    sent, size = as_sent(logits[answered], temperature, defenses, release)
+    out = sent.new_zeros(len(logits), *sent.shape[1:])
+    out[answered] = sent
+    return out, size
 
 
 def as_sent(logits: Tensor, temperature: float, defenses: Sequence[UploadDefense], release: Release) -> tuple[Tensor, int]:
@@ -386,11 +436,12 @@ def as_sent(logits: Tensor, temperature: float, defenses: Sequence[UploadDefense
 
 
 class _QueryAnswerer:
-    """Answers queries from the queried networks alone, as the clients would send their outputs."""
+    """Answers queries from the queried networks alone, as the clients would send their outputs (evasive ones
+    withholding as in their uploads: the answerer holds digests of their private images, no image)."""
 
     def __init__(self, clients: dict[int, torch.nn.Module], server: torch.nn.Module | None, public_images: Tensor,
                  defenses: Sequence[UploadDefense], kind: PayloadKind, temperature: float, round: int, phase: str,
-                 device: torch.device, batch_size: int) -> None:
+                 device: torch.device, batch_size: int, evasion: Evasion | None = None) -> None:
         self.clients = clients
         self.server = server
         self.public_images = public_images
@@ -401,22 +452,28 @@ class _QueryAnswerer:
         self.phase = phase
         self.device = device
         self.batch_size = batch_size
+        self.evasion = evasion
 
     def __call__(self, model: int | str, rows: Tensor) -> Tensor:
-        """Outputs on public ``rows``: the server's logits, or a client's payload."""
+        """Outputs on public ``rows``: the server's logits, or a client's payload (refused where it withholds a row)."""
         images = self.public_images[rows]
         if model == "server":
             assert self.server is not None
             return predict_logits(self.server, images, self.device, self.batch_size)
-        return self._client_payload(int(model), images, Release.key_of(rows))
+        reply = self._client_payload(int(model), images, Release.key_of(rows))
+        if not reply.complete:
+            raise QueryRefusedError(f"client {model} withholds {int((~reply.answered).sum())} of these public rows (protocol.evasive_clients)")
+        return reply.outputs
 
-    def on_images(self, client: int, images: Tensor) -> Tensor:
-        """A client's payload on attacker-chosen images (:meth:`Adversary.query`)."""
+    def on_images(self, client: int, images: Tensor) -> Reply:
+        """A client's payload on attacker-chosen images (:meth:`Adversary.query`), with the images it answered."""
         return self._client_payload(client, images, b"images" + Release.key_of(images))
 
-    def _client_payload(self, client: int, images: Tensor, key: bytes) -> Tensor:
+    def _client_payload(self, client: int, images: Tensor, key: bytes) -> Reply:
+        withheld = self.evasion.withheld(client, image_digests(images)) if self.evasion is not None else torch.zeros(len(images), dtype=torch.bool)
         logits = predict_logits(self.clients[client], images, self.device, self.batch_size)
-        return as_sent(logits, self.temperature, self.defenses, Release(client, self.round, self.phase, self.kind, key))[0]
+        outputs, _ = as_answered(logits, ~withheld, self.temperature, self.defenses, Release(client, self.round, self.phase, self.kind, key))
+        return Reply(outputs, ~withheld)
 
 
 PROTOCOLS: Registry[type[Protocol]] = Registry("protocol", "protocol.name")

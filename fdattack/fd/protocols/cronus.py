@@ -65,10 +65,16 @@ class CronusProtocol(Protocol):
         self.upload_outputs(ctx)
 
     def _aggregate(self, ctx: RoundContext) -> None:
-        mean, filtered = robust_mean(self.stacked_uploads(ctx), self.cfg.filter_eps, self.cfg.filter_tau)
-        ctx.aggregate = mean
+        filtered: list[float] = []
+
+        def rule(outputs: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+            mean, dropped = robust_mean(outputs, self.cfg.filter_eps, self.cfg.filter_tau)
+            filtered.append(float(dropped.sum()))
+            return mean
+
+        ctx.aggregate = self.aggregate_uploads(ctx, rule, "probs")
         ctx.aggregate_kind = "probs"
-        ctx.metrics["protocol/cronus_filtered"] = float(filtered.sum())
+        ctx.metrics["protocol/cronus_filtered"] = sum(filtered)
 
     def _distill(self, ctx: RoundContext) -> None:
         public = self.public_subset(ctx)

@@ -84,9 +84,10 @@ class DSFLProtocol(Protocol):
         self.upload_outputs(ctx)
 
     def _aggregate(self, ctx: RoundContext) -> None:
-        outputs = self.stacked_uploads(ctx)
-        probs = outputs if self.cfg.upload == "probs" else torch.softmax(outputs, dim=-1)
-        ctx.aggregate = era(probs, self.cfg.era_temperature)
+        def rule(outputs: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+            return era(outputs if self.cfg.upload == "probs" else torch.softmax(outputs, dim=-1), self.cfg.era_temperature)
+
+        ctx.aggregate = self.aggregate_uploads(ctx, rule, "probs")
         ctx.aggregate_kind = "probs"
 
     def _server_train(self, ctx: RoundContext) -> None:

@@ -93,7 +93,7 @@ class FedGEMSProtocol(Protocol):
 
     def _server_train(self, ctx: RoundContext) -> None:
         public = self.public_subset(ctx)
-        ensemble = fedgems_ensemble(self.stacked_uploads(ctx), public.labels)
+        ensemble = self.aggregate_uploads(ctx, lambda outputs, rows: fedgems_ensemble(outputs, public.labels[rows]), "logits")
         self.train_server(ctx, "server_train", public, self.cfg.server_epochs, self._fusion_objective(ctx, ensemble))
         self.record_server_outputs(ctx)
         ctx.aggregate = ctx.server_outputs

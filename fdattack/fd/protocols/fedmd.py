@@ -69,7 +69,7 @@ class FedMDProtocol(Protocol):
         self.upload_outputs(ctx)
 
     def _aggregate(self, ctx: RoundContext) -> None:
-        ctx.aggregate = mean_logits(self.stacked_uploads(ctx))
+        ctx.aggregate = self.aggregate_uploads(ctx, lambda outputs, rows: mean_logits(outputs), "logits")
         ctx.aggregate_kind = "logits"
 
     def _digest(self, ctx: RoundContext) -> None:
