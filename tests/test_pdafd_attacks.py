@@ -30,8 +30,15 @@ SMALL = ["protocol=dsfl_pdafd", "data.split=random", "data.partition=dirichlet",
          "protocol.public_per_round=100", "attack.lira_distill.students=2", "attack.lira_distill.epochs=1", "evaluation.max_candidates=300"]
 
 
-#: experiments whose data is not shipped (composed below with a stand-in root)
-PAPER_SCALE = ("pdafd_cifar10", "pdafd_fashion_mnist")
+#: experiments whose data is not shipped (composed below with a stand-in root): the paper's model, public samples per
+#: round and public set from another dataset (name, size) for each (pdafd.md §7.1, §7.3, §7.4)
+PAPER_SCALE = {
+    "pdafd_cifar10": ("resnet18_gn", 5000, None),
+    "pdafd_fashion_mnist": ("pdafd_cnn", 5000, None),
+    "pdafd_cinic10": ("mobilenet_v2", 10000, None),
+    "pdafd_purchase": ("mlp", 5000, None),
+    "pdafd_cifar10_cifar100": ("resnet18_gn", 5000, ("cifar100", 10000)),
+}
 
 
 def _metrics(path: Path) -> dict[str, float]:
@@ -168,9 +175,12 @@ def test_stratified_public_rows_spread_over_the_labels(tmp_path: Path) -> None:
 @pytest.mark.parametrize("experiment", PAPER_SCALE)
 @pytest.mark.parametrize("protocol", ["fedmd_pdafd", "dsfl_pdafd", "cronus"])
 def test_paper_scale_experiments_compose_to_the_papers_settings(tmp_path: Path, experiment: str, protocol: str) -> None:
-    cfg = compose(str(REPO / "conf" / "experiment" / f"{experiment}.yaml"), [f"protocol={protocol}", f"data.root={tmp_path}"])
-    assert cfg.model.name == ("resnet18_gn" if experiment == "pdafd_cifar10" else "pdafd_cnn")
-    assert (cfg.protocol.num_clients, cfg.protocol.rounds, cfg.protocol.public_per_round, cfg.protocol.public_stratified) == (10, 10, 5000, True)
-    assert cfg.data.public_fraction == 0.2 and cfg.data.partition == "dirichlet" and list(cfg.attacks) == ["ldia", "lira_coop", "lira_distill"]
+    model, per_round, public = PAPER_SCALE[experiment]
+    cfg = compose(str(REPO / "conf" / "experiment" / f"{experiment}.yaml"), [f"protocol={protocol}", f"data.root={tmp_path}", f"data.public_dataset.root={tmp_path}"])
+    assert cfg.model.name == model
+    assert (cfg.protocol.num_clients, cfg.protocol.rounds, cfg.protocol.public_per_round, cfg.protocol.public_stratified) == (10, 10, per_round, True)
+    assert cfg.data.public_fraction == 0.2 and cfg.data.partition == "dirichlet" and cfg.data.min_client_size == 64
+    assert (None if cfg.data.public_dataset.name is None else (cfg.data.public_dataset.name, cfg.data.public_dataset.size)) == public
+    assert list(cfg.attacks) == (["ldia", "lira_distill"] if public else ["ldia", "lira_coop", "lira_distill"])  # no co-op row in Table 4
     assert (cfg.attack.lira_distill.students, cfg.attack.lira_distill.epochs, cfg.attack.lira_coop.beta) == (32, 20, 0.1)
     assert cfg.protocol.optim.lr == 1e-3 and cfg.protocol.optim.weight_decay == 0.0

@@ -36,9 +36,20 @@ class LabelSpace(Choice):
 
 
 @dataclass
+class PublicDatasetConfig:
+    """A public set taken from another dataset (pdafd.md §7.1, CIFAR-10 private / CIFAR-100 public; Table 8)."""
+
+    name: Optional[str] = knob(None, "dataset registry name of the public set, different from data.name; its samples are unlabeled for the run. null = the public set is cut from data.name's pool")
+    root: Optional[str] = knob(None, "its folder (as data.root)")
+    download: bool = knob(False, "let torchvision download it into its root (needs internet)")
+    size: Optional[int] = knob(None, "how many random samples of its training split form the public set; null = all of them", ge=1)
+    image_size: Optional[int] = knob(None, "resize its images to image_size x image_size; null = data.image_size", ge=4, le=MAX_IMAGE_SIZE)
+
+
+@dataclass
 class DataConfig:
-    name: str = knob("digits", "dataset registry name: digits | mnist | att_faces | image_folder | cifar10 | cifar100 | fashion_mnist | celeba | synthetic")
-    root: Optional[str] = knob(None, "folder of file-based datasets (mnist IDX files, att_faces sN/, image_folder); relative paths are taken from the working directory")
+    name: str = knob("digits", "dataset registry name: digits | mnist | att_faces | image_folder | cifar10 | cifar100 | cinic10 | fashion_mnist | celeba | purchase | synthetic")
+    root: Optional[str] = knob(None, "folder of file-based datasets (mnist IDX files, att_faces sN/, image_folder, cinic10 train/ and test/, purchase's dataset_purchase); relative paths are taken from the working directory")
     download: bool = knob(False, "let torchvision download cifar10/cifar100/fashion_mnist/celeba/mnist into root (needs internet)")
     image_size: Optional[int] = knob(None, "resize images to image_size x image_size; null keeps the native size", ge=4, le=MAX_IMAGE_SIZE)
     second_look_subdir: Optional[str] = knob(None, "name=image_folder: subfolder of each identity holding its insensitive look (LAG: y)")
@@ -50,6 +61,7 @@ class DataConfig:
     num_targets: Optional[int] = knob(None, "split=pli: number of target (private) labels; null = half of the labels", ge=1)
     public_fraction: float = knob(0.2, "split=random: fraction of the training pool that becomes the public set", gt=0, lt=1)
     public_classes: list[int] = knob([], "split=classes: labels that form the public set")
+    public_dataset: PublicDatasetConfig = knob(PublicDatasetConfig(), "split=random: a public set from another dataset, replacing the public_fraction cut from the pool (which is then dropped)")
     test_fraction: float = knob(0.2, "fraction of each private label's images held out as the test set (used when the dataset has no test split)", ge=0, lt=1)
     dirichlet_alpha: float = knob(1.0, "partition=dirichlet: concentration alpha (smaller = more skewed)", gt=0)
     min_client_size: int = knob(1, "partition=dirichlet: redraw until every client has at least this many samples", ge=0)

@@ -19,6 +19,7 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from fdattack.config.composition import registries
 from fdattack.config.knobs import check_ranges
+from fdattack.data.public import check_public_dataset
 from fdattack.errors import ConfigError
 from fdattack.fd.evasion import evasive_clients
 from fdattack.fd.threat import CAPABILITY_TEXT, Capability
@@ -37,6 +38,7 @@ def validate(cfg: DictConfig) -> None:
     d = cfg.data
     if d.root is not None and d.name not in ("digits", "synthetic") and not d.download and not Path(d.root).expanduser().is_dir():
         raise ConfigError(f"data.root={d.root!r}: folder not found (give the folder holding the {d.name} files, or data.download=true where torchvision can download it)")
+    check_public_dataset(d)
     check_compatibility(cfg)
 
 

@@ -1,5 +1,6 @@
 """Datasets, partitions, domain transforms and the FederatedData module."""
 
+from fdattack.data import purchase  # noqa: F401  (registration)
 from fdattack.data.datasets import DATASETS, RawDataset
 from fdattack.data.domains import DOMAIN_TRANSFORMS, box_blur, register_domain_transform
 from fdattack.data.federated import FederatedData, FederatedSplit, build_split

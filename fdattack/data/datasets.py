@@ -10,6 +10,9 @@ Folder layouts under ``data.root``:
   ``data.second_look_subdir=y``) or in a parallel tree with the same file names (LFW / masked LFW:
   ``data.root=.../lfw-align-128`` and ``data.second_look_root=.../lfw-align-128-masked``).
 - ``cifar10``, ``cifar100``, ``fashion_mnist``, ``celeba``: torchvision's layouts (``data.download=true`` to fetch).
+- ``cinic10``: the official CINIC-10 release unpacked, ``root/{train,valid,test}/<class>/*.png`` (32x32 RGB, 90,000
+  images per split). ``train`` is the pool, ``test`` the test set; ``valid`` is not read (pdafd.md §7.1).
+- ``purchase``: Shokri et al.'s ``root/dataset_purchase`` (tabular; see :mod:`fdattack.data.purchase`).
 """
 
 from __future__ import annotations
@@ -174,6 +177,8 @@ def _stack(arrays: list[np.ndarray], paths: list[Path], size: int | None) -> Ten
     shapes = {a.shape for a in arrays}
     if len(shapes) > 1 and size is None:
         raise DataError(f"{paths[0].parent.parent}: images have different sizes {sorted(shapes)[:3]}; set data.image_size")
+    if len(shapes) == 1:  # one conversion for the whole stack (CINIC-10's 180,000 images); the same values
+        return resize(to_unit_range(np.stack(arrays)).permute(0, 3, 1, 2).contiguous(), size)  # type: ignore[return-value]
     tensors = [resize(to_unit_range(a).permute(2, 0, 1)[None], size)[0] for a in arrays]  # type: ignore[index]
     return torch.stack(tensors)
 
@@ -233,6 +238,37 @@ def load_image_folder(cfg: DictConfig) -> RawDataset:
     images = _stack(arrays, paths, cfg.image_size)
     second = _stack(looks, paths, cfg.image_size or images.shape[-1]) if looks else None
     return RawDataset(images, torch.as_tensor(labels), second_look=second, class_names=[n for n, _ in entries])
+
+
+@DATASETS.register("cinic10")
+def load_cinic10(cfg: DictConfig) -> RawDataset:
+    """CINIC-10 (pdafd.md §7.1): ``root/train/<class>/*.png`` is the pool (90,000), ``root/test/<class>/*.png`` the
+    test set (90,000); both RGB, ``ToTensor`` + ``Normalize(0.5, 0.5)`` (A22). Labels follow the sorted class folders of
+    ``train``, which ``test`` must repeat; ``valid`` is not read."""
+    root = _root(cfg)
+    layout = "root/{train,valid,test}/<class>/*.png"
+    train = root / "train"
+    if not train.is_dir():
+        raise DataError(f"{train}: folder not found (CINIC-10 layout: {layout})")
+    classes = sorted(p.name for p in train.iterdir() if p.is_dir())
+    if not classes:
+        raise DataError(f"{train}: no class folders (CINIC-10 layout: {layout})")
+
+    def split(name: str) -> tuple[Tensor, Tensor]:
+        arrays, labels, paths = [], [], []
+        for label, cls in enumerate(classes):
+            folder = root / name / cls
+            files = sorted(folder.glob("*.png")) if folder.is_dir() else []
+            if not files:
+                raise DataError(f"{folder}: {'no .png images' if folder.is_dir() else 'folder not found'} (CINIC-10 layout: {layout})")
+            arrays.extend(read_image(f, 3) for f in files)
+            labels.extend([label] * len(files))
+            paths.extend(files)
+        return _stack(arrays, paths, cfg.image_size), torch.as_tensor(labels)
+
+    images, labels = split("train")
+    test_images, test_labels = split("test")
+    return RawDataset(images, labels, test_images=test_images, test_labels=test_labels, class_names=classes)
 
 
 # ------------------------------------------------------------------------------------------- torchvision

@@ -19,6 +19,7 @@ from fdattack.data import partitions
 from fdattack.data.datasets import DATASETS, RawDataset
 from fdattack.data.domains import DOMAIN_TRANSFORMS
 from fdattack.data.imageset import AUXILIARY, SENSITIVE, UNLABELED, ImageSet
+from fdattack.data.public import check_public_dataset, foreign_public_set
 from fdattack.errors import ConfigError
 
 
@@ -139,7 +140,8 @@ def _partition(cfg: DictConfig, labels: np.ndarray, num_clients: int, rng: np.ra
 
 
 def _split_pool(cfg: DictConfig, raw: RawDataset, num_clients: int, rng: np.random.Generator) -> FederatedSplit:
-    """split=random (public_fraction of the pool public) or split=classes (public_classes public)."""
+    """split=random (public_fraction of the pool public, or that fraction dropped for ``data.public_dataset``) or
+    split=classes (public_classes public)."""
     labels = raw.labels.numpy()
     rows = np.arange(len(labels))
     attacker = None
@@ -162,6 +164,8 @@ def _split_pool(cfg: DictConfig, raw: RawDataset, num_clients: int, rng: np.rand
     parts = _partition(cfg, labels[pool_rows], num_clients, rng)
     private = [_set(raw.images[pool_rows[p]], raw.labels[pool_rows[p]], torch.as_tensor(pool_rows[p])) for p in parts]
     public = _set(raw.images[pub_rows], raw.labels[pub_rows], torch.as_tensor(pub_rows))
+    if cfg.public_dataset.name is not None:
+        public = foreign_public_set(cfg, tuple(raw.images.shape[1:]), rng)
     if cfg.split == "classes":
         attacker = public
     return FederatedSplit(public, private, test, attacker, int(labels.max()) + 1, sorted(np.unique(labels[pool_rows]).tolist()), {}, tuple(raw.images.shape[1:]))  # type: ignore[arg-type]
@@ -183,6 +187,7 @@ def build_split(cfg: DictConfig, num_clients: int, seed: int) -> FederatedSplit:
         ConfigError: impossible settings (more clients than identities, an empty client ...).
         DataError: missing or corrupt files.
     """
+    check_public_dataset(cfg)
     raw = DATASETS.get(cfg.name)(cfg)
     rng = np.random.default_rng(cfg.seed if cfg.seed is not None else seed)
     if cfg.max_per_class is not None:
@@ -194,7 +199,7 @@ def build_split(cfg: DictConfig, num_clients: int, seed: int) -> FederatedSplit:
                               f"data.partition={cfg.partition}; use fewer clients or more data")
     partitions.assert_disjoint([p.source.numpy() for p in split.private] + [split.test.source[split.test.source >= 0].numpy()])
     split.info = {
-        "dataset": cfg.name, "J": split.num_classes, "public": len(split.public),
+        "dataset": cfg.name, "J": split.num_classes, "public": len(split.public), "public_dataset": cfg.public_dataset.name or cfg.name,
         "public_sensitive": int((split.public.domain == SENSITIVE).sum()), "public_auxiliary": int((split.public.domain == AUXILIARY).sum()),
         "private_per_client": [len(p) for p in split.private] if num_clients <= 10 else f"{min(len(p) for p in split.private)}..{max(len(p) for p in split.private)}",
         "test": len(split.test), "targets": len(split.target_labels), "image_shape": list(split.image_shape),
