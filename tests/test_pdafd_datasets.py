@@ -23,6 +23,7 @@ from fdattack.data import UNLABELED, build_split, purchase
 from fdattack.data.datasets import DATASETS, to_unit_range
 from fdattack.errors import DataError
 from fdattack.experiment import Experiment
+from fdattack.fd.protocols.base import RoundContext
 from tests.conftest import REPO, tiny
 from tests.test_bad_input import _one_line
 
@@ -196,6 +197,22 @@ def test_unlabeled_public_set_is_drawn_uniformly_and_the_attacker_sees_no_labels
         assert torch.equal(stratified, exp.protocol.public_rows(1))
         assert exp.view.public is not None and bool((exp.view.public.labels == UNLABELED).all())
         assert exp.data.split.info["public_dataset"] == "synthetic"
+    finally:
+        exp.run_dir.release()
+
+
+def test_fedmd_skips_its_public_transfer_on_an_unlabeled_public_set(tmp_path: Path) -> None:
+    """Cross-entropy on a public set without labels would be NaN with zero gradients: the phase trains nothing."""
+    exp = Experiment(compose(None, [*tiny(tmp_path), "protocol=fedmd", "data.split=random", "data.partition=iid",
+                                    "data.public_dataset.name=synthetic", "data.public_dataset.size=60",
+                                    "protocol.transfer_public_epochs=2", "protocol.server_model=false", "attacks=[]"]))
+    try:
+        before = [{k: v.clone() for k, v in exp.protocol.clients[k].module.state_dict().items()} for k in range(2)]
+        ctx = RoundContext(0, [0, 1])
+        exp.protocol._transfer_public(ctx)
+        after = [exp.protocol.clients[k].module.state_dict() for k in range(2)]
+        assert all(torch.equal(b[name], a[name]) for b, a in zip(before, after) for name in b)
+        assert "protocol/transfer_public_loss" not in ctx.metrics
     finally:
         exp.run_dir.release()
 

@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 
 from fdattack.config.knobs import knob
 from fdattack.config.schema import ProtocolConfig
+from fdattack.data.imageset import UNLABELED
 from fdattack.fd.aggregation import mean_logits
 from fdattack.fd.objectives import cross_entropy, l1_to_logits
 from fdattack.fd.protocols.base import PROTOCOLS, Phase, Protocol, RoundContext
 from fdattack.fd.threat import SERVER_POWERS, Capability, ThreatModel
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -59,7 +63,11 @@ class FedMDProtocol(Protocol):
         return phases
 
     def _transfer_public(self, ctx: RoundContext) -> None:
+        """CE on the labeled public set; skipped where it has no labels (a foreign public set, pdafd.md A20)."""
         public = self.split.public
+        if self.cfg.transfer_public_epochs and not bool((public.labels != UNLABELED).any()):
+            log.info("fedmd: the public set has no labels, so the %d transfer_public epochs are skipped", self.cfg.transfer_public_epochs)
+            return
         self.train_clients(ctx, "transfer_public", ctx.participants, lambda k: public, self.cfg.transfer_public_epochs, cross_entropy)
 
     def _transfer_private(self, ctx: RoundContext) -> None:
