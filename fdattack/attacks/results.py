@@ -1,7 +1,8 @@
 """The typed results attacks return; the evaluation side alone turns them into metrics.
 
 An attack never scores itself: it hands these to :class:`fdattack.evaluation.Evaluator`, which holds the
-ground truth: reconstructions (PLI, TBI), label distributions (LDIA) and membership scores (LiRA).
+ground truth: reconstructions (PLI, TBI), label distributions (LDIA), membership scores (LiRA) and GAN inversions
+(GMI, KED-MI, VMI).
 """
 
 from __future__ import annotations
@@ -64,5 +65,23 @@ class MembershipScores:
     details: Mapping[str, float] = field(default_factory=dict)
 
 
+@dataclass(frozen=True)
+class Inversions:
+    """Class-representative images a model-inversion attack made for each target label, several per label
+    (fedinverse.md §4: GMI's restarts, KED-MI's draws from its learned Gaussians, VMI's miner samples).
+
+    Attributes:
+        images: (S, T, C, H, W) in [-1, 1]: S samples (seeds, draws) for each of the T target labels.
+        labels: (T,) the target label of each column.
+        name: the metric prefix (``attack/<name>/...``) where one attack reports several variants; None = the attack's name.
+        details: the attack's own diagnostics (e.g. its final loss terms), logged as they are.
+    """
+
+    images: Tensor
+    labels: Tensor
+    name: Optional[str] = None
+    details: Mapping[str, float] = field(default_factory=dict)
+
+
 #: every result type an attack may return
-AttackResult = Union[Reconstructions, LabelDistributions, MembershipScores]
+AttackResult = Union[Reconstructions, LabelDistributions, MembershipScores, Inversions]
