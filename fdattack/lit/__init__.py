@@ -3,5 +3,7 @@
 from fdattack.lit.classifier import ClassifierLitModule, cross_entropy
 from fdattack.lit.inversion import InversionLitModule
 from fdattack.lit.translation import CycleGANLitModule, RestorerLitModule, TranslationLitModule
+from fdattack.lit.vmi import VMIMinerLitModule
 
-__all__ = ["ClassifierLitModule", "CycleGANLitModule", "InversionLitModule", "RestorerLitModule", "TranslationLitModule", "cross_entropy"]
+__all__ = ["ClassifierLitModule", "CycleGANLitModule", "InversionLitModule", "RestorerLitModule", "TranslationLitModule",
+           "VMIMinerLitModule", "cross_entropy"]
