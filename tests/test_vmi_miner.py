@@ -86,7 +86,8 @@ def test_log_determinant_matches_the_autograd_jacobian() -> None:
     assert abs(logabsdet.item()) > 0.1 and logdet.item() == pytest.approx(logabsdet.item(), abs=1e-9)
     jac_decode = torch.autograd.functional.jacobian(lambda v: flow.decode(v[None])[0][0], eps[0])
     assert flow.decode(eps)[1].item() == pytest.approx(torch.linalg.slogdet(jac_decode)[1].item(), abs=1e-9)
-    assert flow.log_prob(z[None]).item() == pytest.approx(standard_normal_log_prob(eps).item() + logabsdet.item(), abs=1e-9)
+    expected = standard_normal_log_prob(eps).item() + logabsdet.item()
+    assert flow.log_prob(z[None]).item() == pytest.approx(expected, abs=1e-9)
 
 
 def test_identity_flow_has_the_base_density() -> None:
@@ -110,7 +111,8 @@ def test_identity_flow_has_the_base_density() -> None:
 
 def test_actnorm_initialisation_standardises_its_first_batch_only() -> None:
     torch.manual_seed(3)
-    x = torch.tensor([3.0, -1.0, 0.5, 10.0], dtype=torch.float64) + torch.tensor([2.0, 0.1, 1.0, 5.0]) * torch.randn(400, 4)
+    mean, std = torch.tensor([3.0, -1.0, 0.5, 10.0], dtype=torch.float64), torch.tensor([2.0, 0.1, 1.0, 5.0])
+    x = mean + std * torch.randn(400, 4)
     norm = ActNorm(4).double()
     y, logdet = norm.encode(x)
     assert y.mean(0).abs().max() < 1e-9 and (y.std(0, unbiased=False) - 1).abs().max() < 1e-4
@@ -189,7 +191,9 @@ def test_miner_learns_the_label_under_a_plain_trainer(tmp_path: Path) -> None:
     assert ce_after < 0.2 * ce_before
     assert t.global_step == 40 and "vmi/ce" in t.callback_metrics and "vmi/selection_score" in t.callback_metrics
     assert all(p.dtype == torch.float64 for p in m.flows.parameters())
-    assert not m.generator.training and not m.target.training  # the frozen nets stayed in eval mode ...
+    m.train()  # what fdattack's engine calls before its steps
+    m.objective()
+    assert m.flows.training and not m.generator.training and not m.target.training  # frozen nets: eval mode ...
     for k, v in m.generator.state_dict().items():  # ... so BatchNorm's running statistics did not move
         assert torch.equal(v, generator_state[k]), k
     for k, v in m.target.state_dict().items():

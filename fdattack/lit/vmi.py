@@ -145,7 +145,7 @@ class VMIMinerLitModule(L.LightningModule):
         return torch.stack(terms).mean()
 
     def objective(self) -> dict[str, Tensor]:
-        """One batch of the loss: ``loss`` and its parts ``ce``, ``kl``, ``hsic`` (weighted), and the target's ``acc``."""
+        """One fresh batch: ``loss``, its parts ``ce``, ``kl`` and ``hsic`` (weighted), and the target's ``acc``."""
         hp = self.hparams
         x = self.render(self.sample_latents(hp.batch_size)[0])
         logits = self.target(x)

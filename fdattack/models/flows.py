@@ -152,7 +152,8 @@ class Glow(nn.Module):
             raise ValueError(f"{levels} levels halve dim={dim} to {sizes[-1]} coordinates; the last level needs ≥ 2")
         self.dim = dim
         generator = torch.Generator().manual_seed(seed)
-        self.steps = nn.ModuleList(FlowStep(n, hidden, generator, actnorm) for n in sizes for _ in range(steps_per_level))
+        self.steps = nn.ModuleList(FlowStep(n, hidden, generator, actnorm)
+                                   for n in sizes for _ in range(steps_per_level))
         self.to(dtype)
 
     @property
@@ -176,7 +177,7 @@ class Glow(nn.Module):
     def decode(self, eps: Tensor) -> tuple[Tensor, Tensor]:
         """ε (N, d) → (z (N, d), log |det ∂z/∂ε| (N,)), the exact inverse of :meth:`encode`."""
         if not self.initialized:
-            raise RuntimeError("the flow's ActNorm layers are not initialised: call initialize(z) (or encode a batch) first")
+            raise RuntimeError("the flow's ActNorm layers are not initialised: call initialize(z) first")
         h = eps.to(self._reference)
         logdet = h.new_zeros(h.shape[0])
         for step in reversed(self.steps):
