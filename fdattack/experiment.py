@@ -178,7 +178,7 @@ class Experiment:
         self.progress.activity(f"building {cfg.protocol.name} with {cfg.protocol.num_clients} clients")
         self.engine = LocalTrainer(self.fabric, batch_size=cfg.protocol.optim.batch_size, vectorise=t.vectorise)
         self.protocol = PROTOCOLS.get(cfg.protocol.name)(cfg.protocol, cfg.model, self.data.split, self.engine, cfg.seed, build_defenses(cfg))
-        self.oracle = Oracle(self.data.split, self.engine, tuple(self.protocol.clients), self.protocol.server)
+        self.oracle = Oracle(self.data.split, self.engine, tuple(self.protocol.clients), self.protocol.server, self.protocol.client_accuracy)
         candidates = membership_candidates(cfg, self.data)
         self.view = view_for(cfg, self.protocol, self.data, candidates)
         # only rank 0 writes the run directory; the other ranks keep their attack states in a scratch folder

@@ -180,6 +180,14 @@ def test_classes_split_gives_the_attacker_the_public_classes() -> None:
         build_split(data_cfg(name="digits", split="classes", public_classes=[42], partition="iid"), 3, seed=0)
 
 
+def test_classes_split_with_target_label_space_outputs_the_private_classes_only() -> None:
+    split = build_split(data_cfg(name="digits", split="classes", public_classes=[5, 6, 7, 8, 9], partition="iid", label_space="targets"), 3, seed=0)
+    assert split.num_classes == 5 and split.target_labels == [0, 1, 2, 3, 4]
+    assert set(split.attacker.labels.tolist()) == {5, 6, 7, 8, 9}  # the auxiliary classes keep their labels
+    with pytest.raises(ConfigError, match="public classes above every private label"):
+        build_split(data_cfg(name="digits", split="classes", public_classes=[0, 1], partition="iid", label_space="targets"), 3, seed=0)
+
+
 @pytest.mark.parametrize("name", ["cifar10", "cifar100", "fashion_mnist", "celeba"])
 def test_torchvision_dataset_missing_without_download_is_a_data_error(tmp_path: Path, name: str) -> None:
     with pytest.raises(DataError, match="data.download=true"):

@@ -72,7 +72,7 @@ class DataConfig:
     synthetic_per_class: int = knob(20, "name=synthetic: images per class", ge=2)
     synthetic_image_size: int = knob(8, "name=synthetic: side length of the generated images", ge=4, le=MAX_IMAGE_SIZE)
     synthetic_channels: int = knob(1, "name=synthetic: channels of the generated images", among=(1, 3))
-    label_space: LabelSpace = knob(LabelSpace.all, "all (every label is an output class) | targets (only the target labels, remapped to 0..n-1; other public labels become -1, as PLI's DS-FL)")
+    label_space: LabelSpace = knob(LabelSpace.all, "all (every label is an output class) | targets (only the target labels: split=pli remaps them to 0..n-1 and other public labels become -1, as PLI's DS-FL; split=classes gives the models the private classes only, which must be the lowest labels, as FedInverse's 5-way MNIST model)")
     seed: Optional[int] = knob(None, "seed of the split and partition; null = the run seed", ge=0, le=SEED_MAX)
 
 

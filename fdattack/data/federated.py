@@ -166,9 +166,21 @@ def _split_pool(cfg: DictConfig, raw: RawDataset, num_clients: int, rng: np.rand
     public = _set(raw.images[pub_rows], raw.labels[pub_rows], torch.as_tensor(pub_rows))
     if cfg.public_dataset.name is not None:
         public = foreign_public_set(cfg, tuple(raw.images.shape[1:]), rng)
+    num_classes = int(labels.max()) + 1
     if cfg.split == "classes":
         attacker = public
-    return FederatedSplit(public, private, test, attacker, int(labels.max()) + 1, sorted(np.unique(labels[pool_rows]).tolist()), {}, tuple(raw.images.shape[1:]))  # type: ignore[arg-type]
+        num_classes = _private_classes_only(cfg, labels[pool_rows]) if cfg.label_space == "targets" else num_classes
+    return FederatedSplit(public, private, test, attacker, num_classes, sorted(np.unique(labels[pool_rows]).tolist()), {}, tuple(raw.images.shape[1:]))  # type: ignore[arg-type]
+
+
+def _private_classes_only(cfg: DictConfig, private_labels: np.ndarray) -> int:
+    """J for split=classes with label_space=targets: the models output the private classes only (FedInverse's 5-way
+    MNIST model, fedinverse.md §3.2), which must be the lowest labels so that no label is renumbered."""
+    highest = int(private_labels.max())
+    if highest >= min(cfg.public_classes):
+        raise ConfigError(f"data.label_space=targets with data.split=classes needs the public classes above every private label; "
+                          f"data.public_classes={list(cfg.public_classes)} leaves private label {highest}")
+    return highest + 1
 
 
 def _cap_per_class(raw: RawDataset, cap: int, rng: np.random.Generator) -> RawDataset:

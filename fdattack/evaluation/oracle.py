@@ -18,12 +18,14 @@ class Oracle:
 
     The evaluator and its diagnostics get an Oracle; attacks get an :class:`~fdattack.fd.threat.AttackerView`
     and the round records only (``tests/test_threat_model.py`` checks that no attack reaches one).
+    ``client_accuracy`` is the protocol's :attr:`~fdattack.fd.protocols.base.Protocol.client_accuracy`.
     """
 
     split: FederatedSplit
     engine: LocalTrainer
     clients: tuple[ModelHandle, ...]
     server: ModelHandle | None
+    client_accuracy: bool = True
 
     def client_test_set(self, k: int) -> ImageSet:
         """Test images of client k's own labels when labels are owned (PLI split), else the whole test set."""

@@ -9,8 +9,9 @@ from fdattack.functional import topk_accuracy
 
 
 def protocol_metrics(oracle: Oracle) -> dict[str, float]:
-    """``protocol/client_acc_{mean,min,max}`` on each client's test set and ``protocol/server_acc``."""
-    tests = [oracle.client_test_set(k) for k in range(len(oracle.clients))]
+    """``protocol/client_acc_{mean,min,max}`` on each client's test set (where the protocol reports them) and
+    ``protocol/server_acc``."""
+    tests = [oracle.client_test_set(k) for k in range(len(oracle.clients))] if oracle.client_accuracy else []
     if tests and all(test is oracle.split.test for test in tests):  # no client owns labels: one test set, one engine call
         logits = list(oracle.engine.predict_many(oracle.clients, oracle.split.test)) if len(oracle.split.test) else []
     else:

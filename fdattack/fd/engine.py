@@ -58,6 +58,20 @@ def epoch_order(n: int, seed: int, shuffle: bool = True) -> Tensor:
     return torch.randperm(n, generator=torch.Generator().manual_seed(seed)) if shuffle else torch.arange(n)
 
 
+def has_batch_norm(module: torch.nn.Module) -> bool:
+    """Whether ``module`` holds a BatchNorm layer (which cannot train on a mini-batch of one row)."""
+    return any(isinstance(m, torch.nn.modules.batchnorm._BatchNorm) for m in module.modules())
+
+
+def without_lone_row(order: Tensor, batch_size: int) -> Tensor:
+    """``order`` without the row that would form a last mini-batch on its own (FedAvg's B = 10 over 41 rows).
+
+    BatchNorm raises on one row at a 1x1 feature map (MCNN's last block) and learns nothing from it elsewhere, so
+    the engine drops that row from the epoch for models with BatchNorm, as ``drop_last`` would for this one case.
+    """
+    return order[:-1] if len(order) > 1 and len(order) % batch_size == 1 else order
+
+
 class Batchable(Protocol):
     """Rows that an epoch draws mini-batches from: :class:`~fdattack.data.imageset.ImageSet`, :class:`TensorRows`."""
 
@@ -224,12 +238,15 @@ class LocalTrainer:
             callbacks.remove(handle.module)
 
     # ---------------------------------------------------------------- training
-    def _batches(self, n: int, seed: int, batch_size: int, shuffle: bool = True) -> list[Tensor]:
+    def _batches(self, n: int, seed: int, batch_size: int, shuffle: bool = True, lone_row: bool = True) -> list[Tensor]:
         """This rank's mini-batch index lists for one epoch: a seeded permutation (or 0..n-1), sharded by rank.
 
-        Under DDP the order is padded to a multiple of the world size, so every rank takes the same number of steps.
+        ``lone_row=False`` drops a last batch of one row (:func:`without_lone_row`). Under DDP the order is padded to
+        a multiple of the world size, so every rank takes the same number of steps.
         """
         order = epoch_order(n, seed, shuffle)
+        if not lone_row:
+            order = without_lone_row(order, batch_size)
         world, rank = self.fabric.world_size, self.fabric.global_rank
         if world > 1:
             per_rank = -(-n // world)
@@ -245,7 +262,8 @@ class LocalTrainer:
         module's single optimizer; with ``automatic_optimization = False`` the module's training_step steps
         its own optimizers (``self.optimizers()``, ``self.manual_backward``), as under a ``lightning.Trainer``.
         Epoch e shuffles with ``derive_seed(seed, e)``, or draws its batches with ``sampler`` given that seed (not
-        sharded over DDP ranks). An empty batch is still a step; its loss does not count in the mean loss.
+        sharded over DDP ranks). An empty batch is still a step; its loss does not count in the mean loss. A module
+        with BatchNorm skips a last batch of one row (:func:`without_lone_row`).
         """
         result = FitResult()
         if epochs <= 0 or len(data) == 0:
@@ -254,7 +272,8 @@ class LocalTrainer:
         automatic = module.automatic_optimization
         handle.wrapped.train()
         total, losses = torch.zeros((), device=device), 0
-        draw = sampler or (lambda n, epoch_seed, size: self._batches(n, epoch_seed, size, shuffle))
+        lone_row = not has_batch_norm(module)
+        draw = sampler or (lambda n, epoch_seed, size: self._batches(n, epoch_seed, size, shuffle, lone_row))
         for epoch in range(epochs):
             for batch_idx, idx in enumerate(draw(len(data), derive_seed(seed, epoch), batch_size or self.batch_size)):
                 batch = {k: v.to(device, non_blocking=True) for k, v in data.batch(idx).items()}

@@ -51,7 +51,7 @@ from torch.nn.modules.batchnorm import _BatchNorm
 from torch.nn.modules.dropout import _DropoutNd
 from torch.overrides import TorchFunctionMode
 
-from fdattack.fd.engine import FitJob, FitResult, ModelHandle, derive_seed, epoch_order
+from fdattack.fd.engine import FitJob, FitResult, ModelHandle, derive_seed, epoch_order, has_batch_norm, without_lone_row
 from fdattack.lit.classifier import ClassifierLitModule, is_vmappable
 from fdattack.lit.modes import eval_mode
 
@@ -462,10 +462,11 @@ def fit_copies(jobs: Sequence[FitJob], batch_size: int, device: torch.device) ->
 
     losses, rows = _Apply(loss, device, (0, 0, 0)), _Rows(jobs, device)
     per_row = _largest_output(template, rows.tensors["x"][:1])
+    trim = without_lone_row if has_batch_norm(template) else (lambda order, _: order)
     total = torch.zeros(len(jobs), device=device)
     steps = torch.zeros(len(jobs), dtype=torch.long)
     for epoch in range(jobs[0].epochs):
-        orders = [epoch_order(n, derive_seed(job.seed, epoch)) + offset for job, n, offset in zip(jobs, rows.sizes, rows.offsets)]
+        orders = [trim(epoch_order(n, derive_seed(job.seed, epoch)), batch_size) + offset for job, n, offset in zip(jobs, rows.sizes, rows.offsets)]
         for step in _steps(orders, batch_size):
             for models, batch_rows in step:
                 batch = rows.batch(batch_rows.to(device))

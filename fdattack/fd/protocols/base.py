@@ -87,6 +87,9 @@ class Protocol(ABC):
     has_server_model: ClassVar[bool] = False
     #: whether clients upload outputs on public data (FedAvg uploads weights)
     uploads_outputs: ClassVar[bool] = True
+    #: whether ``protocol/client_acc_*`` are measured each round (FedAvg's clients only hold the global model plus
+    #: the local epochs of the round they last joined; its utility is the server's accuracy)
+    client_accuracy: ClassVar[bool] = True
     #: what the attacker is granted (printed at start-up; the attacker's view and queries are built from it)
     threat_model: ClassVar[ThreatModel]
     #: capability -> the override that turns it on, for capabilities that depend on this protocol's config

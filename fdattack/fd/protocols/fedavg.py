@@ -44,6 +44,7 @@ class FedAvgProtocol(Protocol):
     name = "fedavg"
     Config = FedAvgConfig
     uploads_outputs = False
+    client_accuracy = False
     has_server_model = True
     threat_model = ThreatModel(
         attacker="a participating client (white-box access to the global model each round)",
