@@ -71,7 +71,7 @@ def view_for(cfg: DictConfig, protocol: Protocol, data: FederatedData, candidate
     shared = set(protocol.client_archs)
     return attacker_view(data.split, protocol.threat_model, protocol.name, protocol.server is not None, known_degradation(cfg),
                          candidates=None if candidates is None else candidates.as_known(),
-                         architecture=shared.pop() if len(shared) == 1 else None)
+                         architecture=shared.pop() if len(shared) == 1 else None, network_changes=tuple(protocol.network_changes.values()))
 
 
 def build_defenses(cfg: DictConfig) -> list[Defense]:

@@ -51,7 +51,7 @@ def test_choices_and_ranges_are_checked_from_the_fields() -> None:
         compose(None, ["attack.pli.taux=1"])
     with pytest.raises(ConfigError, match=r"attacks\[0\]='pl' is not a known attack; choose one of: ldia, lira_coop, lira_distill, pli, public_mean, tbi"):
         compose(None, ["attacks=[pl]"])
-    with pytest.raises(ConfigError, match=r"defenses\[0\]='noise' is not a known defense; choose one of: dpsgd, laplace, rounding, topk"):
+    with pytest.raises(ConfigError, match=r"defenses\[0\]='noise' is not a known defense; choose one of: bido, dpsgd, laplace, mid, rounding, topk"):
         compose(None, ["defenses=[noise]"])
     cfg = compose(None, ["attack.pli.variant=client_only", "attack.pli.prior.kind=naive"])
     assert cfg.attack.pli.variant == "client_only" and f"{cfg.attack.pli.prior.kind}" == "naive"

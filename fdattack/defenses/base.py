@@ -16,7 +16,7 @@ from __future__ import annotations
 import hashlib
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, Callable, ClassVar
 
 import torch
 from torch import Tensor, nn
@@ -73,6 +73,10 @@ class Defense(ABC):
         self.settings = settings
         self.seed = seed
 
+    def describe(self) -> str:
+        """This defense and its settings in a few words, for the run's start-up summary; its name by default."""
+        return self.name
+
     def round_metrics(self) -> dict[str, float]:
         """Metrics after each round (set-up included), logged as ``defense/<name>/<key>``; none by default."""
         return {}
@@ -99,8 +103,22 @@ class UploadDefense(Defense):
         return size
 
 
+NetworkChange = Callable[[nn.Module], nn.Module]
+"""A change of the architecture itself (MID's VIB head): ``network -> changed network``, a function of settings alone."""
+
+
 class TrainingDefense(Defense):
     """Wraps how a client trains; each hook returns its argument unchanged unless overridden."""
+
+    def network_change(self) -> NetworkChange | None:
+        """The change this defense makes to the architecture (MID's VIB head in place of the last linear layer), or None.
+
+        The protocol applies it to every client's network and to a server model that is the clients' average
+        (FedAvg), before any :meth:`wrap_network`, so that every model of the run has one architecture; the attacker's
+        view carries it too (a white-box participant knows the model it inverts). It therefore holds settings only,
+        never a model, data or this defense's state. It may raise :class:`ValueError` as :meth:`wrap_network` does.
+        """
+        return None
 
     def wrap_network(self, client: int, net: nn.Module) -> nn.Module:
         """The client's network (e.g. MID's information bottleneck).

@@ -17,10 +17,11 @@ from enum import Enum
 from typing import Callable, Literal, Optional
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
 from fdattack.data.federated import FederatedSplit
 from fdattack.data.imageset import UNLABELED, ImageSet
+from fdattack.models.classifiers import build_classifier
 
 #: which public rows a black-box query may ask for: any public row, only the round's rows, or none
 QueryRows = Literal["public", "round", "none"]
@@ -138,6 +139,8 @@ class AttackerView:
         architecture: the clients' network name where all clients share one: PDA-FD's attacker copies it for its
             students (pdafd.md §6.4 [P]); None for heterogeneous clients.
         num_clients: N, how many clients the federation has (the server knows whom it talks to).
+        network_changes: the training defenses' changes of the clients' architecture (MID's VIB head), in order: a
+            participant knows the model it trains; functions of the defenses' settings alone.
     """
 
     threat: ThreatModel
@@ -152,6 +155,23 @@ class AttackerView:
     candidates: Optional[ImageSet] = None
     architecture: Optional[str] = None
     num_clients: int = 0
+    network_changes: tuple[Callable[[nn.Module], nn.Module], ...] = ()
+
+    def global_network(self) -> nn.Module:
+        """A fresh network of the clients' shared architecture as trained, the defenses' changes included: what a
+        white-box participant loads ``RoundRecord.global_state`` into (its keys without the module's ``net.`` prefix).
+
+        Raises:
+            ValueError: the clients have several architectures.
+        """
+        if self.architecture is None:
+            raise ValueError("the clients have several architectures; there is no one global network")
+        c, h, _ = self.image_shape
+        with torch.random.fork_rng(devices=[]):  # its initial weights, to be overwritten, leave the run's random stream alone
+            net = build_classifier(self.architecture, c, h, self.num_classes)
+            for change in self.network_changes:
+                net = change(net)
+        return net
 
     @property
     def public_labels_known(self) -> bool:
@@ -176,7 +196,8 @@ def _public_as_known(public: ImageSet, threat: ThreatModel) -> ImageSet:
 
 def attacker_view(split: FederatedSplit, threat: ThreatModel, protocol: str, has_server_model: bool,
                   degradation: Optional[Degradation] = None, candidates: Optional[ImageSet] = None,
-                  architecture: Optional[str] = None) -> AttackerView:
+                  architecture: Optional[str] = None,
+                  network_changes: tuple[Callable[[nn.Module], nn.Module], ...] = ()) -> AttackerView:
     """Build the view an attack of ``protocol`` gets from the split, per ``threat``.
 
     Args:
@@ -187,6 +208,7 @@ def attacker_view(split: FederatedSplit, threat: ThreatModel, protocol: str, has
         degradation: the transform that made the insensitive public look, where it is known.
         candidates: the membership candidates as the attacker knows them (no origin), or None.
         architecture: the clients' shared network name, or None.
+        network_changes: the training defenses' changes of the clients' architecture.
     """
     public = None if threat.query_rows == "none" else _public_as_known(split.public, threat)
     prior = None
@@ -205,4 +227,5 @@ def attacker_view(split: FederatedSplit, threat: ThreatModel, protocol: str, has
         candidates=candidates,
         architecture=architecture,
         num_clients=len(split.private),
+        network_changes=tuple(network_changes),
     )

@@ -21,7 +21,7 @@ from fdattack.config.schema import ProtocolConfig
 from fdattack.data import partitions
 from fdattack.data.federated import FederatedSplit
 from fdattack.data.imageset import UNLABELED, ImageSet
-from fdattack.defenses.base import Defense, Release, TrainingDefense, UploadDefense, dense_bytes
+from fdattack.defenses.base import Defense, NetworkChange, Release, TrainingDefense, UploadDefense, dense_bytes
 from fdattack.errors import ConfigError
 from fdattack.fd.adversary import Adversary
 from fdattack.fd.engine import FitJob, LocalTrainer, ModelHandle, derive_seed, predict_logits
@@ -94,6 +94,8 @@ class Protocol(ABC):
     threat_model: ClassVar[ThreatModel]
     #: capability -> the override that turns it on, for capabilities that depend on this protocol's config
     enable_hints: ClassVar[dict[Capability, str]] = {}
+    #: the server model is the clients' average (FedAvg): it has their architecture, training defenses' changes included
+    server_is_client_average: ClassVar[bool] = False
 
     def __init__(self, cfg: DictConfig, model_cfg: DictConfig, split: FederatedSplit, engine: LocalTrainer, seed: int,
                  defenses: Sequence[Defense] = ()) -> None:
@@ -110,6 +112,9 @@ class Protocol(ABC):
         #: applied, in order, to every payload a client sends and to every query answer
         self.upload_defenses = tuple(d for d in defenses if isinstance(d, UploadDefense))
         self.training_defenses = tuple(d for d in defenses if isinstance(d, TrainingDefense))
+        #: defense name -> its change of the architecture (MID's VIB head), applied to every client's network
+        self.network_changes: dict[str, NetworkChange] = {
+            d.name: change for d in self.training_defenses if (change := d.network_change()) is not None}
         #: the active powers granted to attacks (:meth:`grant_adversary`)
         self.adversaries: list[Adversary] = []
         archs = list(model_cfg.clients) or [model_cfg.name]
@@ -146,19 +151,27 @@ class Protocol(ABC):
 
     # ------------------------------------------------------------------ construction
     def _make_model(self, name: str, arch: str, client: int | None = None) -> ModelHandle:
-        """A classifier set up by the engine; a client's network and optimizer go through the training defenses."""
+        """A classifier set up by the engine; a client's network and optimizer go through the training defenses, and
+        the training defenses' :attr:`network_changes` apply to the clients' and to a server that averages them."""
         torch.manual_seed(derive_seed(self.seed, "init", name))
         c, h, _ = self.split.image_shape
         try:
             net = build_classifier(arch, c, h, self.split.num_classes)
         except ValueError as err:
             raise ConfigError(f"model {arch!r} for {name}: {err} (see data.image_size)") from None
+        key = self._arch_key(client) if client is not None else "model.server" if self.model_cfg.server else "model.name"
+        changes = self.network_changes if client is not None or self.server_is_client_average else {}
+        for defense_name, change in changes.items():
+            try:
+                net = change(net)
+            except ValueError as err:
+                raise ConfigError(f"defense {defense_name}: {key}={arch} {err}") from None
         defenses = self.training_defenses if client is not None else ()
         for defense in defenses:
             try:
                 net = defense.wrap_network(client, net)  # type: ignore[arg-type]
             except ValueError as err:
-                raise ConfigError(f"defense {defense.name}: {self._arch_key(client)}={arch} {err}") from None  # type: ignore[arg-type]
+                raise ConfigError(f"defense {defense.name}: {key}={arch} {err}") from None
         optim = self.cfg.optim
         module = ClassifierLitModule(
             net, self.split.num_classes, optimizer=str(optim.name), lr=optim.lr, weight_decay=optim.weight_decay,
@@ -404,6 +417,7 @@ class Protocol(ABC):
             "client_architectures": sorted(set(self.client_archs)),
             "server_model": self.server is not None,
             "evasive_clients": sorted(self.evasion.clients) if self.evasion is not None else [],
+            "defenses": "; ".join(d.describe() for d in self.defenses) or "none",
             **self.threat_model.describe(),
         }
 

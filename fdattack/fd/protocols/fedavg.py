@@ -46,6 +46,7 @@ class FedAvgProtocol(Protocol):
     uploads_outputs = False
     client_accuracy = False
     has_server_model = True
+    server_is_client_average = True
     threat_model = ThreatModel(
         attacker="a participating client (white-box access to the global model each round)",
         sees="the global model after every aggregation",
