@@ -20,7 +20,7 @@ from omegaconf import DictConfig, OmegaConf
 from torchvision.utils import save_image
 
 from fdattack.attacks import ATTACKS, Attack, AttackContext
-from fdattack.attacks.results import LabelDistributions, Reconstructions
+from fdattack.attacks.results import Inversions, LabelDistributions, Reconstructions
 from fdattack.attacks.state_store import ClientStateStore
 from fdattack.config.validation import check_names
 from fdattack.data.domains import DOMAIN_TRANSFORMS
@@ -28,6 +28,7 @@ from fdattack.data.federated import FederatedData
 from fdattack.defenses import DEFENSES, Defense
 from fdattack.errors import FdattackError
 from fdattack.evaluation import ConfidenceGapDiagnostic, Evaluator, Oracle, ReconstructionScorer, Report, train_identity_scorer
+from fdattack.evaluation.inversion import inversion_scorer
 from fdattack.evaluation.label_distribution import LabelDistributionScorer
 from fdattack.evaluation.membership import CandidatePool, MembershipScorer, candidate_pool
 from fdattack.fd.engine import LocalTrainer, derive_seed, make_fabric, seed_everything_quietly
@@ -106,9 +107,11 @@ def build_attacks(cfg: DictConfig, view: AttackerView, protocol: Protocol, engin
     return attacks
 
 
-def build_evaluator(cfg: DictConfig, oracle: Oracle, progress: Progress | None = None, candidates: CandidatePool | None = None) -> Evaluator:
+def build_evaluator(cfg: DictConfig, oracle: Oracle, progress: Progress | None = None, candidates: CandidatePool | None = None,
+                    cache_dir: Path | None = None) -> Evaluator:
     """The evaluation side: a scorer for each result type the attacks return (the reconstruction scorer with its
-    evaluation classifier, label distributions, membership against ``candidates``) and the diagnostics."""
+    evaluation classifier, label distributions, membership against ``candidates``, inversions with theirs, kept
+    under ``cache_dir``) and the diagnostics."""
     diagnostics = []
     if cfg.observers.confidence_gap.enabled:
         diagnostics.append(ConfidenceGapDiagnostic(oracle, cfg.observers.confidence_gap.max_samples))
@@ -124,7 +127,11 @@ def build_evaluator(cfg: DictConfig, oracle: Oracle, progress: Progress | None =
         identity = (train_identity_scorer(oracle.split, oracle.engine, ev.classifier, ev.epochs, ev.lr, derive_seed(cfg.seed, 0, "evaluation_classifier"))
                     if ev.classifier else None)
         scorer = ReconstructionScorer(oracle.split, identity)
-    return Evaluator(oracle, scorer, diagnostics, label_distributions, membership)
+    inversions = None
+    if Inversions in produced:
+        inversions = inversion_scorer(oracle.split, oracle.engine, OmegaConf.to_object(cfg.evaluation.inversion),  # type: ignore[arg-type]
+                                      derive_seed(cfg.seed, "inversion_classifier"), cache_dir, progress.activity if progress is not None else None)
+    return Evaluator(oracle, scorer, diagnostics, label_distributions, membership, inversions)
 
 
 def _flat_config(cfg: DictConfig) -> dict:
@@ -188,7 +195,7 @@ class Experiment:
         attack_engine = LocalTrainer(make_fabric(t.accelerator, t.devices, t.strategy, t.num_nodes, t.precision), batch_size=cfg.protocol.optim.batch_size,
                                      vectorise=t.vectorise)
         self.attacks = build_attacks(cfg, self.view, self.protocol, attack_engine, state_root)
-        self.evaluator = build_evaluator(cfg, self.oracle, self.progress, candidates)
+        self.evaluator = build_evaluator(cfg, self.oracle, self.progress, candidates, self.output_dir / "artifacts")
 
     def run(self) -> dict[str, float]:
         """Run (or resume) every round; write the run directory; return the final metrics. The run directory's lock is released at the end."""

@@ -11,7 +11,7 @@ from torch import nn
 from fdattack.errors import ConfigError
 from fdattack.models import CLASSIFIERS, build_classifier
 
-NAMES = ["pli_cnn", "fedinverse_cnn", "pdafd_cnn", "mlp", "resnet18_gn", "vgg16_bn", "mobilenet_v2"]
+NAMES = ["pli_cnn", "fedinverse_cnn", "scnn", "pdafd_cnn", "mlp", "resnet18_gn", "vgg16_bn", "mobilenet_v2"]
 SHAPES = [(1, 8), (1, 28), (3, 32), (3, 64)]
 J = 7
 
@@ -56,7 +56,7 @@ def test_too_small_image_is_a_clear_error(name: str, too_small: int, minimum: in
     build_classifier(name, 1, minimum, J)
 
 
-@pytest.mark.parametrize("name", ["fedinverse_cnn", "mlp", "resnet18_gn", "vgg16_bn", "mobilenet_v2"])
+@pytest.mark.parametrize("name", ["fedinverse_cnn", "scnn", "mlp", "resnet18_gn", "vgg16_bn", "mobilenet_v2"])
 def test_size_agnostic_entries_accept_tiny_images(name: str) -> None:
     net = build_classifier(name, 1, 4, J).eval()
     with torch.no_grad():
@@ -82,6 +82,20 @@ def test_fedinverse_cnn_flatten_sizes() -> None:
     assert build_classifier("fedinverse_cnn", 1, 32, 5).fc.in_features == 256
     assert build_classifier("fedinverse_cnn", 1, 64, 5).fc.in_features == 256 * 9 * 9
     assert build_classifier("fedinverse_cnn", 1, 28, 5).fc.in_features == 256  # upsampled to 32
+
+
+def test_scnn_is_the_specs_five_convs_with_a_512_d_embedding_at_any_size() -> None:
+    # fedinverse.md §3.5: 32 -> conv7,p1 28 -> pool 14 -> conv5 10 -> pool 5 -> conv5 1 -> conv3,p1 1 -> conv3,p1 1 (512).
+    net = build_classifier("scnn", 1, 32, 10)
+    convs = [(m.in_channels, m.out_channels, m.kernel_size[0], m.padding[0]) for m in net.modules() if isinstance(m, nn.Conv2d)]
+    assert convs == [(1, 32, 7, 1), (32, 64, 5, 0), (64, 128, 5, 0), (128, 256, 3, 1), (256, 512, 3, 1)]
+    assert sum(isinstance(m, nn.MaxPool2d) for m in net.modules()) == 2 and (net.fc.in_features, net.fc.out_features) == (512, 10)
+    inputs: list[torch.Tensor] = []
+    net.fc.register_forward_pre_hook(lambda _, args: inputs.append(args[0]))
+    with torch.no_grad():
+        for size in (8, 28, 64):  # resized to 32 in forward: the embedding, FID's feature space, keeps its size
+            assert net.eval()(torch.zeros(2, 1, size, size)).shape == (2, 10)
+    assert [x.shape for x in inputs] == [(2, 512)] * 3
 
 
 def test_mlp_input_size() -> None:

@@ -27,6 +27,8 @@ from fdattack.config import compose
 from fdattack.data.federated import FederatedData, FederatedSplit
 from fdattack.data.imageset import UNLABELED
 from fdattack.evaluation import Evaluator, Oracle, ReconstructionScorer
+from fdattack.evaluation.inversion import InversionScorer
+from fdattack.evaluation.inversion_classifier import EvaluationClassifier
 from fdattack.experiment import Experiment
 from fdattack.fd.engine import LocalTrainer, ModelHandle, predict_logits
 from fdattack.defenses import Release
@@ -40,7 +42,7 @@ from tests.object_graph import reachable
 #: what no attack may reach: the ground truth, the protocol, its engine and its models
 # attacks train on an engine of their own; the run's engine and Fabric list every client module
 FORBIDDEN = (Oracle, FederatedSplit, FederatedData, Protocol, ModelHandle, ClassifierLitModule, Evaluator,
-             ReconstructionScorer, IdentityScorer, Experiment)
+             ReconstructionScorer, IdentityScorer, InversionScorer, EvaluationClassifier, Experiment)
 EXPERIMENTS = {"fedmd": "fedmd_digits", "fedgems": "fedgems_digits", "dsfl": "dsfl_digits", "cronus": "cronus_digits"}
 ATTACKS = {"fedmd": ["pli", "tbi"], "fedgems": ["pli", "tbi"], "dsfl": ["pli", "tbi"], "cronus": ["tbi"]}
 SMALL = ["attack.pli.max_width=16", "attack.tbi.max_width=16", "attack.pli.epochs_per_round=1", "attack.tbi.epochs_per_round=1", "attack.pli.prior.epochs=1", "attack.pli.prior.width=8",

@@ -182,11 +182,23 @@ class ObserversConfig:
 
 
 @dataclass
+class InversionEvaluationConfig:
+    classifier: str = knob("scnn", "evaluation classifier of model-inversion attacks (their top-1/top-5, diversity and FID): a classifier registry name, trained apart from the federated models on every class of the dataset (every client's private images and the attacker's auxiliary classes), once per run, and kept in the run directory's artifacts/ (reused on resume)")
+    epochs: int = knob(10, "its training epochs", ge=1)
+    lr: float = knob(1e-3, "its Adam learning rate", gt=0)
+    batch_size: int = knob(32, "its mini-batch size", ge=1)
+    checkpoint: Optional[str] = knob(None, "a trained evaluation classifier to use instead of training one: an earlier run's artifacts/inversion_classifier_*.pt or a state_dict of the network evaluation.inversion.classifier builds; null = train it")
+    grid_samples: int = knob(8, "samples of each target label shown in the inversion grid (its columns)", ge=1)
+    inception_weights: Optional[str] = knob(None, "torchvision's Inception-v3 state_dict on disk (e.g. inception_v3_google-0cc3c7bd.pth) for an extra fid_inception in its 2048-d pool features (slow on a CPU: every private image of the targets goes through it once); never downloaded; null = none")
+
+
+@dataclass
 class EvaluationConfig:
     classifier: Optional[str] = knob("pdafd_cnn", "evaluation classifier over the target labels, trained on their private images apart from the federated models (top-1/top-5 of reconstructions); a classifier registry name, or null for none")
     epochs: int = knob(30, "its training epochs", ge=1)
     lr: float = knob(1e-3, "its Adam learning rate", gt=0)
     max_candidates: Optional[int] = knob(None, "membership attacks: how many candidate samples the attacker tests, drawn at random from every client's private samples and the test samples; null = all of them", ge=2)
+    inversion: InversionEvaluationConfig = knob(InversionEvaluationConfig(), "model-inversion attacks (results of type Inversions): their evaluation classifier and grid")
 
 
 @dataclass

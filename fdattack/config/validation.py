@@ -58,7 +58,8 @@ def check_names(cfg: DictConfig) -> None:
     if cfg.data.aux_domain not in looks and cfg.data.aux_domain not in DOMAIN_TRANSFORMS:
         raise ConfigError(f"data.aux_domain={cfg.data.aux_domain!r} is not known; choose one of: {', '.join(sorted([*DOMAIN_TRANSFORMS, *looks]))}")
     models = [("model.name", cfg.model.name), *((f"model.clients[{i}]", n) for i, n in enumerate(cfg.model.clients)),
-              ("model.server", cfg.model.server), ("evaluation.classifier", cfg.evaluation.classifier)]
+              ("model.server", cfg.model.server), ("evaluation.classifier", cfg.evaluation.classifier),
+              ("evaluation.inversion.classifier", cfg.evaluation.inversion.classifier)]
     for key, name in models:
         if name is not None:
             CLASSIFIERS.get(name, key)

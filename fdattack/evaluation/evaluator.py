@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-from typing import Optional, Protocol, Sequence
+from typing import Optional, Protocol, Sequence, TypeVar
 
-from fdattack.attacks.results import AttackResult, LabelDistributions, MembershipScores, Reconstructions
+from fdattack.attacks.results import AttackResult, Inversions, LabelDistributions, MembershipScores, Reconstructions
+from fdattack.evaluation.inversion import InversionScorer
 from fdattack.evaluation.label_distribution import LabelDistributionScorer
 from fdattack.evaluation.membership import MembershipScorer
 from fdattack.evaluation.oracle import Oracle
@@ -14,6 +15,17 @@ from fdattack.evaluation.report import Report
 
 #: the prior's scores worth a line of their own (Table S-3 and what an inversion must beat)
 PRIOR_METRICS = ("ssim", "accuracy", "eval_top1")
+
+
+Scorer = TypeVar("Scorer")
+
+
+def _declared(scorer: Optional[Scorer], attack: str, result: AttackResult) -> Scorer:
+    """The scorer of ``result``'s type; None means the attack returned a type its class does not declare in ``produces``."""
+    if scorer is None:
+        kind = type(result).__name__
+        raise RuntimeError(f"attack {attack} returned {kind} but does not declare them: set produces = frozenset({{{kind}}}) on its class")
+    return scorer
 
 
 class Diagnostic(Protocol):
@@ -33,15 +45,18 @@ class Evaluator:
         diagnostics: measurements reported every round.
         label_distributions: scorer of :class:`LabelDistributions` (None when no attack estimates them).
         membership: scorer of :class:`MembershipScores` (None when no attack infers membership).
+        inversions: scorer of :class:`Inversions` (None when no attack inverts the model).
     """
 
     def __init__(self, oracle: Oracle, reconstructions: Optional[ReconstructionScorer] = None, diagnostics: Sequence[Diagnostic] = (),
-                 label_distributions: Optional[LabelDistributionScorer] = None, membership: Optional[MembershipScorer] = None) -> None:
+                 label_distributions: Optional[LabelDistributionScorer] = None, membership: Optional[MembershipScorer] = None,
+                 inversions: Optional[InversionScorer] = None) -> None:
         self.oracle = oracle
         self.reconstructions = reconstructions
         self.diagnostics = list(diagnostics)
         self.label_distributions = label_distributions
         self.membership = membership
+        self.inversions = inversions
 
     def setup_report(self) -> Report:
         """After the set-up phases (round 0): the protocol's utility metrics."""
@@ -64,14 +79,14 @@ class Evaluator:
                 report.update(self.label_distributions(attack, result))
             elif isinstance(result, MembershipScores) and self.membership is not None:
                 report.update(self.membership(attack, result))
+            elif isinstance(result, Inversions):
+                report.update(_declared(self.inversions, attack, result)(attack, result))
             else:
                 raise TypeError(f"the evaluator has no scorer for {type(result).__name__} (from attack {attack})")
         return report
 
     def _score_reconstructions(self, attack: str, result: Reconstructions) -> Report:
-        if self.reconstructions is None:
-            raise RuntimeError(f"attack {attack} returned reconstructions but does not declare them: set produces = frozenset({{Reconstructions}}) on its class")
-        scores, grid = self.reconstructions(result.images, result.labels)
+        scores, grid = _declared(self.reconstructions, attack, result)(result.images, result.labels)
         if result.role == "prior":
             return Report(metrics={f"attack/{attack}/prior_{k}": scores[k] for k in PRIOR_METRICS if k in scores},
                           images={f"attack/{attack}/prior": grid},

@@ -7,6 +7,7 @@ that sizes the network from the data; every network maps (B, C, H, H) images to 
 |---|---|---|
 | ``pli_cnn`` | PLI "Code 1" / ``OneCNN`` (pli.md §4.1) | 5 px |
 | ``fedinverse_cnn`` | MCNN (fedinverse.md §3.3) | any (inputs below 32 px are upsampled to 32) |
+| ``scnn`` | SCNN, FedInverse's MNIST evaluation classifier (fedinverse.md §3.5) | any (inputs are resized to 32) |
 | ``pdafd_cnn`` | 4-conv CNN (pdafd.md §7.3) | 8 px |
 | ``mlp`` | 3-layer MLP (pdafd.md §7.3) | any |
 | ``resnet18_gn`` | ResNet-18, 3×3 stem, GroupNorm(32) (pdafd.md §7.3) | any |
@@ -100,6 +101,34 @@ class MCNN(nn.Module):
         return self.fc(self.features(x))
 
 
+class SCNN(nn.Module):
+    """The SCNN that scores FedInverse's MNIST inversions (fedinverse.md §3.5), designed for 1×32×32 inputs.
+
+    Conv(C→32, k7, p1)+BN+LReLU(0.2)+MaxPool2 → Conv(32→64, k5)+BN+LReLU+MaxPool2 → Conv(64→128, k5)+BN+LReLU
+    → Conv(128→256, k3, p1)+BN+LReLU → Conv(256→512, k3, p1)+BN+LReLU → Flatten (512) → Linear(512, J).
+    Images of any other size are bilinearly resized to 32×32 in ``forward`` (as FedInverse resizes 28-px MNIST),
+    so that the 512-d embedding, the feature space of FID (§6.2), keeps its size.
+    """
+
+    size = 32
+
+    def __init__(self, in_channels: int, num_classes: int) -> None:
+        super().__init__()
+        widths = (in_channels, 32, 64, 128, 256, 512)
+        kernels, paddings, pooled = (7, 5, 5, 3, 3), (1, 0, 0, 1, 1), (True, True, False, False, False)
+        layers: list[nn.Module] = []
+        for i, (k, p, pool) in enumerate(zip(kernels, paddings, pooled)):
+            layers += [nn.Conv2d(widths[i], widths[i + 1], k, padding=p), nn.BatchNorm2d(widths[i + 1]), nn.LeakyReLU(0.2)]
+            layers += [nn.MaxPool2d(2)] if pool else []
+        self.features = nn.Sequential(*layers, nn.Flatten())
+        self.fc = nn.Linear(widths[-1], num_classes)
+
+    def forward(self, x: Tensor) -> Tensor:
+        if x.shape[-2:] != (self.size, self.size):
+            x = F.interpolate(x, size=(self.size, self.size), mode="bilinear", align_corners=False)
+        return self.fc(self.features(x))
+
+
 @CLASSIFIERS.register("pli_cnn")
 def pli_cnn(in_channels: int, image_size: int, num_classes: int) -> nn.Module:
     """PLI "Code 1" (pli.md §4.1); 12.8M parameters at 3×64×64 with J = 1000."""
@@ -110,6 +139,12 @@ def pli_cnn(in_channels: int, image_size: int, num_classes: int) -> nn.Module:
 def fedinverse_cnn(in_channels: int, image_size: int, num_classes: int) -> nn.Module:
     """FedInverse MNIST target model, MCNN (fedinverse.md §3.3)."""
     return MCNN(in_channels, image_size, num_classes)
+
+
+@CLASSIFIERS.register("scnn")
+def scnn(in_channels: int, image_size: int, num_classes: int) -> nn.Module:
+    """FedInverse MNIST evaluation classifier, SCNN (fedinverse.md §3.5); 512-d embedding at any image size."""
+    return SCNN(in_channels, num_classes)
 
 
 @CLASSIFIERS.register("pdafd_cnn")

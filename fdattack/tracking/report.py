@@ -12,9 +12,9 @@ import html
 from pathlib import Path
 from typing import Any, Iterable
 
-from fdattack.tracking.report_figures import CHANCE_METRICS, copy_grid, grid_html, latest_grids, plot_metric, run_style
+from fdattack.tracking.report_figures import DEFAULT_NOTE, NOTES, copy_grid, grid_html, latest_grids, plot_metric, run_style
 from fdattack.tracking.report_runs import Run, Section, format_value, label_keys, load_runs, sections
-from fdattack.tracking.summary import TABLES
+from fdattack.tracking.summary import CHANCE, TABLES
 
 TITLES = {metric: title for columns in TABLES for metric, title, _ in columns}
 STYLE = """
@@ -100,8 +100,9 @@ def plots(runs: list[Run], section: Section, out: Path) -> str:
     figures = []
     for metric in _ordered(section.per_round):
         key = section.key(metric)
-        chance = {i: float(run.final[f"{section.name}/chance"]) for i, run in enumerate(runs)
-                  if metric in CHANCE_METRICS and section.attack and run.series(key) and run.final.get(f"{section.name}/chance") is not None}
+        level = f"{section.name}/{CHANCE.get(metric)}"
+        chance = {i: float(run.final[level]) for i, run in enumerate(runs)
+                  if metric in CHANCE and section.attack and run.series(key) and run.final.get(level) is not None}
         name = f"plots/{section.name.replace('/', '_')}__{metric}.svg"
         plot_metric(out / name, metric, runs, key, chance)
         note = f" · dashed grey line: chance ({', '.join(f'{c:.3g}' for c in sorted(set(chance.values())))})" if chance else ""
@@ -124,7 +125,7 @@ def reconstructions(runs: list[Run], attack: str, out: Path) -> str:
                 cards.append(f"<div class='card'><h4><span class='swatch' style='background:{colour}'></span>{html.escape(run.label)}"
                              f" · round {grid.round}</h4>{grid_html(grid, grid.labels(run, attack), copy_grid(grid, out, i))}</div>")
         parts.append(f"<h3>{'Reconstructions' if kind == 'reconstructions' else html.escape(kind.capitalize())}, latest round</h3>"
-                     "<p class='note'>A row per target: the attack's image, then the private and public means of its label.</p>"
+                     f"<p class='note'>{html.escape(NOTES.get(kind, DEFAULT_NOTE))}</p>"
                      f"<div class='cards'>{''.join(cards)}</div>")
     return "".join(parts)
 

@@ -20,16 +20,17 @@ from fdattack.errors import CheckpointError
 from fdattack.tracking.checkpoint import load_checkpoint
 from fdattack.tracking.report_runs import Run
 
-#: Metrics whose chance level is ``attack/<name>/chance`` (1 / targets): the nearest-mean accuracy and the
-#: evaluation classifier's top-1 over the targets.
-CHANCE_METRICS = ("accuracy", "eval_top1")
 LINESTYLES = ("-", "--", ":", "-.")
 #: Smallest displayed side of one reconstruction tile, in CSS pixels (tiles scale up by whole factors).
 TILE_PX = 96
 #: Rows of a reconstruction grid shown on the page (the full grid is linked).
 MAX_ROWS = 16
-#: First column's title per grid kind (the image name's ``attack_<name>_<kind>_round_XXXX.png``).
-FIRST_COLUMN = {"reconstructions": "reconstruction", "prior": "prior"}
+#: Column titles per grid kind (the image name's ``attack_<name>_<kind>_round_XXXX.png``); a kind not listed here
+#: (``inversions``) has square tiles and a column per sample.
+COLUMNS = {"reconstructions": ("reconstruction", "private mean", "public mean"), "prior": ("prior", "private mean", "public mean")}
+#: What a row of a grid kind shows, under its heading on the page.
+NOTES = {"inversions": "A row per target label, a column per sample (the first evaluation.inversion.grid_samples)."}
+DEFAULT_NOTE = "A row per target: the attack's image, then the private and public means of its label."
 
 
 def run_style(index: int) -> tuple[str, str]:
@@ -103,24 +104,27 @@ def latest_grids(run: Run, attack: str) -> dict[str, Grid]:
 
 def grid_html(grid: Grid, labels: list[str] | None, src: str) -> str:
     """The grid as a labeled CSS grid of tiles cut from ``src`` (the copied PNG), each scaled up by a whole
-    factor with pixelated rendering: a header row (target, reconstruction, private mean, public mean)
-    and one row per target, labeled with its label."""
+    factor with pixelated rendering: a header row (target, then the kind's columns: reconstruction, private
+    mean, public mean; or sample 1, 2, ...) and one row per target, labeled with its label."""
     with Image.open(grid.image) as image:
         width, height = image.size
-    side = width // 3
-    rows = len(labels) if labels else max(1, height // side)
-    row_height = height // rows
-    scale = max(1, math.ceil(TILE_PX / side))
-    w, h = side * scale, row_height * scale
-    heads = ["target", FIRST_COLUMN.get(grid.kind, grid.kind), "private mean", "public mean"]
-    cells = [f"<div class='head'>{html.escape(head)}</div>" for head in heads]
+    heads = COLUMNS.get(grid.kind)
+    if heads is None:  # a column per sample, square tiles
+        rows = len(labels) if labels else 1
+        heads = tuple(f"sample {c + 1}" for c in range(max(1, width // (height // rows))))
+    else:
+        rows = len(labels) if labels else max(1, height // (width // len(heads)))
+    columns = len(heads)
+    scale = max(1, math.ceil(TILE_PX / (width // columns)))
+    w, h = width // columns * scale, height // rows * scale
+    cells = [f"<div class='head'>{html.escape(head)}</div>" for head in ("target", *heads)]
     for r in range(min(rows, MAX_ROWS)):
         name = f"label {labels[r]}" if labels else f"row {r + 1}"
         cells.append(f"<div class='rowhead'>{html.escape(name)}</div>")
         cells += [f"<div class='tile' style='width:{w}px;height:{h}px;background-image:url(\"{src}\");"
-                  f"background-size:{3 * w}px {rows * h}px;background-position:-{c * w}px -{r * h}px'></div>" for c in range(3)]
+                  f"background-size:{columns * w}px {rows * h}px;background-position:-{c * w}px -{r * h}px'></div>" for c in range(columns)]
     more = f"<p class='note'>first {MAX_ROWS} of {rows} targets; <a href='{src}'>full grid</a></p>" if rows > MAX_ROWS else ""
-    return f"<div class='grid' style='grid-template-columns:auto repeat(3, {w}px)'>{''.join(cells)}</div>{more}"
+    return f"<div class='grid' style='grid-template-columns:auto repeat({columns}, {w}px)'>{''.join(cells)}</div>{more}"
 
 
 def copy_grid(grid: Grid, out: Path, run_index: int) -> str:

@@ -17,6 +17,7 @@ from typing import Any
 from omegaconf import OmegaConf
 
 from fdattack.errors import DataError
+from fdattack.tracking.summary import CHANCE
 
 #: Config keys that never make runs different (where and under which name they ran).
 IGNORED_KEYS = ("output_dir", "name", "resume")
@@ -199,7 +200,7 @@ def sections(runs: list[Run]) -> list[Section]:
         counts = {m: max(len(run.series(section.key(m))) for run in runs) for m in metrics}
         section_rounds = max(len({row["round"] for row in run.rounds if any(section.key(m) in row for m in metrics)}) for run in runs)
         for metric in sorted(metrics):
-            if counts[metric] >= 2 and metric != "chance":  # chance is a line on the accuracy plots
+            if counts[metric] >= 2 and metric not in CHANCE.values():  # chance levels are lines on the accuracy plots
                 section.per_round.append(metric)
             elif counts[metric] == 1 and section_rounds >= 2:
                 section.one_off.append(metric)

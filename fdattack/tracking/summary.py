@@ -1,5 +1,5 @@
 """The end-of-run tables printed by ``fdattack run``: each attack's final scores next to their baselines, one table
-per kind of attack (reconstruction, label distribution, membership)."""
+per kind of attack (reconstruction, label distribution, membership, model inversion)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,13 @@ TABLES = (
      ("uniform_kl", "uniform KL", "{:.3f}")),
     (("tpr_at_1pct_fpr", "TPR@1%FPR", "{:.2%}"), ("tpr_at_0.1pct_fpr", "TPR@0.1%FPR", "{:.2%}"), ("auc", "AUC", "{:.3f}"),
      ("balanced_accuracy", "balanced acc.", "{:.2%}")),
+    (("top1", "top-1", "{:.2%}"), ("top1_std", "top-1 std", "{:.2%}"), ("top5", "top-5", "{:.2%}"), ("top5_std", "top-5 std", "{:.2%}"),
+     ("chance", "chance", "{:.2%}"), ("diversity", "diversity", "{:.3g}"), ("fid", "FID", "{:.4g}"), ("fid_images", "FID images", "{:.0f}"),
+     ("eval_classifier_accuracy", "eval classifier acc.", "{:.2%}")),
 )
+
+#: the chance level of each accuracy (an attack's ``attack/<name>/<chance metric>``): a dashed line on its plots
+CHANCE = {"accuracy": "chance", "eval_top1": "chance", "top1": "chance", "top5": "chance_top5"}
 
 
 def attack_summary(final: dict[str, float]) -> str:

@@ -1,0 +1,147 @@
+"""Scoring of :class:`~fdattack.attacks.results.Inversions` (fedinverse.md §6) with the all-class evaluation classifier.
+
+Metrics, under ``attack/<name>/``:
+
+* ``top1``, ``top1_std``, ``top5``, ``top5_std``: for every sample index s, acc_s = hits over the T target labels / T;
+  the mean over s and the sample std (n − 1) of §6.1.
+* ``chance``: 1/T, the top-1 of a guess among the T attacked labels (the issue's "chance (1/5)"); ``chance_top5``:
+  min(5, J)/J, the top-5 of images the classifier ranks at random among its J classes (top-5 of 10 digits is 0.5,
+  which is why FedInverse's MNIST Acc5 is near 100 %, §6.1).
+* ``diversity``: :func:`~fdattack.metrics.inversion.feature_diversity` of each label's S samples;
+  ``diversity_real``: the same figure over the labels' private images, its scale.
+* ``fid``: the Fréchet distance in the classifier's penultimate features (torchmetrics'
+  ``FrechetInceptionDistance`` with the classifier as feature extractor; no Inception network) between all S·T
+  inversions and the private training images of the attacked labels (§6.2). With fewer images than feature
+  dimensions the covariance of the inversions is rank-deficient and FID depends on their number (A11), logged
+  beside it as ``fid_images``: compare FIDs of equal ``fid_images`` only, never across attacks of different S·T.
+* ``fid_inception``: the same Fréchet distance in Inception-v3's pool features, only where
+  ``evaluation.inversion.inception_weights`` names the weights on disk (see :mod:`fdattack.evaluation.inception`).
+* ``knn_dist``: mean squared feature distance of each inversion to the nearest private image of its label (§6.3).
+* ``eval_classifier_accuracy``: the classifier's own held-out top-1 (A26); and the attack's ``details`` as they are.
+
+The grid (a row per target label, a column per sample) is logged as ``attack/<name>/inversions``; the images
+and labels are saved as the ``<name>_inversions`` artifact (images as uint8, as PNGs would hold them).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+from torch import Tensor, nn
+from torchmetrics.image.fid import FrechetInceptionDistance
+
+from fdattack.attacks.results import Inversions
+from fdattack.config.schema import InversionEvaluationConfig
+from fdattack.data.federated import FederatedSplit
+from fdattack.evaluation.inception import load_inception
+from fdattack.evaluation.inversion_classifier import EvaluationClassifier, inversion_classifier
+from fdattack.evaluation.report import Report
+from fdattack.fd.engine import LocalTrainer
+from fdattack.metrics.inversion import feature_diversity, inversion_grid, knn_distance, mean_and_std, topk_per_sample
+
+#: private images per label over which ``diversity_real`` is measured (the first ones)
+REAL_DIVERSITY_IMAGES = 1000
+
+
+class PenultimateFeatures(nn.Module):
+    """The evaluation classifier's penultimate features as torchmetrics' FID feature extractor.
+
+    ``num_features`` tells torchmetrics the dimension, so that it never probes the network with an Inception-sized
+    3×299×299 image.
+    """
+
+    def __init__(self, classifier: EvaluationClassifier) -> None:
+        super().__init__()
+        self.classifier = classifier
+        self.num_features = classifier.head.in_features
+
+    def forward(self, images: Tensor) -> Tensor:
+        return self.classifier.features(images)
+
+
+class InversionScorer:
+    """Scores inversions against the private images of their labels.
+
+    Args:
+        split: the ground truth (every client's private images).
+        classifier: returns the evaluation classifier (built at the first call, see
+            :func:`~fdattack.evaluation.inversion_classifier.inversion_classifier`).
+        grid_samples: columns of the grid (samples shown per label).
+        inception: Inception-v3 features for ``fid_inception`` (None: not logged).
+    """
+
+    def __init__(self, split: FederatedSplit, classifier: Callable[[], EvaluationClassifier], grid_samples: int,
+                 inception: nn.Module | None = None) -> None:
+        self.real_images = torch.cat([p.images for p in split.private])
+        self.real_labels = torch.cat([p.labels for p in split.private])
+        self.classifier = classifier
+        self.grid_samples = grid_samples
+        self.inception = inception
+        self._real_features: Tensor | None = None
+        self._fid: dict[tuple[str, tuple[int, ...]], FrechetInceptionDistance] = {}
+
+    def real_features(self) -> Tensor:
+        """(N, D) features of every private image (computed once)."""
+        if self._real_features is None:
+            self._real_features = self.classifier().features(self.real_images)
+        return self._real_features
+
+    def fid(self, images: Tensor, labels: Tensor, extractor: nn.Module) -> float:
+        """FID in ``extractor``'s features between ``images`` (N, C, H, W) and the private images of ``labels`` (their
+        features kept per extractor and label set); NaN with fewer than two images on a side."""
+        key = (type(extractor).__name__, tuple(sorted(set(labels.tolist()))))
+        if key not in self._fid:
+            metric = FrechetInceptionDistance(feature=extractor, reset_real_features=False)
+            metric.update(self.real_images[torch.isin(self.real_labels, torch.tensor(key[1]))], real=True)
+            self._fid[key] = metric
+        metric = self._fid[key]
+        if images.shape[0] < 2 or int(metric.real_features_num_samples) < 2:
+            return float("nan")
+        metric.reset()
+        metric.update(images, real=False)
+        return float(metric.compute())
+
+    def __call__(self, attack: str, result: Inversions) -> Report:
+        """``attack/<name>/...`` metrics, the grid and the artifact of one attack's inversions this round."""
+        name = result.name or attack
+        classifier = self.classifier()
+        s, t = result.images.shape[:2]
+        flat = result.images.reshape(s * t, *result.images.shape[2:])
+        logits = classifier.logits(flat).view(s, t, -1)
+        features = classifier.features(flat).view(s, t, -1)
+        real, labels = self.real_features(), result.labels
+        values = dict(result.details)  # the scores below win over a detail of the same name
+        for k in (1, 5):
+            values[f"top{k}"], values[f"top{k}_std"] = mean_and_std(topk_per_sample(logits, labels, k))
+        values.update({
+            "chance": 1.0 / t,
+            "chance_top5": min(5, classifier.num_classes) / classifier.num_classes,
+            "diversity": feature_diversity([features[:, i] for i in range(t)]),
+            "diversity_real": feature_diversity([real[self.real_labels == y][:REAL_DIVERSITY_IMAGES] for y in labels.tolist()]),
+            "fid": self.fid(flat, labels, PenultimateFeatures(classifier)),
+            "fid_images": float(s * t),
+            "knn_dist": knn_distance(features, labels, real, self.real_labels),
+            "eval_classifier_accuracy": classifier.test_accuracy,
+        })
+        if self.inception is not None:
+            values["fid_inception"] = self.fid(flat, labels, self.inception)
+        as_bytes = ((result.images.float() * 0.5 + 0.5).clamp(0, 1) * 255).round().to(torch.uint8)
+        return Report(metrics={f"attack/{name}/{key}": float(value) for key, value in values.items()},
+                      images={f"attack/{name}/inversions": inversion_grid(result.images, self.grid_samples)},
+                      artifacts={f"{name}_inversions": {"images": as_bytes, "labels": labels}})
+
+
+def inversion_scorer(split: FederatedSplit, engine: LocalTrainer, settings: InversionEvaluationConfig, seed: int,
+                     cache_dir: Path | None, announce: Callable[[str], None] | None = None) -> InversionScorer:
+    """The scorer of a run's inversions with its evaluation classifier (trained at the first score and kept under
+    ``cache_dir``, see :func:`~fdattack.evaluation.inversion_classifier.inversion_classifier`) and, where
+    ``settings.inception_weights`` names them, Inception-v3 for ``fid_inception``.
+
+    Raises:
+        ConfigError: ``settings.checkpoint`` or ``settings.inception_weights`` is missing or does not fit.
+    """
+    classifier = inversion_classifier(split, engine, settings, seed, cache_dir, announce)
+    inception = load_inception(settings.inception_weights, engine.fabric.device) if settings.inception_weights is not None else None
+    return InversionScorer(split, classifier, settings.grid_samples, inception)

@@ -1,0 +1,170 @@
+"""The evaluation classifier of model-inversion attacks (fedinverse.md §3.5, A26): trained apart from every federated
+model on every class of the dataset, so that an inversion that reproduces one of the attacker's own (auxiliary)
+classes is classified as that class, a miss.
+
+It learns every client's private images and the attacker's auxiliary images. Its test accuracy is measured on the
+run's test set, plus, for the classes that have no test image (the auxiliary classes of ``data.split=classes``), a
+seeded :data:`HOLDOUT_FRACTION` of their images held out of its training. It trains once per run, when the first
+inversions are scored (after the run directory is laid out), and is kept as ``artifacts/inversion_classifier_<digest>.pt``
+(the digest covers its settings and training data), which a resumed run loads instead of training again.
+``evaluation.inversion.checkpoint`` names such a file (or a plain ``state_dict`` of the network) to use instead.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import Tensor, nn
+
+from fdattack.config.schema import InversionEvaluationConfig
+from fdattack.data.federated import FederatedSplit
+from fdattack.data.imageset import ImageSet
+from fdattack.evaluation.weights import load_weights, read_state_dict
+from fdattack.fd.engine import LocalTrainer, ModelHandle, predict_logits
+from fdattack.functional import topk_accuracy
+from fdattack.lit.classifier import ClassifierLitModule
+from fdattack.models.classifiers import build_classifier
+from fdattack.tracking.checkpoint import save_checkpoint
+
+log = logging.getLogger("fdattack")
+
+#: share of a class's images held out for the test accuracy where the test set has none of that class
+HOLDOUT_FRACTION = 0.1
+CHECKPOINT_KEY = "evaluation.inversion.checkpoint"
+
+
+@dataclass(frozen=True)
+class EvaluationClassifier:
+    """A trained all-class classifier: logits and penultimate features of images, and its held-out accuracy.
+
+    Attributes:
+        net: the network (on ``device``); its last linear layer is the head.
+        device: where it runs.
+        test_accuracy: top-1 on its held-out images (A26).
+        test_images: how many images that accuracy is over.
+        batch_size: rows per inference pass.
+    """
+
+    net: nn.Module
+    device: torch.device
+    test_accuracy: float
+    test_images: int
+    batch_size: int = 512
+
+    @property
+    def head(self) -> nn.Linear:
+        """The last linear layer: its input is the penultimate embedding."""
+        return [m for m in self.net.modules() if isinstance(m, nn.Linear)][-1]
+
+    @property
+    def num_classes(self) -> int:
+        """J, its outputs."""
+        return self.head.out_features
+
+    def logits(self, images: Tensor) -> Tensor:
+        """(N, J) logits on the CPU of (N, C, H, W) images in [-1, 1]."""
+        return predict_logits(self.net, images, self.device, self.batch_size)
+
+    def features(self, images: Tensor) -> Tensor:
+        """(N, D) penultimate features on the CPU (the head's input, flattened) of (N, C, H, W) images."""
+        captured: list[Tensor] = []
+        hook = self.head.register_forward_pre_hook(lambda _, inputs: captured.append(inputs[0].flatten(1).float().cpu()))
+        try:
+            self.logits(images)
+        finally:
+            hook.remove()
+        return torch.cat(captured) if captured else torch.empty(0, self.head.in_features)
+
+
+def training_sets(split: FederatedSplit, seed: int) -> tuple[ImageSet, ImageSet]:
+    """(train, test) of the evaluation classifier: every client's private images and the attacker's prior images
+    (unlabeled rows left out); the test set, and :data:`HOLDOUT_FRACTION` of each class the test set lacks."""
+    pool = [*split.private, *([split.attacker] if split.attacker is not None else [])]
+    images, labels = torch.cat([p.images for p in pool]), torch.cat([p.labels for p in pool])
+    rows = torch.nonzero(labels >= 0).flatten()
+    test = split.test.subset(torch.nonzero(split.test.labels >= 0).flatten())
+    rng = np.random.default_rng(seed)
+    held: list[Tensor] = []
+    for label in labels[rows].unique().tolist():
+        if not bool((test.labels == label).any()):
+            of_label = rows[labels[rows] == label].numpy()
+            held.append(torch.as_tensor(rng.permutation(of_label)[: int(len(of_label) * HOLDOUT_FRACTION)], dtype=torch.long))
+    held_rows = torch.cat(held) if held else torch.empty(0, dtype=torch.long)
+    train_rows = rows[~torch.isin(rows, held_rows)]
+    train = ImageSet.from_images(images[train_rows], labels[train_rows])
+    test = ImageSet.from_images(torch.cat([test.images, images[held_rows]]), torch.cat([test.labels, labels[held_rows]]))
+    return train, test
+
+
+def inversion_classifier(split: FederatedSplit, engine: LocalTrainer, settings: InversionEvaluationConfig, seed: int,
+                         cache_dir: Path | None, announce: Callable[[str], None] | None = None) -> Callable[[], EvaluationClassifier]:
+    """The evaluation classifier, as a call that builds it once: from ``settings.checkpoint`` (loaded and checked
+    now, so that a bad file stops the run before its first round), else from the cache under ``cache_dir``, else
+    trained at the first call and cached there (by the writing rank; ``cache_dir`` None keeps it in memory).
+
+    Raises:
+        ConfigError: the checkpoint is missing, unreadable, or does not fit the network (named by its key).
+    """
+    train, test = training_sets(split, seed)
+    c, size = split.image_shape[0], split.image_shape[-1]
+
+    def network() -> nn.Module:
+        with torch.random.fork_rng(devices=[]):  # seeded initialisation that leaves the run's random stream alone
+            torch.manual_seed(seed)
+            return build_classifier(settings.classifier, c, size, split.num_classes)
+
+    def build(net: nn.Module) -> ModelHandle:
+        return engine.setup("inversion_classifier", ClassifierLitModule(net, split.num_classes, lr=settings.lr))
+
+    if settings.checkpoint is not None:
+        state = read_state_dict(settings.checkpoint, CHECKPOINT_KEY, "an earlier run's artifacts/inversion_classifier_*.pt or a saved "
+                                "state_dict of the network, or null to train the classifier")
+        net = network()
+        load_weights(net, state, CHECKPOINT_KEY, settings.checkpoint,
+                     f"classifier {settings.classifier!r} with {split.num_classes} outputs for {c}x{size}x{size} images")
+        loaded = _scored(build(net), engine, test)
+        return lambda: loaded
+    cache = None if cache_dir is None else cache_dir / f"inversion_classifier_{_digest(settings, seed, split, train)}.pt"
+
+    @functools.cache
+    def obtain() -> EvaluationClassifier:
+        if cache is not None and cache.is_file():
+            net = network()
+            net.load_state_dict(torch.load(cache, map_location="cpu", weights_only=True)["net"])
+            return _scored(build(net), engine, test)
+        if announce is not None:
+            announce(f"training the inversions' evaluation classifier ({settings.classifier}, {settings.epochs} epochs)")
+        handle = build(network())
+        engine.fit_module(handle, train, settings.epochs, seed, batch_size=settings.batch_size)
+        scored = _scored(handle, engine, test)
+        log.info("inversion evaluation classifier %s: test accuracy %.4f on %d held-out images", settings.classifier,
+                 scored.test_accuracy, scored.test_images)
+        if cache is not None and engine.is_global_zero:
+            cache.parent.mkdir(parents=True, exist_ok=True)
+            save_checkpoint(cache, {"net": scored.net.state_dict(), "classifier": settings.classifier, "test_accuracy": scored.test_accuracy})
+        return scored
+
+    return obtain
+
+
+def _scored(handle: ModelHandle, engine: LocalTrainer, test: ImageSet) -> EvaluationClassifier:
+    """The handle's network as an :class:`EvaluationClassifier`, with its top-1 on ``test`` (NaN without test images)."""
+    net, device, batch_size = handle.module.net, engine.fabric.device, engine.predict_batch_size  # type: ignore[union-attr]
+    accuracy = topk_accuracy(predict_logits(net, test.images, device, batch_size), test.labels, 1) if len(test) else float("nan")
+    return EvaluationClassifier(net, device, accuracy, len(test), batch_size)  # type: ignore[arg-type]
+
+
+def _digest(settings: InversionEvaluationConfig, seed: int, split: FederatedSplit, train: ImageSet) -> str:
+    """A name for everything the trained classifier depends on: its settings, seed, shapes and training rows."""
+    digest = hashlib.blake2b(repr((settings.classifier, settings.epochs, settings.lr, settings.batch_size, seed, split.num_classes,
+                                   tuple(split.image_shape))).encode(), digest_size=8)
+    digest.update(train.labels.numpy().tobytes())
+    digest.update(train.images.float().contiguous().numpy().tobytes())
+    return digest.hexdigest()
