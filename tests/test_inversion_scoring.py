@@ -58,7 +58,7 @@ class PriorInversion(Attack):
         return [Inversions(images, targets, details={"final_loss": 1.5})]
 
 
-DIGITS = ("protocol=fedavg", "data=digits", "data.split=classes", "data.public_classes=[5,6,7,8,9]", "data.partition=iid",
+DIGITS = ("protocol=fedavg", "data=digits", "data.split=classes", "data.public_classes=[5,6,7,8,9]", "data.partition=iid", "data.label_space=targets",
           "protocol.fraction=1.0", "protocol.rounds=1", "model.name=pdafd_cnn", "observers.confidence_gap.enabled=false")
 SEED = 42  # the runs' seed: the fixture's split is theirs
 
@@ -237,7 +237,7 @@ def test_the_evaluation_classifier_learns_every_class_and_reports_held_out_accur
     assert len(test) > len(digits.split.test)
     pool = torch.cat([*(p.images for p in digits.split.private), digits.split.attacker.images])
     assert len(train) + len(test) - len(digits.split.test) == len(pool)  # held-out rows are not trained on
-    assert digits.classifier.num_classes == 10
+    assert digits.split.num_classes == 5 and digits.classifier.num_classes == 10  # the FL models know the targets only
     assert digits.classifier.test_accuracy >= 0.9
 
 

@@ -114,24 +114,26 @@ def inversion_classifier(split: FederatedSplit, engine: LocalTrainer, settings: 
     """
     train, test = training_sets(split, seed)
     c, size = split.image_shape[0], split.image_shape[-1]
+    # every label of the dataset: with data.label_space=targets the models output the private classes only
+    num_classes = max(split.num_classes, int(train.labels.max()) + 1)
 
     def network() -> nn.Module:
         with torch.random.fork_rng(devices=[]):  # seeded initialisation that leaves the run's random stream alone
             torch.manual_seed(seed)
-            return build_classifier(settings.classifier, c, size, split.num_classes)
+            return build_classifier(settings.classifier, c, size, num_classes)
 
     def build(net: nn.Module) -> ModelHandle:
-        return engine.setup("inversion_classifier", ClassifierLitModule(net, split.num_classes, lr=settings.lr))
+        return engine.setup("inversion_classifier", ClassifierLitModule(net, num_classes, lr=settings.lr))
 
     if settings.checkpoint is not None:
         state = read_state_dict(settings.checkpoint, CHECKPOINT_KEY, "an earlier run's artifacts/inversion_classifier_*.pt or a saved "
                                 "state_dict of the network, or null to train the classifier")
         net = network()
         load_weights(net, state, CHECKPOINT_KEY, settings.checkpoint,
-                     f"classifier {settings.classifier!r} with {split.num_classes} outputs for {c}x{size}x{size} images")
+                     f"classifier {settings.classifier!r} with {num_classes} outputs for {c}x{size}x{size} images")
         loaded = _scored(build(net), engine, test)
         return lambda: loaded
-    cache = None if cache_dir is None else cache_dir / f"inversion_classifier_{_digest(settings, seed, split, train)}.pt"
+    cache = None if cache_dir is None else cache_dir / f"inversion_classifier_{_digest(settings, seed, split, train, num_classes)}.pt"
 
     @functools.cache
     def obtain() -> EvaluationClassifier:
@@ -161,9 +163,9 @@ def _scored(handle: ModelHandle, engine: LocalTrainer, test: ImageSet) -> Evalua
     return EvaluationClassifier(net, device, accuracy, len(test), batch_size)  # type: ignore[arg-type]
 
 
-def _digest(settings: InversionEvaluationConfig, seed: int, split: FederatedSplit, train: ImageSet) -> str:
+def _digest(settings: InversionEvaluationConfig, seed: int, split: FederatedSplit, train: ImageSet, num_classes: int) -> str:
     """A name for everything the trained classifier depends on: its settings, seed, shapes and training rows."""
-    digest = hashlib.blake2b(repr((settings.classifier, settings.epochs, settings.lr, settings.batch_size, seed, split.num_classes,
+    digest = hashlib.blake2b(repr((settings.classifier, settings.epochs, settings.lr, settings.batch_size, seed, num_classes,
                                    tuple(split.image_shape))).encode(), digest_size=8)
     digest.update(train.labels.numpy().tobytes())
     digest.update(train.images.float().contiguous().numpy().tobytes())
