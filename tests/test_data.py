@@ -180,6 +180,20 @@ def test_classes_split_gives_the_attacker_the_public_classes() -> None:
         build_split(data_cfg(name="digits", split="classes", public_classes=[42], partition="iid"), 3, seed=0)
 
 
+def test_private_classes_takes_the_most_frequent_labels_first_and_caps_the_public_set() -> None:
+    """Digits per label: 178 182 177 183 181 182 181 179 174 180, so the three largest are 3, then 1 and 5 (a tie)."""
+    cfg = data_cfg(name="digits", split="classes", private_classes=3, max_public=100, partition="iid", label_space="targets", test_fraction=0.2)
+    split = build_split(cfg, 2, seed=0)
+    assert split.num_classes == 3 and split.target_labels == [0, 1, 2]
+    private = torch.bincount(torch.cat([*(p.labels for p in split.private), split.test.labels]), minlength=3)
+    assert private.tolist() == [182, 183, 182]  # old labels 1, 3, 5 renumbered in label order
+    assert len(split.attacker) == 100 and set(split.attacker.labels.tolist()) <= set(range(3, 10))
+    with pytest.raises(ConfigError, match="leave data.public_classes empty"):
+        build_split(data_cfg(name="digits", split="classes", private_classes=3, public_classes=[9], partition="iid"), 2, seed=0)
+    with pytest.raises(ConfigError, match="must leave some"):
+        build_split(data_cfg(name="digits", split="classes", private_classes=10, partition="iid"), 2, seed=0)
+
+
 def test_classes_split_with_target_label_space_outputs_the_private_classes_only() -> None:
     split = build_split(data_cfg(name="digits", split="classes", public_classes=[5, 6, 7, 8, 9], partition="iid", label_space="targets"), 3, seed=0)
     assert split.num_classes == 5 and split.target_labels == [0, 1, 2, 3, 4]

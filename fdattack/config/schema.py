@@ -61,6 +61,8 @@ class DataConfig:
     num_targets: Optional[int] = knob(None, "split=pli: number of target (private) labels; null = half of the labels", ge=1)
     public_fraction: float = knob(0.2, "split=random: fraction of the training pool that becomes the public set", gt=0, lt=1)
     public_classes: list[int] = knob([], "split=classes: labels that form the public set")
+    private_classes: Optional[int] = knob(None, "split=classes with public_classes empty: the N labels with the most images are private and renumbered 0..N-1, every other label public and numbered from N; an official test split joins the pool (CelebA's 1000 identities, fedinverse.md §3.2)", ge=1)
+    max_public: Optional[int] = knob(None, "split=classes: keep at most this many random public images (FedInverse's 30,000 CelebA prior images); null keeps all", ge=1)
     public_dataset: PublicDatasetConfig = knob(PublicDatasetConfig(), "split=random: a public set from another dataset, replacing the public_fraction cut from the pool (which is then dropped)")
     test_fraction: float = knob(0.2, "fraction of each private label's images held out as the test set (used when the dataset has no test split)", ge=0, lt=1)
     dirichlet_alpha: float = knob(1.0, "partition=dirichlet: concentration alpha (smaller = more skewed)", gt=0)

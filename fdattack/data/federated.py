@@ -152,9 +152,12 @@ def _split_pool(cfg: DictConfig, raw: RawDataset, num_clients: int, rng: np.rand
     else:
         public_classes = np.asarray(list(cfg.public_classes), dtype=np.int64)
         if not len(public_classes) or not np.isin(public_classes, labels).all():
-            raise ConfigError(f"data.public_classes={list(cfg.public_classes)} must name labels of the dataset (0..{labels.max()})")
+            raise ConfigError(f"data.public_classes={list(cfg.public_classes)} must name labels of the dataset (0..{labels.max()}), "
+                              "or set data.private_classes")
         is_pub = np.isin(labels, public_classes)
         pub_rows, pool_rows = rows[is_pub], rows[~is_pub]
+        if cfg.max_public is not None and len(pub_rows) > cfg.max_public:
+            pub_rows = np.sort(rng.choice(pub_rows, size=cfg.max_public, replace=False))
     if raw.test_images is None:
         pool_rows, test_rows = _hold_out(pool_rows, cfg.test_fraction, rng)
         test = _set(raw.images[test_rows], raw.labels[test_rows], torch.as_tensor(test_rows))
@@ -192,6 +195,30 @@ def _cap_per_class(raw: RawDataset, cap: int, rng: np.random.Generator) -> RawDa
     return dataclasses.replace(raw, images=raw.images[rows], labels=raw.labels[rows], second_look=second)
 
 
+def _most_frequent_private(cfg: DictConfig, raw: RawDataset) -> tuple[RawDataset, DictConfig]:
+    """``data.private_classes=N``: the official test split joins the pool (CelebA's splits share no identity), the N
+    labels with the most images become 0..N-1 and the others N.. (each group in label order); the config then names
+    those others as ``public_classes``."""
+    if len(cfg.public_classes):
+        raise ConfigError(f"data.private_classes={cfg.private_classes} chooses the public classes itself; leave data.public_classes empty")
+    if raw.test_images is not None:
+        raw = dataclasses.replace(raw, images=torch.cat([raw.images, raw.test_images]), labels=torch.cat([raw.labels, raw.test_labels]),  # type: ignore[list-item]
+                                  second_look=None, test_images=None, test_labels=None)
+    counts = torch.bincount(raw.labels)
+    present = int((counts > 0).sum())
+    if cfg.private_classes >= present:
+        raise ConfigError(f"data.private_classes={cfg.private_classes} must leave some of the dataset's {present} labels public")
+    by_size = sorted(range(len(counts)), key=lambda y: (-int(counts[y]), y))
+    private = sorted(by_size[: cfg.private_classes])
+    public = sorted(y for y in by_size[cfg.private_classes :] if counts[y] > 0)
+    lut = torch.full((len(counts),), -1, dtype=torch.long)
+    lut[torch.as_tensor(private + public)] = torch.arange(len(private) + len(public))
+    names = [raw.class_names[y] for y in private + public] if raw.class_names else []
+    cfg = cfg.copy()
+    cfg.public_classes = list(range(len(private), len(private) + len(public)))
+    return dataclasses.replace(raw, labels=lut[raw.labels], class_names=names), cfg
+
+
 def build_split(cfg: DictConfig, num_clients: int, seed: int) -> FederatedSplit:
     """Load ``cfg.name`` and cut it into public / private-per-client / test, deterministically.
 
@@ -204,6 +231,8 @@ def build_split(cfg: DictConfig, num_clients: int, seed: int) -> FederatedSplit:
     rng = np.random.default_rng(cfg.seed if cfg.seed is not None else seed)
     if cfg.max_per_class is not None:
         raw = _cap_per_class(raw, cfg.max_per_class, rng)
+    if cfg.split == "classes" and cfg.private_classes is not None:
+        raw, cfg = _most_frequent_private(cfg, raw)
     split = _split_pli(cfg, raw, num_clients, rng) if cfg.split == "pli" else _split_pool(cfg, raw, num_clients, rng)
     for k, p in enumerate(split.private):
         if len(p) == 0:
