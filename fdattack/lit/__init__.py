@@ -1,7 +1,8 @@
 """LightningModules, usable on their own in any Lightning project."""
 
 from fdattack.lit.classifier import ClassifierLitModule, cross_entropy
+from fdattack.lit.gan import WGANGP, KPlusOneGAN
 from fdattack.lit.inversion import InversionLitModule
 from fdattack.lit.translation import CycleGANLitModule, RestorerLitModule, TranslationLitModule
 
-__all__ = ["ClassifierLitModule", "CycleGANLitModule", "InversionLitModule", "RestorerLitModule", "TranslationLitModule", "cross_entropy"]
+__all__ = ["ClassifierLitModule", "CycleGANLitModule", "InversionLitModule", "KPlusOneGAN", "RestorerLitModule", "TranslationLitModule", "WGANGP", "cross_entropy"]

@@ -1,7 +1,8 @@
-"""Networks: the classifier registry (``model.name``) and its builders, the inversion and translation networks."""
+"""Networks: the classifier registry (``model.name``) and its builders, the inversion, translation and GAN networks."""
 
 from fdattack.models.classifiers import CLASSIFIERS, build_classifier
+from fdattack.models.gan import DGWGAN, Generator, MinibatchDiscriminator
 from fdattack.models.inversion import InversionDecoder
 from fdattack.models.translation import PatchDiscriminator, ResnetGenerator
 
-__all__ = ["CLASSIFIERS", "InversionDecoder", "PatchDiscriminator", "ResnetGenerator", "build_classifier"]
+__all__ = ["CLASSIFIERS", "DGWGAN", "Generator", "InversionDecoder", "MinibatchDiscriminator", "PatchDiscriminator", "ResnetGenerator", "build_classifier"]
