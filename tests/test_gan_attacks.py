@@ -21,6 +21,7 @@ from fdattack.attacks.gan_inversion import GANInversionAttack
 from fdattack.attacks.gmi import gmi_search, nesterov_step
 from fdattack.attacks.kedmi import gaussian_latents, kedmi_search
 from fdattack.attacks.results import AttackResult, Inversions
+from fdattack.cli import main
 from fdattack.config import compose
 from fdattack.evaluation.evaluator import Evaluator
 from fdattack.experiment import Experiment
@@ -40,7 +41,7 @@ FEDAVG = REPO / "conf" / "experiment" / "fedavg_digits.yaml"
 DIGITS = ["data.split=classes", "data.public_classes=[5,6,7,8,9]", "data.partition=iid", "protocol.fraction=1.0",
           "evaluation.classifier=null", "observers.confidence_gap.enabled=false"]
 SMALL = ["attack.gmi.gan_epochs=2", "attack.gmi.gan_width=8", "attack.gmi.iterations=60", "attack.gmi.seeds=3",
-         "attack.kedmi.gan_epochs=2", "attack.kedmi.gan_width=8", "attack.kedmi.iterations=150", "attack.kedmi.samples=4"]
+         "attack.kedmi.gan_epochs=2", "attack.kedmi.gan_width=8", "attack.kedmi.gan_batch_size=16", "attack.kedmi.iterations=150", "attack.kedmi.samples=4"]
 
 
 # ---------------------------------------------------------------------------------------------------- networks
@@ -55,7 +56,7 @@ def test_networks_are_the_codes_at_32_and_64_px_and_shrink_for_small_digits() ->
     assert _shapes(MinibatchDiscriminator(1, 32, 5))[-3:] == [(4096, 64, 50), (5, 4160), (5,)]
     # the CelebA networks: Generator 512 -> 256 -> 128 -> 64 -> 3, DGWGAN 64 -> 512, the minibatch discriminator's k3 fourth block
     assert _shapes(Generator(3, 64))[0] == (8192, 100) and _shapes(Generator(3, 64))[-2:] == [(64, 3, 5, 5), (3,)]
-    assert _shapes(DGWGAN(3, 64))[-5:] == [(512, 256, 5, 5), (512,), (512,), (512,), (1, 512, 4, 4)]
+    assert _shapes(DGWGAN(3, 64))[-6:] == [(512, 256, 5, 5), (512,), (512,), (512,), (1, 512, 4, 4), (1,)]
     assert (256, 256, 3, 3) in _shapes(MinibatchDiscriminator(3, 64, 1000)) and _shapes(MinibatchDiscriminator(3, 64, 1000))[-2] == (1000, 4160)
     for size, blocks in ((8, 1), (16, 2)):
         g = Generator(1, size, z_dim=10, width=4).eval()
@@ -214,8 +215,8 @@ def test_attacks_return_inversions_and_reuse_their_cached_gans_on_resume(tmp_pat
         return train_gan(self, module, rows, seed, what)
 
     monkeypatch.setattr(GANInversionAttack, "train_gan", counting)
-    args = [*tiny(tmp_path), *DIGITS, *SMALL, "attacks=[gmi,kedmi]", "keep_checkpoints=3"]
-    Experiment(compose(FEDAVG, args)).run()
+    args = ["run", str(FEDAVG), *tiny(tmp_path), *DIGITS, *SMALL, "attacks=[gmi,kedmi]", "keep_checkpoints=3"]
+    assert main(args) == 0  # `fdattack run`
     assert trained == ["WGAN-GP prior", "K+1 GAN of round 1", "K+1 GAN of round 2"]  # GMI's prior once, KED-MI's every round
     assert [name for name, _ in inversions] == ["gmi", "kedmi", "gmi", "kedmi"]
     for name, result in inversions:
@@ -228,14 +229,13 @@ def test_attacks_return_inversions_and_reuse_their_cached_gans_on_resume(tmp_pat
     cached = tmp_path / "run" / "attack_state"
     assert len(list((cached / "gmi" / "gan").glob("wgangp_*.pt"))) == 1 and len(list((cached / "kedmi" / "gan").glob("kplusonegan_*.pt"))) == 2
 
-    reference = [r.images for _, r in inversions]
-    for r in (1, 2):  # resume from round 0's checkpoint: rounds 1 and 2 run again
-        (tmp_path / "run" / "checkpoints" / f"round_000{r}.pt").unlink()
+    reference = [r.images for _, r in inversions[2:]]
+    (tmp_path / "run" / "checkpoints" / "round_0002.pt").unlink()  # resume from round 1's checkpoint: round 2 runs again
     trained.clear()
     inversions.clear()
-    Experiment(compose(FEDAVG, [*args, "resume=true"])).run()
-    assert trained == [], "a cached GAN was trained again"
-    assert len(inversions) == 4 and all(torch.equal(a, r.images) for a, (_, r) in zip(reference, inversions))
+    assert main([*args, "resume=true"]) == 0
+    assert trained == [], "a cached GAN was trained again"  # GMI's prior of round 1 and KED-MI's GAN of round 2, both restored
+    assert [name for name, _ in inversions] == ["gmi", "kedmi"] and all(torch.equal(a, r.images) for a, (_, r) in zip(reference, inversions))
 
 
 class _Probe(Attack):
@@ -262,7 +262,8 @@ class _Probe(Attack):
 
 
 def test_gan_attacks_reach_nothing_private_and_no_protocol_object(tmp_path: Path, inversions: list[tuple[str, Inversions]]) -> None:
-    exp = Experiment(compose(FEDAVG, [*tiny(tmp_path), *DIGITS, *SMALL, "attacks=[gmi,kedmi]", "protocol.rounds=1"]))
+    exp = Experiment(compose(FEDAVG, [*tiny(tmp_path), *DIGITS, *SMALL, "attacks=[gmi,kedmi]", "protocol.rounds=1",
+                                         "attack.gmi.iterations=5", "attack.kedmi.iterations=5"]))
     probe = _Probe(exp)
     exp.attacks.append(probe)
     exp.run()

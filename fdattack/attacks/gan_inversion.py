@@ -34,7 +34,7 @@ from fdattack.fd.threat import AttackerView, Capability
 from fdattack.functional.hsic import HSICOptions, hsic_loss_term
 from fdattack.lit.gan import ManualGAN
 from fdattack.models.classifiers import build_classifier
-from fdattack.models.gan import doublings, to_signed
+from fdattack.models.gan import SIZES, to_signed, valid_size
 from fdattack.tracking.progress import progress_iter
 
 log = logging.getLogger(__name__)
@@ -169,13 +169,9 @@ class GANInversionAttack(Attack):
             raise ConfigError(f"{key} trains its GAN on the attacker's prior data, which this run does not give it; set data.split=classes and data.public_classes")
         if view.architecture is None:
             raise ConfigError(f"{key} rebuilds the global model from the clients' shared architecture, and these clients have several")
-        c, h, w = view.image_shape
-        try:
-            if h != w:
-                raise ValueError(f"got {h}x{w}")
-            doublings(h)
-        except ValueError as err:
-            raise ConfigError(f"{key}: the GAN networks need square images of a power-of-two size >= 8 ({err}); set data.image_size (e.g. 32)") from None
+        _, h, w = view.image_shape
+        if h != w or not valid_size(h):
+            raise ConfigError(f"{key}: the GAN networks need {SIZES}, got {h}x{w}; set data.image_size (e.g. 32)")
         self.chunks = label_chunks(len(view.target_labels), settings.label_batch)
         smallest = min(chunk.stop - chunk.start for chunk in self.chunks)
         needed = 8 if settings.hsic_estimator == HSICEstimator.unbiased else 4

@@ -32,14 +32,23 @@ def to_unit(x: Tensor) -> Tensor:
     return (x + 1) / 2
 
 
+#: the image sizes the networks make and take, in words
+SIZES = "square images of a power-of-two size >= 8 (8, 16, 32, 64, ...)"
+
+
+def valid_size(image_size: int) -> bool:
+    """Whether the networks work at ``image_size`` (a power of two >= 8)."""
+    return image_size >= 8 and not image_size & (image_size - 1)
+
+
 def doublings(image_size: int) -> int:
     """How many stride-2 blocks lead from a 4×4 map to ``image_size`` (3 at 32 px, 4 at 64 px).
 
     Raises:
         ValueError: ``image_size`` is not a power of two >= 8.
     """
-    if image_size < 8 or image_size & (image_size - 1):
-        raise ValueError(f"the GAN networks need square images of a power-of-two size >= 8 (8, 16, 32, 64, ...); got {image_size}")
+    if not valid_size(image_size):
+        raise ValueError(f"the GAN networks need {SIZES}; got {image_size}")
     return image_size.bit_length() - 3
 
 
