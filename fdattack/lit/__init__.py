@@ -1,9 +1,10 @@
 """LightningModules, usable on their own in any Lightning project."""
 
 from fdattack.lit.classifier import ClassifierLitModule, cross_entropy
+from fdattack.lit.gan import WGANGP, KPlusOneGAN
 from fdattack.lit.inversion import InversionLitModule
 from fdattack.lit.translation import CycleGANLitModule, RestorerLitModule, TranslationLitModule
 from fdattack.lit.vmi import VMIMinerLitModule
 
-__all__ = ["ClassifierLitModule", "CycleGANLitModule", "InversionLitModule", "RestorerLitModule", "TranslationLitModule",
-           "VMIMinerLitModule", "cross_entropy"]
+__all__ = ["ClassifierLitModule", "CycleGANLitModule", "InversionLitModule", "KPlusOneGAN", "RestorerLitModule", "TranslationLitModule",
+           "VMIMinerLitModule", "WGANGP", "cross_entropy"]

@@ -1,0 +1,275 @@
+"""What the GAN model-inversion attacks share (fedinverse.md §2, §4, §5.2): the FedAvg client's view, the HSIC knobs.
+
+The attacker is a participating FedAvg client (white-box): after every aggregation it reads the global model's
+weights from ``RoundRecord.global_state`` (the model after the t-th aggregation, A3), rebuilds the network from the
+clients' shared architecture (``view.architecture``) and attacks it at the round's end. Its GANs train on its own
+prior data (``view.prior_data``, disjoint classes) through the attacks' engine, seeded, and are cached in the attack's
+state directory, so a resumed run reuses them. Generated images are in [0, 1] (sigmoid); the target model sees 2x − 1,
+the range it was trained on, and HSIC is taken on the raw [0, 1] images, pixel space, as the code does (§9 A15, A30).
+The results are :class:`~fdattack.attacks.results.Inversions` in [-1, 1]; the evaluation side scores them.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+from abc import abstractmethod
+from contextlib import contextmanager
+from dataclasses import dataclass
+from functools import partial
+from pathlib import Path
+from typing import Callable, Iterable, Iterator, Optional
+
+import torch
+from torch import Tensor, nn
+
+from fdattack.attacks.base import Attack, AttackContext
+from fdattack.attacks.results import AttackResult, Inversions
+from fdattack.config.knobs import Choice, knob
+from fdattack.errors import ConfigError
+from fdattack.fd.engine import Batchable, default_engine, derive_seed, epoch_order
+from fdattack.fd.record import RoundRecord
+from fdattack.fd.threat import AttackerView, Capability
+from fdattack.functional.hsic import HSICOptions, hsic_loss_term
+from fdattack.lit.gan import ManualGAN
+from fdattack.models.classifiers import build_classifier
+from fdattack.models.gan import SIZES, to_signed, valid_size
+from fdattack.tracking.progress import progress_iter
+
+log = logging.getLogger(__name__)
+
+#: ``x (B, C, H, W) in [0, 1] -> sign · λ_H · HSIC(x1, x2)`` of one latent batch, or None when λ_H = 0
+HSICTerm = Optional[Callable[[Tensor], Tensor]]
+
+
+class HSICEstimator(Choice):
+    nhsic_code = "nhsic_code"
+    biased_eq3 = "biased_eq3"
+    unbiased = "unbiased"
+    coco_code = "coco_code"
+
+
+class HSICKernel(Choice):
+    gaussian = "gaussian"
+    linear = "linear"
+    imq = "imq"
+
+
+class MedianRule(Choice):
+    code = "code"
+    gretton = "gretton"
+
+
+@dataclass
+class GANInversionSettings:
+    """Knobs GMI and KED-MI share: the latent search, the label batches, the GAN's training and the HSIC term (§5.6)."""
+
+    iterations: int = knob(3000, "latent-search iterations per batch of target labels and round", ge=1)
+    lr: float = knob(0.02, "learning rate of the latent search", gt=0)
+    lambda_id: float = knob(100.0, "λ_id, weight of the identity loss CE(T(2G(z) − 1), y) (the code: 100)", ge=0)
+    label_batch: Optional[int] = knob(None, "target labels optimised together, one latent each, and split in halves for HSIC (the code: 60 of CelebA's 300 identities, all 5 digits); null = all", ge=1)
+    z_dim: int = knob(100, "latent size of the generator", ge=1)
+    gan_width: int = knob(64, "base width of the GAN networks (the code's dim)", ge=1)
+    gan_epochs: int = knob(100, "GAN training epochs over the prior data", ge=0)
+    gan_batch_size: int = knob(64, "GAN mini-batch size (the last, incomplete batch of an epoch is left out)", ge=2)
+    gan_lr: float = knob(2e-4, "Adam learning rate of the GAN's networks, β = (0.5, 0.999) (the spec: 2e-4; GMI's MNIST prior 4e-3)", gt=0)
+    n_critic: int = knob(5, "discriminator steps per generator step", ge=1)
+    hsic_lambda: float = knob(0.0, "λ_H, weight of HSIC(x1, x2) between the halves of every latent batch (§5): 0 = the baseline attack, 0.05 the code's HSIC runs (A17)", ge=0)
+    hsic_sign: int = knob(1, "+1 adds λ_H·HSIC, the released code | -1 subtracts it, the paper's Eq. 11 as reconstructed, the diversity form (A14)", among=(1, -1))
+    hsic_estimator: HSICEstimator = knob(HSICEstimator.nhsic_code, "nhsic_code (the code's normalised HSIC) | biased_eq3 (the paper's Eq. 3) | unbiased (Song et al.) | coco_code (kernel COCO, the code's BATCHCOCO)")
+    hsic_kernel: HSICKernel = knob(HSICKernel.gaussian, "kernel on the flattened images: gaussian | linear | imq")
+    hsic_sigma: float = knob(5.0, "Gaussian width σ; 0 = the median heuristic named by hsic_median", ge=0)
+    hsic_sigma_scale_by_dim: bool = knob(True, "a fixed σ is scaled by the pixel count d as the code does (width 2σ²d); false: 2σ²")
+    hsic_median: MedianRule = knob(MedianRule.code, "median heuristic of hsic_sigma=0: code (the released code's) | gretton (median pairwise distance)")
+    hsic_eps: float = knob(1e-5, "ridge ε of nhsic_code", gt=0)
+
+    def hsic_term(self) -> HSICTerm:
+        """The signed, weighted HSIC term of one latent batch, or None for the baseline (λ_H = 0)."""
+        if self.hsic_lambda == 0:
+            return None
+        options = HSICOptions(estimator=str(self.hsic_estimator), kernel=str(self.hsic_kernel), sigma=self.hsic_sigma,  # type: ignore[arg-type]
+                              sigma_scale_by_dim=self.hsic_sigma_scale_by_dim, median=str(self.hsic_median), eps=self.hsic_eps)  # type: ignore[arg-type]
+        return partial(hsic_loss_term, lambda_h=self.hsic_lambda, sign=self.hsic_sign, options=options)
+
+
+def full_batches(n: int, seed: int, batch_size: int) -> list[Tensor]:
+    """One epoch's seeded mini-batches without the incomplete last one (a generator's BatchNorm needs two samples);
+    all ``n`` rows in one batch when ``n < batch_size``. A :data:`~fdattack.fd.engine.BatchSampler`."""
+    order = epoch_order(n, seed)
+    keep = n - n % batch_size if n >= batch_size else n
+    return list(torch.split(order[:keep], batch_size))
+
+
+def label_chunks(count: int, size: Optional[int]) -> list[slice]:
+    """Consecutive slices of ``size`` target labels (the last may be shorter); one slice of all when ``size`` is None."""
+    size = count if size is None else size
+    return [slice(start, min(start + size, count)) for start in range(0, count, size)]
+
+
+@contextmanager
+def seeded(seed: int, device: torch.device) -> Iterator[None]:
+    """Seed torch's global stream (the device's too) for the block and restore the run's stream after it."""
+    devices = [device.index if device.index is not None else torch.cuda.current_device()] if device.type == "cuda" else []
+    with torch.random.fork_rng(devices=devices):
+        torch.manual_seed(seed)
+        yield
+
+
+GENERATE_BATCH = 1024  #: images per generator pass when making the results
+
+
+@torch.no_grad()
+def generate(generator: nn.Module, z: Tensor) -> Tensor:
+    """G(z) for latents (S, T, d): images (S, T, C, H, W) in [0, 1], in passes of :data:`GENERATE_BATCH` (eval mode)."""
+    flat = z.flatten(0, 1)
+    x = torch.cat([generator(part) for part in torch.split(flat, GENERATE_BATCH)])
+    return x.view(*z.shape[:2], *x.shape[1:])
+
+
+@torch.no_grad()
+def target_top1(target: nn.Module, images: Tensor, labels: Tensor) -> float:
+    """Share of images (S, T, C, H, W) in [0, 1] that the target model (which sees 2x − 1) puts in their column's label
+    (T,): the attack's own check that its search converged, not the evaluation side's score."""
+    flat = images.flatten(0, 1)
+    predicted = torch.cat([target(to_signed(part)).argmax(dim=1) for part in torch.split(flat, GENERATE_BATCH)])
+    return float((predicted.view(images.shape[:2]) == labels).float().mean())
+
+
+def state_digest(*parts: object) -> str:
+    """A short hex digest of ``parts``: tensors by their bytes, everything else by its repr."""
+    digest = hashlib.blake2b(digest_size=8)
+    for part in parts:
+        if isinstance(part, Tensor):
+            digest.update(part.detach().cpu().contiguous().numpy().tobytes())
+        else:
+            digest.update(repr(part).encode())
+    return digest.hexdigest()
+
+
+class GANInversionAttack(Attack):
+    """Base of GMI and KED-MI: collects the global model after each aggregation and inverts it at the round's end.
+
+    Subclasses implement :meth:`invert`. One :class:`Inversions` per round: images (S, T, C, H, W) in [-1, 1] for the
+    T target labels, and the final loss terms as ``details``.
+
+    Raises:
+        ConfigError: no prior data, no shared architecture, images the GAN networks cannot make, or label batches
+            too small to split for HSIC.
+    """
+
+    needs = frozenset({Capability.white_box})
+    produces = frozenset({Inversions})
+
+    def __init__(self, view: AttackerView, settings: GANInversionSettings, context: AttackContext) -> None:
+        super().__init__(view, settings, context)
+        self.settings: GANInversionSettings = settings
+        key = f"attack.{self.name}"
+        if view.prior_data is None or len(view.prior_data) == 0:
+            raise ConfigError(f"{key} trains its GAN on the attacker's prior data, which this run does not give it; set data.split=classes and data.public_classes")
+        if view.architecture is None:
+            raise ConfigError(f"{key} rebuilds the global model from the clients' shared architecture, and these clients have several")
+        _, h, w = view.image_shape
+        if h != w or not valid_size(h):
+            raise ConfigError(f"{key}: the GAN networks need {SIZES}, got {h}x{w}; set data.image_size (e.g. 32)")
+        self.chunks = label_chunks(len(view.target_labels), settings.label_batch)
+        smallest = min(chunk.stop - chunk.start for chunk in self.chunks)
+        needed = 8 if settings.hsic_estimator == HSICEstimator.unbiased else 4
+        if settings.hsic_lambda > 0 and smallest < needed:
+            raise ConfigError(f"{key}.hsic_lambda > 0 splits every batch of target labels into halves of at least {needed // 2} ({settings.hsic_estimator}); "
+                              f"the smallest batch has {smallest} labels: raise {key}.label_batch or attack more labels")
+        self.engine = context.engine if context.engine is not None else default_engine(settings.gan_batch_size)
+        self.device = self.engine.fabric.device
+        self.targets = torch.as_tensor(view.target_labels, dtype=torch.long)
+        self.global_state: Optional[dict[str, Tensor]] = None
+        self._prior_digest: Optional[str] = None
+
+    # ------------------------------------------------------------------ rounds
+    def on_record(self, record: RoundRecord) -> None:
+        """Keep the global model's weights after the round's aggregation (A3)."""
+        if record.attack_point and record.global_state is not None:
+            self.global_state = dict(record.global_state)
+
+    def on_round_end(self, round: int) -> list[AttackResult]:
+        """The latent search of every batch of target labels against the round's global model."""
+        state, self.global_state = self.global_state, None
+        if state is None:
+            return []
+        target = self.target_model(state)
+        gan = self.gan(round, target, state)
+        images, losses = [], []
+        for chunk in self.chunks:
+            labels = self.targets[chunk].to(self.device)
+            steps = progress_iter(range(self.settings.iterations), f"{self.name}: latent search of round {round}, labels {chunk.start}..{chunk.stop - 1}",
+                                  self.context.progress)
+            z, chunk_losses = self.search(gan, target, labels, steps, round, chunk)
+            images.append(generate(gan.generator, z))
+            losses.append((chunk.stop - chunk.start, chunk_losses))
+        x = torch.cat(images, dim=1)
+        total = sum(n for n, _ in losses)
+        details = {k: sum(n * chunk_losses[k] for n, chunk_losses in losses) / total for k in losses[0][1]}
+        details["target_top1"] = target_top1(target, x, self.targets.to(self.device))
+        return [Inversions(to_signed(x).cpu(), self.targets.clone(), details=details)]
+
+    @abstractmethod
+    def gan(self, round: int, target: nn.Module, state: dict[str, Tensor]) -> ManualGAN:
+        """The trained GAN the latent search of ``round`` uses (``target``: the round's global model, ``state`` its weights)."""
+
+    @abstractmethod
+    def search(self, gan: ManualGAN, target: nn.Module, labels: Tensor, steps: Iterable[int], round: int, chunk: slice) -> tuple[Tensor, dict[str, float]]:
+        """The latent search of ``round`` for one batch of target ``labels`` (t,) (the target labels' ``chunk``), one
+        iteration per element of ``steps``.
+
+        Returns:
+            the latents (S, t, z_dim) of the S samples per label, and the final loss terms (means).
+        """
+
+    def target_model(self, state: dict[str, Tensor]) -> nn.Module:
+        """The global model rebuilt from ``state`` (the server module's ``net.…`` keys): frozen, eval mode, on the device."""
+        c, h, _ = self.view.image_shape
+        with torch.random.fork_rng(devices=[]):  # its initial weights, overwritten below, leave the run's random stream alone
+            net = build_classifier(self.view.architecture, c, h, self.view.num_classes)  # type: ignore[arg-type]
+        net.load_state_dict({k.removeprefix("net."): v for k, v in state.items()})
+        return net.requires_grad_(False).eval().to(self.device)
+
+    # ------------------------------------------------------------------ the GANs
+    def train_gan(self, module: ManualGAN, rows: Callable[[int], Batchable], seed: int, what: str) -> None:
+        """Train ``module`` (already built under :func:`seeded` with ``seed``) for ``gan_epochs`` epochs through the
+        engine; ``rows(epoch)`` gives each epoch's rows. Leaves the networks frozen in eval mode."""
+        s = self.settings
+        handle = self.engine.setup(f"{self.name}_gan", module)
+        with seeded(derive_seed(seed, "noise"), self.device):
+            for epoch in progress_iter(range(s.gan_epochs), f"{self.name}: {what}", self.context.progress):
+                self.engine.fit_module(handle, rows(epoch), 1, derive_seed(seed, epoch), batch_size=s.gan_batch_size, sampler=full_batches)
+        self.engine.release(handle)
+        module.requires_grad_(False).eval()
+
+    def cached_gan(self, module: ManualGAN, rows: Callable[[int], Batchable], seed: int, what: str, *keys: object) -> ManualGAN:
+        """``module`` trained (:meth:`train_gan`) or, when the attack's state directory holds it (resume), restored.
+
+        The file, ``gan/<module class>_<digest>.pt``, is named by everything the GAN depends on: the run seed, the GAN
+        settings, the prior data and ``keys``.
+        """
+        path = self._cache_path(type(module).__name__.lower(), *keys)
+        if path is not None and path.is_file():
+            module.load_networks(torch.load(path, map_location="cpu", weights_only=True))
+            log.info("%s: %s restored from %s", self.name, what, path)
+            return module.requires_grad_(False).eval().to(self.device)
+        log.info("%s: training the %s (%d epochs on %d prior images)", self.name, what, self.settings.gan_epochs, len(self.view.prior_data))  # type: ignore[arg-type]
+        self.train_gan(module, rows, seed, what)
+        if path is not None:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_suffix(".tmp")
+            torch.save(module.networks(), tmp)
+            os.replace(tmp, path)
+        return module
+
+    def _cache_path(self, stem: str, *keys: object) -> Optional[Path]:
+        directory = self.context.store.directory
+        if directory is None:
+            return None
+        if self._prior_digest is None:
+            self._prior_digest = state_digest(self.view.prior_data.images)  # type: ignore[union-attr]
+        s = self.settings
+        gan = (s.z_dim, s.gan_width, s.gan_epochs, s.gan_batch_size, s.gan_lr, s.n_critic, self.view.image_shape)
+        return directory / "gan" / f"{stem}_{state_digest(self.context.seed, gan, self._prior_digest, *keys)}.pt"
