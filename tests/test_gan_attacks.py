@@ -41,7 +41,10 @@ FEDAVG = REPO / "conf" / "experiment" / "fedavg_digits.yaml"
 DIGITS = ["data.split=classes", "data.public_classes=[5,6,7,8,9]", "data.partition=iid", "protocol.fraction=1.0",
           "evaluation.classifier=null", "observers.confidence_gap.enabled=false"]
 SMALL = ["attack.gmi.gan_epochs=2", "attack.gmi.gan_width=8", "attack.gmi.iterations=60", "attack.gmi.seeds=3",
-         "attack.kedmi.gan_epochs=2", "attack.kedmi.gan_width=8", "attack.kedmi.gan_batch_size=16", "attack.kedmi.iterations=150", "attack.kedmi.samples=4"]
+         "attack.kedmi.gan_epochs=2", "attack.kedmi.gan_width=8", "attack.kedmi.gan_batch_size=16", "attack.kedmi.iterations=150", "attack.kedmi.samples=4",
+         "attack.vmi.gan_epochs=2", "attack.vmi.gan_width=8", "attack.vmi.iterations=4", "attack.vmi.steps_per_epoch=3", "attack.vmi.eval_samples=16",
+         "attack.vmi.batch_size=8", "attack.vmi.flow_steps=2", "attack.vmi.flow_levels=2", "attack.vmi.flow_hidden=16", "attack.vmi.samples=2",
+         "attack.vmi.lr=1e-3"]
 
 
 # ---------------------------------------------------------------------------------------------------- networks
@@ -215,27 +218,32 @@ def test_attacks_return_inversions_and_reuse_their_cached_gans_on_resume(tmp_pat
         return train_gan(self, module, rows, seed, what)
 
     monkeypatch.setattr(GANInversionAttack, "train_gan", counting)
-    args = ["run", str(FEDAVG), *tiny(tmp_path), *DIGITS, *SMALL, "attacks=[gmi,kedmi]", "keep_checkpoints=3"]
+    args = ["run", str(FEDAVG), *tiny(tmp_path), *DIGITS, *SMALL, "attacks=[gmi,kedmi,vmi]", "keep_checkpoints=3"]
     assert main(args) == 0  # `fdattack run`
-    assert trained == ["WGAN-GP prior", "K+1 GAN of round 1", "K+1 GAN of round 2"]  # GMI's prior once, KED-MI's every round
-    assert [name for name, _ in inversions] == ["gmi", "kedmi", "gmi", "kedmi"]
+    # GMI's prior once (VMI mines the same cached network), KED-MI's GAN every round
+    assert trained == ["WGAN-GP prior", "K+1 GAN of round 1", "K+1 GAN of round 2"]
+    assert [name for name, _ in inversions] == ["gmi", "kedmi", "vmi", "gmi", "kedmi", "vmi"]
     for name, result in inversions:
-        samples = 3 if name == "gmi" else 4
+        samples = {"gmi": 3, "kedmi": 4, "vmi": 2}[name]
         assert result.images.shape == (samples, 5, 1, 8, 8) and torch.equal(result.labels, torch.arange(5))
         assert float(result.images.min()) >= -1 and float(result.images.max()) <= 1
+        if name == "vmi":  # 4 epochs of 3 steps: the miners ran, their selection score is the target's accuracy
+            assert {"ce_loss", "kl", "hsic_loss", "miner_epochs", "selection_score", "target_top1"} <= set(result.details)
+            assert 1 <= result.details["miner_epochs"] <= 4 and 0 <= result.details["selection_score"] <= 1
+            continue
         assert {"prior_loss", "identity_loss", "hsic_loss", "total_loss", "target_top1"} <= set(result.details)
         # the attack's own check: the target model puts its inversions in their labels far above chance (1/10)
         assert result.details["target_top1"] >= 0.8, (name, result.details)
     cached = tmp_path / "run" / "attack_state"
-    assert len(list((cached / "gmi" / "gan").glob("wgangp_*.pt"))) == 1 and len(list((cached / "kedmi" / "gan").glob("kplusonegan_*.pt"))) == 2
+    assert len(list((cached / "gan").glob("wgangp_*.pt"))) == 1 and len(list((cached / "gan").glob("kplusonegan_*.pt"))) == 2
 
-    reference = [r.images for _, r in inversions[2:]]
+    reference = [r.images for _, r in inversions[3:]]
     (tmp_path / "run" / "checkpoints" / "round_0002.pt").unlink()  # resume from round 1's checkpoint: round 2 runs again
     trained.clear()
     inversions.clear()
     assert main([*args, "resume=true"]) == 0
     assert trained == [], "a cached GAN was trained again"  # GMI's prior of round 1 and KED-MI's GAN of round 2, both restored
-    assert [name for name, _ in inversions] == ["gmi", "kedmi"] and all(torch.equal(a, r.images) for a, (_, r) in zip(reference, inversions))
+    assert [name for name, _ in inversions] == ["gmi", "kedmi", "vmi"] and all(torch.equal(a, r.images) for a, (_, r) in zip(reference, inversions))
 
 
 class _Probe(Attack):
@@ -262,13 +270,13 @@ class _Probe(Attack):
 
 
 def test_gan_attacks_reach_nothing_private_and_no_protocol_object(tmp_path: Path, inversions: list[tuple[str, Inversions]]) -> None:
-    exp = Experiment(compose(FEDAVG, [*tiny(tmp_path), *DIGITS, *SMALL, "attacks=[gmi,kedmi]", "protocol.rounds=1",
-                                         "attack.gmi.iterations=5", "attack.kedmi.iterations=5"]))
+    exp = Experiment(compose(FEDAVG, [*tiny(tmp_path), *DIGITS, *SMALL, "attacks=[gmi,kedmi,vmi]", "protocol.rounds=1",
+                                         "attack.gmi.iterations=5", "attack.kedmi.iterations=5", "attack.vmi.iterations=2"]))
     probe = _Probe(exp)
     exp.attacks.append(probe)
     exp.run()
-    assert probe.walks >= 4 and len(inversions) == 2
-    for attack in exp.attacks[:2]:
+    assert probe.walks >= 4 and len(inversions) == 3
+    for attack in exp.attacks[:3]:
         prior = attack.view.prior_data
         assert prior is not None and set(prior.labels.tolist()) == {5, 6, 7, 8, 9}  # the attacker's own, disjoint classes
         assert attack.view.target_labels == (0, 1, 2, 3, 4)
@@ -281,7 +289,8 @@ def test_gan_attacks_reach_nothing_private_and_no_protocol_object(tmp_path: Path
     (["attacks=[kedmi]", "attack.kedmi.hsic_kernel=cosine"], ["hsic_kernel"]),
     (["attacks=[kedmi]", "data.image_size=12"], ["attack.kedmi", "data.image_size", "12x12"]),
     (["attacks=[gmi]", "data.split=random"], ["attack.gmi", "data.split=classes"]),
-], ids=["hsic_halves", "unbiased_halves", "sign", "kernel", "image_size", "no_prior_data"])
+    (["attacks=[vmi]", "attack.vmi.hsic_lambda=0.05", "attack.vmi.batch_size=3"], ["attack.vmi.batch_size", "4"]),
+], ids=["hsic_halves", "unbiased_halves", "sign", "kernel", "image_size", "no_prior_data", "vmi_hsic_halves"])
 def test_bad_gan_attack_settings_exit_2_with_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str], extra: list[str], named: list[str]) -> None:
     _one_line(capsys, ["run", str(FEDAVG), *tiny(tmp_path), *DIGITS, *extra], *named)
     assert not (tmp_path / "run" / "attack_state").exists()

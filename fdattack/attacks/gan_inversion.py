@@ -33,7 +33,6 @@ from fdattack.fd.record import RoundRecord
 from fdattack.fd.threat import AttackerView, Capability
 from fdattack.functional.hsic import HSICOptions, hsic_loss_term
 from fdattack.lit.gan import ManualGAN
-from fdattack.models.classifiers import build_classifier
 from fdattack.models.gan import SIZES, to_signed, valid_size
 from fdattack.tracking.progress import progress_iter
 
@@ -88,9 +87,12 @@ class GANInversionSettings:
         """The signed, weighted HSIC term of one latent batch, or None for the baseline (λ_H = 0)."""
         if self.hsic_lambda == 0:
             return None
-        options = HSICOptions(estimator=str(self.hsic_estimator), kernel=str(self.hsic_kernel), sigma=self.hsic_sigma,  # type: ignore[arg-type]
-                              sigma_scale_by_dim=self.hsic_sigma_scale_by_dim, median=str(self.hsic_median), eps=self.hsic_eps)  # type: ignore[arg-type]
-        return partial(hsic_loss_term, lambda_h=self.hsic_lambda, sign=self.hsic_sign, options=options)
+        return partial(hsic_loss_term, lambda_h=self.hsic_lambda, sign=self.hsic_sign, options=self.hsic_options())
+
+    def hsic_options(self) -> HSICOptions:
+        """The HSIC estimator, kernel and bandwidth these settings name."""
+        return HSICOptions(estimator=str(self.hsic_estimator), kernel=str(self.hsic_kernel), sigma=self.hsic_sigma,  # type: ignore[arg-type]
+                           sigma_scale_by_dim=self.hsic_sigma_scale_by_dim, median=str(self.hsic_median), eps=self.hsic_eps)  # type: ignore[arg-type]
 
 
 def full_batches(n: int, seed: int, batch_size: int) -> list[Tensor]:
@@ -173,16 +175,22 @@ class GANInversionAttack(Attack):
         if h != w or not valid_size(h):
             raise ConfigError(f"{key}: the GAN networks need {SIZES}, got {h}x{w}; set data.image_size (e.g. 32)")
         self.chunks = label_chunks(len(view.target_labels), settings.label_batch)
-        smallest = min(chunk.stop - chunk.start for chunk in self.chunks)
         needed = 8 if settings.hsic_estimator == HSICEstimator.unbiased else 4
-        if settings.hsic_lambda > 0 and smallest < needed:
-            raise ConfigError(f"{key}.hsic_lambda > 0 splits every batch of target labels into halves of at least {needed // 2} ({settings.hsic_estimator}); "
-                              f"the smallest batch has {smallest} labels: raise {key}.label_batch or attack more labels")
+        if settings.hsic_lambda > 0:
+            self.check_hsic_batch(needed)
         self.engine = context.engine if context.engine is not None else default_engine(settings.gan_batch_size)
         self.device = self.engine.fabric.device
         self.targets = torch.as_tensor(view.target_labels, dtype=torch.long)
         self.global_state: Optional[dict[str, Tensor]] = None
         self._prior_digest: Optional[str] = None
+
+    def check_hsic_batch(self, needed: int) -> None:
+        """Raise unless every batch the HSIC term splits in halves has ``needed`` images: here, the label batches."""
+        smallest = min(chunk.stop - chunk.start for chunk in self.chunks)
+        if smallest < needed:
+            key = f"attack.{self.name}"
+            raise ConfigError(f"{key}.hsic_lambda > 0 splits every batch of target labels into halves of at least {needed // 2} ({self.settings.hsic_estimator}); "
+                              f"the smallest batch has {smallest} labels: raise {key}.label_batch or attack more labels")
 
     # ------------------------------------------------------------------ rounds
     def on_record(self, record: RoundRecord) -> None:
@@ -226,9 +234,7 @@ class GANInversionAttack(Attack):
 
     def target_model(self, state: dict[str, Tensor]) -> nn.Module:
         """The global model rebuilt from ``state`` (the server module's ``net.…`` keys): frozen, eval mode, on the device."""
-        c, h, _ = self.view.image_shape
-        with torch.random.fork_rng(devices=[]):  # its initial weights, overwritten below, leave the run's random stream alone
-            net = build_classifier(self.view.architecture, c, h, self.view.num_classes)  # type: ignore[arg-type]
+        net = self.view.global_network()  # the architecture as trained, a defense's change (MID's VIB head) included
         net.load_state_dict({k.removeprefix("net."): v for k, v in state.items()})
         return net.requires_grad_(False).eval().to(self.device)
 
@@ -247,7 +253,8 @@ class GANInversionAttack(Attack):
     def cached_gan(self, module: ManualGAN, rows: Callable[[int], Batchable], seed: int, what: str, *keys: object) -> ManualGAN:
         """``module`` trained (:meth:`train_gan`) or, when the attack's state directory holds it (resume), restored.
 
-        The file, ``gan/<module class>_<digest>.pt``, is named by everything the GAN depends on: the run seed, the GAN
+        The file, ``attack_state/gan/<module class>_<digest>.pt`` (beside the attacks' own folders: the GAN attacks share
+        it, so that VMI mines the prior GMI trained), is named by everything the GAN depends on: the run seed, the GAN
         settings, the prior data and ``keys``.
         """
         path = self._cache_path(type(module).__name__.lower(), *keys)
@@ -272,4 +279,4 @@ class GANInversionAttack(Attack):
             self._prior_digest = state_digest(self.view.prior_data.images)  # type: ignore[union-attr]
         s = self.settings
         gan = (s.z_dim, s.gan_width, s.gan_epochs, s.gan_batch_size, s.gan_lr, s.n_critic, self.view.image_shape)
-        return directory / "gan" / f"{stem}_{state_digest(self.context.seed, gan, self._prior_digest, *keys)}.pt"
+        return directory.parent / "gan" / f"{stem}_{state_digest(self.context.seed, gan, self._prior_digest, *keys)}.pt"
