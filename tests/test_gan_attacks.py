@@ -9,10 +9,8 @@ import math
 from functools import partial
 from pathlib import Path
 
-import lightning as L
 import pytest
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.utils.data import DataLoader, TensorDataset
 

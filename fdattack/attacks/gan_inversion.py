@@ -67,7 +67,7 @@ class GANInversionSettings:
     iterations: int = knob(3000, "latent-search iterations per batch of target labels and round", ge=1)
     lr: float = knob(0.02, "learning rate of the latent search", gt=0)
     lambda_id: float = knob(100.0, "λ_id, weight of the identity loss CE(T(2G(z) − 1), y) (the code: 100)", ge=0)
-    label_batch: Optional[int] = knob(None, "target labels optimised together, one latent each, and split in halves for HSIC (the code: 60 of CelebA's 300 identities, all 5 digits); null = all", ge=1)
+    label_batch: Optional[int] = knob(None, "target labels optimised together (GMI: one latent each, KED-MI: one Gaussian each), split in halves for HSIC (the code: 60 of CelebA's 300 identities, all 5 digits); null = all", ge=1)
     z_dim: int = knob(100, "latent size of the generator", ge=1)
     gan_width: int = knob(64, "base width of the GAN networks (the code's dim)", ge=1)
     gan_epochs: int = knob(100, "GAN training epochs over the prior data", ge=0)
