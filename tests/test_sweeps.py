@@ -25,10 +25,13 @@ def test_sweep_file_is_valid_and_maps_onto_config_keys(path: Path) -> None:
     experiment, fixed = command_tokens(config)
     assert experiment is not None and (REPO / experiment).is_file()
     cfg = compose(REPO / experiment, fixed)
+    constants = [f"{key}={spec['value']}" for key, spec in config["parameters"].items() if "value" in spec]
     for key, spec in config["parameters"].items():
         assert OmegaConf.select(cfg, key, default="__missing__") != "__missing__", key
         for value in spec.get("values", []):
-            compose(REPO / experiment, [*fixed, f"{key}={value}"])  # every grid point is a valid config
+            # every grid point is a valid config, with the constants (interpolations included) resolved against it
+            point = compose(REPO / experiment, [*fixed, *constants, f"{key}={value}"])
+            OmegaConf.to_container(point, resolve=True)
     assert config["metric"]["name"].startswith("attack/") and config["metric"]["name"].split("/")[1] in cfg.attacks
 
 
