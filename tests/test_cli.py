@@ -116,7 +116,7 @@ def test_group_token_that_is_a_path_reads_nothing_outside_conf(capsys: pytest.Ca
     monkeypatch.chdir(tmp_path)
     name = "../../outside" if relative else str(tmp_path / "outside")
     err = _error_line(capsys, ["run", f"data={name}", "--print-config"])
-    assert f"data={name!r}" in err and "available: att_faces, digits" in err
+    assert f"data={name!r}" in err and "available: att_faces, att_faces_fedinverse, digits" in err
 
 
 def test_default_name_is_derived_from_protocol_data_and_attacks(capsys: pytest.CaptureFixture[str]) -> None:
