@@ -28,11 +28,11 @@ from fdattack.attacks.base import Attack, AttackContext
 from fdattack.attacks.results import AttackResult, Inversions
 from fdattack.config.knobs import Choice, knob
 from fdattack.errors import ConfigError
-from fdattack.fd.engine import Batchable, default_engine, derive_seed, epoch_order
+from fdattack.fd.engine import Batchable, TensorRows, default_engine, derive_seed, epoch_order
 from fdattack.fd.record import RoundRecord
 from fdattack.fd.threat import AttackerView, Capability
 from fdattack.functional.hsic import HSICOptions, hsic_loss_term
-from fdattack.lit.gan import ManualGAN
+from fdattack.lit.gan import WGANGP, ManualGAN
 from fdattack.models.gan import SIZES, to_signed, valid_size
 from fdattack.tracking.progress import progress_iter
 
@@ -183,6 +183,7 @@ class GANInversionAttack(Attack):
         self.targets = torch.as_tensor(view.target_labels, dtype=torch.long)
         self.global_state: Optional[dict[str, Tensor]] = None
         self._prior_digest: Optional[str] = None
+        self._wgan_prior: Optional[WGANGP] = None
 
     def check_hsic_batch(self, needed: int) -> None:
         """Raise unless every batch the HSIC term splits in halves has ``needed`` images: here, the label batches."""
@@ -239,6 +240,18 @@ class GANInversionAttack(Attack):
         return net.requires_grad_(False).eval().to(self.device)
 
     # ------------------------------------------------------------------ the GANs
+    def wgan_prior(self) -> WGANGP:
+        """GMI's target-agnostic WGAN-GP prior on the prior data (§4.1 stage 1): trained on the first call (or restored
+        from the shared GAN folder), then kept. Seeded as GMI's, so that GMI and VMI share one cached network."""
+        if self._wgan_prior is None:
+            s, (c, h, _) = self.settings, self.view.image_shape
+            seed = derive_seed(self.context.seed, "gmi", "gan")
+            with seeded(seed, self.device):
+                module = WGANGP(c, h, s.z_dim, s.gan_width, s.gan_lr, s.n_critic)
+            rows = TensorRows(x=self.view.prior_data.images)  # type: ignore[union-attr]
+            self._wgan_prior = self.cached_gan(module, lambda epoch: rows, seed, "WGAN-GP prior")  # type: ignore[assignment]
+        return self._wgan_prior  # type: ignore[return-value]
+
     def train_gan(self, module: ManualGAN, rows: Callable[[int], Batchable], seed: int, what: str) -> None:
         """Train ``module`` (already built under :func:`seeded` with ``seed``) for ``gan_epochs`` epochs through the
         engine; ``rows(epoch)`` gives each epoch's rows. Leaves the networks frozen in eval mode."""

@@ -14,16 +14,16 @@ couples samples, and it is taken within each restart's batch, as the code does.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Iterable, Optional
+from typing import Iterable
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
 from fdattack.attacks.base import ATTACKS, AttackContext
-from fdattack.attacks.gan_inversion import GANInversionAttack, GANInversionSettings, HSICTerm, seeded
+from fdattack.attacks.gan_inversion import GANInversionAttack, GANInversionSettings, HSICTerm
 from fdattack.config.knobs import knob
-from fdattack.fd.engine import TensorRows, derive_seed
+from fdattack.fd.engine import derive_seed
 from fdattack.fd.threat import AttackerView
 from fdattack.lit.gan import WGANGP
 from fdattack.models.gan import to_signed
@@ -93,18 +93,10 @@ class GMIAttack(GANInversionAttack):
     def __init__(self, view: AttackerView, settings: GMISettings, context: AttackContext) -> None:
         super().__init__(view, settings, context)
         self.settings: GMISettings = settings
-        self.prior: Optional[WGANGP] = None
 
     def gan(self, round: int, target: nn.Module, state: dict[str, Tensor]) -> WGANGP:
-        """The WGAN-GP prior: trained on the first call (or restored from the state directory), then kept."""
-        if self.prior is None:
-            s, (c, h, _) = self.settings, self.view.image_shape
-            seed = derive_seed(self.context.seed, self.name, "gan")
-            with seeded(seed, self.device):
-                module = WGANGP(c, h, s.z_dim, s.gan_width, s.gan_lr, s.n_critic)
-            rows = TensorRows(x=self.view.prior_data.images)  # type: ignore[union-attr]
-            self.prior = self.cached_gan(module, lambda epoch: rows, seed, "WGAN-GP prior")  # type: ignore[assignment]
-        return self.prior  # type: ignore[return-value]
+        """The WGAN-GP prior (:meth:`~fdattack.attacks.gan_inversion.GANInversionAttack.wgan_prior`), the same every round."""
+        return self.wgan_prior()
 
     def search(self, gan: WGANGP, target: nn.Module, labels: Tensor, steps: Iterable[int], round: int, chunk: slice) -> tuple[Tensor, dict[str, float]]:  # type: ignore[override]
         s, count = self.settings, len(self.targets)

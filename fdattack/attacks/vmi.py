@@ -74,7 +74,6 @@ class VMIAttack(GANInversionAttack):
     def __init__(self, view: AttackerView, settings: VMISettings, context: AttackContext) -> None:
         super().__init__(view, settings, context)
         self.settings: VMISettings = settings
-        self.prior: Optional[WGANGP] = None
 
     def check_hsic_batch(self, needed: int) -> None:
         """The HSIC term splits each label's batch of flow samples, not the label batches."""
@@ -83,15 +82,8 @@ class VMIAttack(GANInversionAttack):
                               f"({self.settings.hsic_estimator}); raise attack.vmi.batch_size to {needed} or more")
 
     def gan(self, round: int, target: nn.Module, state: dict[str, Tensor]) -> WGANGP:
-        """GMI's WGAN-GP prior: trained on the first call (or restored from the state directory), then kept."""
-        if self.prior is None:
-            s, (c, h, _) = self.settings, self.view.image_shape
-            seed = derive_seed(self.context.seed, "gmi", "gan")  # GMI's seed: one cached prior serves both attacks
-            with seeded(seed, self.device):
-                module = WGANGP(c, h, s.z_dim, s.gan_width, s.gan_lr, s.n_critic)
-            rows = TensorRows(x=self.view.prior_data.images)  # type: ignore[union-attr]
-            self.prior = self.cached_gan(module, lambda epoch: rows, seed, "WGAN-GP prior")  # type: ignore[assignment]
-        return self.prior  # type: ignore[return-value]
+        """The WGAN-GP prior (:meth:`~fdattack.attacks.gan_inversion.GANInversionAttack.wgan_prior`), the same every round."""
+        return self.wgan_prior()
 
     def miner(self, gan: WGANGP, target: nn.Module, label: int, round: int) -> VMIMinerLitModule:
         s = self.settings
