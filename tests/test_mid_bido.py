@@ -138,6 +138,7 @@ def test_every_classifier_takes_the_vib_head_and_bido_reads_its_hidden_layers(na
     net = build_classifier(name, 3, 8, 5)
     layers = hidden_layers(net)
     expected = {"fedinverse_cnn": ["features.3", "features.7", "fc (input)"],  # the code's three MCNN blocks
+                "scnn": ["features.3", "features.7", "fc (input)"],  # its two pooled blocks, then the 512-d features
                 "vgg16_bn": ["features.6", "features.13", "features.23", "features.33", "classifier (input)"],  # its five
                 "pdafd_cnn": ["2", "5", "8", "13 (input)"]}
     assert layers == expected.get(name, [f"{output_layer(net)[0]} (input)"])
