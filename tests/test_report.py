@@ -93,12 +93,14 @@ def test_reconstruction_grids_are_large_with_row_and_column_labels(sweep_report:
 
 
 @pytest.mark.parametrize("width", [1400, 800])
-def test_the_report_renders_in_headless_chromium(sweep_report: Path, tmp_path: Path, width: int) -> None:
+def test_the_report_renders_in_headless_chromium(sweep_report: Path, tmp_path: Path, tmp_path_factory: pytest.TempPathFactory,
+                                                  width: int) -> None:
     chromium = shutil.which("chromium")
     if chromium is None:
         pytest.fail(f"chromium is not installed; the report's rendering test needs it: {INSTALL}")
     png = tmp_path / f"report_{width}.png"
-    env = {**os.environ, "HOME": str(tmp_path), "TMPDIR": str(tmp_path), "XDG_CONFIG_HOME": str(tmp_path / "config"), "XDG_CACHE_HOME": str(tmp_path / "cache")}
+    short = tmp_path_factory.mktemp("cr")  # chromium's singleton socket lives in TMPDIR: its path must stay under 108 bytes
+    env = {**os.environ, "HOME": str(tmp_path), "TMPDIR": str(short), "XDG_CONFIG_HOME": str(tmp_path / "config"), "XDG_CACHE_HOME": str(tmp_path / "cache")}
     proc = subprocess.run(
         [chromium, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
          "--disable-component-update", "--disable-sync", "--hide-scrollbars", f"--user-data-dir={tmp_path / 'profile'}",
