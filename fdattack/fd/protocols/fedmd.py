@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
+from typing import ClassVar
 
 from fdattack.config.knobs import knob
 from fdattack.config.schema import ProtocolConfig
@@ -12,6 +13,7 @@ from fdattack.fd.aggregation import mean_logits
 from fdattack.fd.objectives import cross_entropy, l1_to_logits
 from fdattack.fd.protocols.base import PROTOCOLS, Phase, Protocol, RoundContext
 from fdattack.fd.threat import SERVER_POWERS, Capability, ThreatModel
+from fdattack.lit.classifier import Objective
 
 log = logging.getLogger(__name__)
 
@@ -38,6 +40,8 @@ class FedMDProtocol(Protocol):
     name = "fedmd"
     Config = FedMDConfig
     enable_hints = {Capability.server_model: "protocol.server_model=true"}
+    #: the digest's loss to the received aggregate (LabelAvg: soft cross-entropy)
+    digest_objective: ClassVar[Objective] = staticmethod(l1_to_logits)
     threat_model = ThreatModel(
         attacker="server, honest-but-curious",
         sees="raw logits of every client on every public sample of the round",
@@ -82,7 +86,7 @@ class FedMDProtocol(Protocol):
 
     def _digest(self, ctx: RoundContext) -> None:
         public = self.public_subset(ctx)
-        self.train_clients(ctx, "digest", ctx.senders, lambda k: public, self.cfg.digest_epochs, l1_to_logits, targets=self.aggregate_for(ctx))
+        self.train_clients(ctx, "digest", ctx.senders, lambda k: public, self.cfg.digest_epochs, self.digest_objective, targets=self.aggregate_for(ctx))
 
     def _revisit(self, ctx: RoundContext) -> None:
         self.train_clients(ctx, "revisit", ctx.participants, lambda k: self.split.private[k], self.cfg.revisit_epochs, cross_entropy)
