@@ -24,11 +24,11 @@ from fdattack.functional.lira import (
     scaled_confidence,
     scaled_confidence_from_probs,
 )
-from fdattack.functional.losses import l1_to_logits, soft_cross_entropy
+from fdattack.functional.losses import l1_to_logits, soft_cross_entropy, target_class_loss
 from fdattack.functional.zeroth_order import forward_difference_gradient, unit_sphere_directions
 
 __all__ = ["HSICOptions", "dependence", "entropy", "forward_difference_gradient", "hsic_biased", "hsic_loss_term",
            "hsic_unbiased", "kernel_coco", "kernel_matrix", "kl_divergence", "kl_divergence_from_logits", "l1_to_logits",
            "label_vector", "labelavg_comm_mib", "max_vote", "nhsic", "offline_lira", "offline_lira_float32_lambda", "offline_lira_log_probability", "online_lira",
            "scaled_confidence", "scaled_confidence_from_probs", "soft_cross_entropy", "smooth_labels", "softmax_entropy", "split_halves",
-           "top_k_labels", "top_k_upload_bytes", "topk_accuracy", "unit_sphere_directions"]
+           "target_class_loss", "top_k_labels", "top_k_upload_bytes", "topk_accuracy", "unit_sphere_directions"]

@@ -6,16 +6,23 @@ import logging
 from dataclasses import dataclass
 from typing import ClassVar
 
+from torch import Tensor
+
 from fdattack.config.knobs import knob
 from fdattack.config.schema import ProtocolConfig
 from fdattack.data.imageset import UNLABELED
 from fdattack.fd.aggregation import mean_logits
 from fdattack.fd.objectives import cross_entropy, l1_to_logits
 from fdattack.fd.protocols.base import PROTOCOLS, Phase, Protocol, RoundContext
-from fdattack.fd.threat import SERVER_POWERS, Capability, ThreatModel
+from fdattack.fd.threat import SERVER_POWERS, Capability, ServerAggregation, ThreatModel
 from fdattack.lit.classifier import Objective
 
 log = logging.getLogger(__name__)
+
+
+def consensus(uploads: Tensor, labels: Tensor) -> Tensor:
+    """FedMD's server rule: the mean of the uploaded logits (:func:`~fdattack.fd.aggregation.mean_logits`; labels unused)."""
+    return mean_logits(uploads)
 
 
 @dataclass
@@ -80,9 +87,16 @@ class FedMDProtocol(Protocol):
     def _upload(self, ctx: RoundContext) -> None:
         self.upload_outputs(ctx)
 
+    def aggregation(self) -> ServerAggregation:
+        """The consensus mean of logits (LabelAvg: vote smoothing of label uploads)."""
+        return ServerAggregation(consensus, self.upload_kind()[0])
+
     def _aggregate(self, ctx: RoundContext) -> None:
-        ctx.aggregate = self.aggregate_uploads(ctx, lambda outputs, rows: mean_logits(outputs), "logits")
-        ctx.aggregate_kind = "logits"
+        """The server's rule (:meth:`aggregation`) on the round's uploads, with the public labels of their rows."""
+        assert ctx.batch is not None
+        server, labels = self.aggregation(), ctx.batch.labels_in(self.split.public.labels)
+        ctx.aggregate = self.aggregate_uploads(ctx, lambda outputs, rows: server.rule(outputs, labels[rows]), server.kind)
+        ctx.aggregate_kind = server.kind
 
     def _digest(self, ctx: RoundContext) -> None:
         public = self.public_subset(ctx)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import partial
 from typing import ClassVar, Sequence
 
 import torch
@@ -15,12 +16,18 @@ from fdattack.defenses.labelavg import LabelAvgUpload, LabelAvgUploadSettings
 from fdattack.errors import ConfigError
 from fdattack.fd.engine import LocalTrainer
 from fdattack.fd.objectives import soft_cross_entropy
-from fdattack.fd.protocols.base import PROTOCOLS, RoundContext
+from fdattack.fd.protocols.base import PROTOCOLS
 from fdattack.fd.protocols.fedmd import FedMDConfig, FedMDProtocol
 from fdattack.fd.record import PayloadKind
-from fdattack.fd.threat import SERVER_POWERS, ThreatModel
+from fdattack.fd.threat import SERVER_POWERS, ServerAggregation, ThreatModel
 from fdattack.functional.label_avg import smooth_labels
 from fdattack.lit.classifier import Objective
+
+
+def vote_smoothing(uploads: torch.Tensor, labels: torch.Tensor, *, k: int, mix_alpha: float, ground_truth: bool, renorm: bool) -> torch.Tensor:
+    """LabelAvg's server rule (Eqs. 11-12): :func:`~fdattack.functional.label_avg.smooth_labels` of the uploads, v_main the
+    public label where ``ground_truth`` (vmain=gt) and the row has one, else the max vote."""
+    return smooth_labels(uploads, k, mix_alpha, labels if ground_truth else None, renorm)
 
 
 class LabelWeightsChoice(Choice):
@@ -77,12 +84,8 @@ class LabelAvgProtocol(FedMDProtocol):
     def upload_kind(self) -> tuple[PayloadKind, float]:
         return "probs", 1.0
 
-    def _aggregate(self, ctx: RoundContext) -> None:
-        labels = self.public_subset(ctx).labels if self.cfg.vmain == "gt" else None
-
-        def rule(outputs: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
-            main = None if labels is None else labels[rows]
-            return smooth_labels(outputs, int(self.cfg.top_k), float(self.cfg.mix_alpha), main, bool(self.cfg.renorm_smooth))
-
-        ctx.aggregate = self.aggregate_uploads(ctx, rule, "probs")
-        ctx.aggregate_kind = "probs"
+    def aggregation(self) -> ServerAggregation:
+        """Vote smoothing with this run's K, α, v_main and renormalisation (:func:`vote_smoothing`)."""
+        cfg = self.cfg
+        return ServerAggregation(partial(vote_smoothing, k=int(cfg.top_k), mix_alpha=float(cfg.mix_alpha), ground_truth=cfg.vmain == "gt",
+                                         renorm=bool(cfg.renorm_smooth)), "probs")
