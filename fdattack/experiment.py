@@ -20,7 +20,7 @@ from omegaconf import DictConfig, OmegaConf
 from torchvision.utils import save_image
 
 from fdattack.attacks import ATTACKS, Attack, AttackContext
-from fdattack.attacks.results import Inversions, LabelDistributions, Reconstructions
+from fdattack.attacks.results import GradientProbe, Inversions, LabelDistributions, Reconstructions
 from fdattack.attacks.state_store import ClientStateStore
 from fdattack.config.validation import check_names
 from fdattack.data.domains import DOMAIN_TRANSFORMS
@@ -28,6 +28,7 @@ from fdattack.data.federated import FederatedData
 from fdattack.defenses import DEFENSES, Defense
 from fdattack.errors import FdattackError
 from fdattack.evaluation import ConfidenceGapDiagnostic, Evaluator, Oracle, ReconstructionScorer, Report, train_identity_scorer
+from fdattack.evaluation.gradient_check import GradientCheck
 from fdattack.evaluation.inversion import inversion_scorer
 from fdattack.evaluation.label_distribution import LabelDistributionScorer
 from fdattack.evaluation.membership import CandidatePool, MembershipScorer, candidate_pool
@@ -72,7 +73,8 @@ def view_for(cfg: DictConfig, protocol: Protocol, data: FederatedData, candidate
     shared = set(protocol.client_archs)
     return attacker_view(data.split, protocol.threat_model, protocol.name, protocol.server is not None, known_degradation(cfg),
                          candidates=None if candidates is None else candidates.as_known(),
-                         architecture=shared.pop() if len(shared) == 1 else None, network_changes=tuple(protocol.network_changes.values()))
+                         architecture=shared.pop() if len(shared) == 1 else None, network_changes=tuple(protocol.network_changes.values()),
+                         aggregation=protocol.aggregation())
 
 
 def build_defenses(cfg: DictConfig) -> list[Defense]:
@@ -131,7 +133,8 @@ def build_evaluator(cfg: DictConfig, oracle: Oracle, progress: Progress | None =
     if Inversions in produced:
         inversions = inversion_scorer(oracle.split, oracle.engine, OmegaConf.to_object(cfg.evaluation.inversion),  # type: ignore[arg-type]
                                       derive_seed(cfg.seed, "inversion_classifier"), cache_dir, progress.activity if progress is not None else None)
-    return Evaluator(oracle, scorer, diagnostics, label_distributions, membership, inversions)
+    gradients = GradientCheck(oracle) if GradientProbe in produced else None
+    return Evaluator(oracle, scorer, diagnostics, label_distributions, membership, inversions, gradients)
 
 
 def _flat_config(cfg: DictConfig) -> dict:

@@ -225,7 +225,7 @@ CLASSIFIER_LIST = "choose one of: fedinverse_cnn, mlp, mobilenet_v2, pdafd_cnn, 
     ("model.name=bogus", f"model.name='bogus' is not a known classifier; {CLASSIFIER_LIST}"),
     ("data.name=bogus", "data.name='bogus' is not a known dataset; choose one of: att_faces, celeba"),
     ("data.aux_domain=bogus", "data.aux_domain='bogus' is not known; choose one of: blur, none, second_look"),
-    ("attacks=[pli,bogus]", "attacks[1]='bogus' is not a known attack; choose one of: gmi, kedmi, ldia, lira_coop, lira_distill, pli, public_mean, tbi, vmi"),
+    ("attacks=[pli,bogus]", "attacks[1]='bogus' is not a known attack; choose one of: gmi, kedmi, lattack, ldia, lira_coop, lira_distill, pli, public_mean, tbi, vmi"),
     ("defenses=[bogus]", "defenses[0]='bogus' is not a known defense; choose one of: bido, dpsgd, laplace, mid, rounding, topk"),
 ])
 def test_registry_names_are_checked_at_config_time_under_their_own_key(capsys: pytest.CaptureFixture[str], override: str,

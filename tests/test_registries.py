@@ -49,7 +49,7 @@ def test_choices_and_ranges_are_checked_from_the_fields() -> None:
         compose(None, ["protocol.name=cronus", "protocol.filter_eps=0.7"])
     with pytest.raises(ConfigError, match=r"unknown config key 'attack.pli.taux'"):
         compose(None, ["attack.pli.taux=1"])
-    with pytest.raises(ConfigError, match=r"attacks\[0\]='pl' is not a known attack; choose one of: gmi, kedmi, ldia, lira_coop, lira_distill, pli, public_mean, tbi, vmi"):
+    with pytest.raises(ConfigError, match=r"attacks\[0\]='pl' is not a known attack; choose one of: gmi, kedmi, lattack, ldia, lira_coop, lira_distill, pli, public_mean, tbi, vmi"):
         compose(None, ["attacks=[pl]"])
     with pytest.raises(ConfigError, match=r"defenses\[0\]='noise' is not a known defense; choose one of: bido, dpsgd, laplace, mid, rounding, topk"):
         compose(None, ["defenses=[noise]"])

@@ -1,8 +1,8 @@
 """The typed results attacks return; the evaluation side alone turns them into metrics.
 
 An attack never scores itself: it hands these to :class:`fdattack.evaluation.Evaluator`, which holds the
-ground truth: reconstructions (PLI, TBI), label distributions (LDIA), membership scores (LiRA) and GAN inversions
-(GMI, KED-MI, VMI).
+ground truth: reconstructions (PLI, TBI), label distributions (LDIA), membership scores (LiRA), GAN inversions
+(GMI, KED-MI, VMI, the L-Attack's generator) and the L-Attack's gradient estimates.
 """
 
 from __future__ import annotations
@@ -83,5 +83,27 @@ class Inversions:
     details: Mapping[str, float] = field(default_factory=dict)
 
 
+@dataclass(frozen=True)
+class GradientProbe:
+    """Zeroth-order estimates of ∂L/∂x and the points they were taken at, for the evaluation side to compare with the
+    true gradient through the victim's network, which the attack never holds (lattack.md §2.6 and Fig. 4, §5.1).
+
+    Attributes:
+        points: (P, C, H, W) the images the victim was queried at, in [-1, 1].
+        estimate: (P, C, H, W) the attack's estimate of ∂L/∂x at each point (Eq. 6).
+        victim: the client queried.
+        target_class: c*.
+        loss: the loss kind (``ce`` | ``neg_logit`` | ``neg_prob``), taken on the victim's undefended logits for the truth.
+        name: the metric prefix (``attack/<name>/...``); None = the attack's name.
+    """
+
+    points: Tensor
+    estimate: Tensor
+    victim: int
+    target_class: int
+    loss: str
+    name: Optional[str] = None
+
+
 #: every result type an attack may return
-AttackResult = Union[Reconstructions, LabelDistributions, MembershipScores, Inversions]
+AttackResult = Union[Reconstructions, LabelDistributions, MembershipScores, Inversions, GradientProbe]

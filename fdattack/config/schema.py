@@ -110,7 +110,7 @@ class OnBadUpload(Choice):
 class ProtocolConfig:
     """Keys every protocol has; each protocol's own dataclass (in ``fd/protocols/``) extends it."""
 
-    name: str = knob("fedmd", "protocol registry name: fedmd | fedgems | dsfl | cronus | fedavg")
+    name: str = knob("fedmd", "protocol registry name: fedmd | fedgems | dsfl | cronus | fedavg | labelavg")
     num_clients: int = knob(4, "K, the number of clients", ge=1)
     rounds: int = knob(5, "communication rounds T", ge=1)
     public_per_round: Optional[int] = knob(None, "public samples drawn per round; null = all of the public set", ge=1)

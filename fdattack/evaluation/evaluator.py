@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from typing import Optional, Protocol, Sequence, TypeVar
 
-from fdattack.attacks.results import AttackResult, Inversions, LabelDistributions, MembershipScores, Reconstructions
+from fdattack.attacks.results import AttackResult, GradientProbe, Inversions, LabelDistributions, MembershipScores, Reconstructions
+from fdattack.evaluation.gradient_check import GradientCheck
 from fdattack.evaluation.inversion import InversionScorer
 from fdattack.evaluation.label_distribution import LabelDistributionScorer
 from fdattack.evaluation.membership import MembershipScorer
@@ -46,17 +47,19 @@ class Evaluator:
         label_distributions: scorer of :class:`LabelDistributions` (None when no attack estimates them).
         membership: scorer of :class:`MembershipScores` (None when no attack infers membership).
         inversions: scorer of :class:`Inversions` (None when no attack inverts the model).
+        gradients: scorer of :class:`GradientProbe` (None when no attack estimates gradients).
     """
 
     def __init__(self, oracle: Oracle, reconstructions: Optional[ReconstructionScorer] = None, diagnostics: Sequence[Diagnostic] = (),
                  label_distributions: Optional[LabelDistributionScorer] = None, membership: Optional[MembershipScorer] = None,
-                 inversions: Optional[InversionScorer] = None) -> None:
+                 inversions: Optional[InversionScorer] = None, gradients: Optional[GradientCheck] = None) -> None:
         self.oracle = oracle
         self.reconstructions = reconstructions
         self.diagnostics = list(diagnostics)
         self.label_distributions = label_distributions
         self.membership = membership
         self.inversions = inversions
+        self.gradients = gradients
 
     def setup_report(self) -> Report:
         """After the set-up phases (round 0): the protocol's utility metrics."""
@@ -81,6 +84,8 @@ class Evaluator:
                 report.update(self.membership(attack, result))
             elif isinstance(result, Inversions):
                 report.update(_declared(self.inversions, attack, result)(attack, result))
+            elif isinstance(result, GradientProbe):
+                report.update(_declared(self.gradients, attack, result)(attack, result))
             else:
                 raise TypeError(f"the evaluator has no scorer for {type(result).__name__} (from attack {attack})")
         return report

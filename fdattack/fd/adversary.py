@@ -26,8 +26,9 @@ from torch import Tensor
 from fdattack.fd.record import QueryRefusedError, Reply, StaleQueryError
 from fdattack.fd.threat import Capability
 
-#: ``(client, images (M, C, H, W)) -> (M, J)`` outputs as the client would send them, and which images it answered
-ImageAnswer = Callable[[int, Tensor], Reply]
+#: ``(client, images (M, C, H, W))`` -> the outputs (M, J) as the client would send them with the images it answered,
+#: and their size on the wire in bytes (the upload defenses' encoding, as the uploads count it)
+ImageAnswer = Callable[[int, Tensor], tuple[Reply, int]]
 
 
 class Adversary:
@@ -84,7 +85,8 @@ class Adversary:
 
     def query(self, client: int, images: Tensor) -> Reply:
         """``client``'s outputs on ``images`` as it would send them (upload kind and defenses), and which images it
-        answered (``Reply.answered``; zeros stand for the others); open phases only. Only answered images cost bytes."""
+        answered (``Reply.answered``; zeros stand for the others); open phases only. Only answered images cost bytes, as
+        many as the defenses' encoding takes (LabelAvg: K labels and K weights per image)."""
         self._require(Capability.query_chosen_batch)
         if self._answer is None or self._phase is None:
             raise StaleQueryError("the adversary can query clients only while a phase is open (from on_record)")
@@ -92,11 +94,10 @@ class Adversary:
         if int(client) not in clients:
             raise QueryRefusedError(f"no client {client!r} in round {round}; the round's clients are {clients}")
         images = self._check_images(images)
-        answer = self._answer(int(client), images)
+        answer, size = self._answer(int(client), images)
         self.usage["queries"] += 1
         self.usage["query_samples"] += len(images)
-        sent = answer.outputs[answer.answered]
-        self.usage["query_bytes"] += sent.numel() * sent.element_size()
+        self.usage["query_bytes"] += size
         return answer
 
     # ------------------------------------------------------------ the protocol's side

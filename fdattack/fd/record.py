@@ -17,6 +17,8 @@ from typing import Callable, Literal, Mapping
 import torch
 from torch import Tensor
 
+from fdattack.data.imageset import UNLABELED
+
 PayloadKind = Literal["logits", "probs", "weights"]
 
 
@@ -38,6 +40,10 @@ class PublicBatch:
     @property
     def num_added(self) -> int:
         return 0 if self.added is None else len(self.added)
+
+    def labels_in(self, public_labels: Tensor) -> Tensor:
+        """(N + M,) the labels of the rows in ``public_labels`` (the public set's, as known), then UNLABELED for the added images."""
+        return torch.cat([public_labels[self.rows], torch.full((self.num_added,), UNLABELED, dtype=public_labels.dtype)])
 
     def clone(self) -> "PublicBatch":
         return PublicBatch(self.rows.clone(), None if self.added is None else self.added.clone())

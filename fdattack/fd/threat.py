@@ -21,12 +21,16 @@ from torch import Tensor, nn
 
 from fdattack.data.federated import FederatedSplit
 from fdattack.data.imageset import UNLABELED, ImageSet
+from fdattack.fd.record import PayloadKind
 from fdattack.models.classifiers import build_classifier
 
 #: which public rows a black-box query may ask for: any public row, only the round's rows, or none
 QueryRows = Literal["public", "round", "none"]
 #: ``images (N, C, H, W) -> their insensitive look``
 Degradation = Callable[[Tensor], Tensor]
+#: ``(uploads (N, M, J), labels (M,)) -> (M, J)``: a server's aggregate of N clients' uploads on M samples whose public
+#: labels are ``labels`` (UNLABELED for an unlabeled row or an attacker's image)
+ServerRule = Callable[[Tensor, Tensor], Tensor]
 
 
 class Capability(str, Enum):
@@ -120,6 +124,21 @@ class ThreatModel:
 
 
 @dataclass(frozen=True)
+class ServerAggregation:
+    """The server's own aggregation rule (it runs it), which an active server may apply to uploads of its choosing:
+    the L-Attack's paper view of a victim's answers and the aggregate made of the victim's own upload (lattack.md
+    §2.1, §2.6). A function of the protocol's settings alone: it holds no model, no data and no protocol.
+
+    Attributes:
+        rule: the aggregate of uploads (:data:`ServerRule`), the one the protocol's aggregate phase applies.
+        kind: what the clients upload and the rule returns: ``logits`` or ``probs``.
+    """
+
+    rule: ServerRule
+    kind: PayloadKind
+
+
+@dataclass(frozen=True)
 class AttackerView:
     """Everything an attack is constructed from; nothing in it reaches private data or a client model.
 
@@ -141,6 +160,8 @@ class AttackerView:
         num_clients: N, how many clients the federation has (the server knows whom it talks to).
         network_changes: the training defenses' changes of the clients' architecture (MID's VIB head), in order: a
             participant knows the model it trains; functions of the defenses' settings alone.
+        aggregation: the server's own aggregation rule where the attacker is the server and the protocol declares one
+            (FedMD, LabelAvg), else None.
     """
 
     threat: ThreatModel
@@ -156,6 +177,7 @@ class AttackerView:
     architecture: Optional[str] = None
     num_clients: int = 0
     network_changes: tuple[Callable[[nn.Module], nn.Module], ...] = ()
+    aggregation: Optional[ServerAggregation] = None
 
     def global_network(self) -> nn.Module:
         """A fresh network of the clients' shared architecture as trained, the defenses' changes included: what a
@@ -197,7 +219,8 @@ def _public_as_known(public: ImageSet, threat: ThreatModel) -> ImageSet:
 def attacker_view(split: FederatedSplit, threat: ThreatModel, protocol: str, has_server_model: bool,
                   degradation: Optional[Degradation] = None, candidates: Optional[ImageSet] = None,
                   architecture: Optional[str] = None,
-                  network_changes: tuple[Callable[[nn.Module], nn.Module], ...] = ()) -> AttackerView:
+                  network_changes: tuple[Callable[[nn.Module], nn.Module], ...] = (),
+                  aggregation: Optional[ServerAggregation] = None) -> AttackerView:
     """Build the view an attack of ``protocol`` gets from the split, per ``threat``.
 
     Args:
@@ -209,6 +232,7 @@ def attacker_view(split: FederatedSplit, threat: ThreatModel, protocol: str, has
         candidates: the membership candidates as the attacker knows them (no origin), or None.
         architecture: the clients' shared network name, or None.
         network_changes: the training defenses' changes of the clients' architecture.
+        aggregation: the server's aggregation rule (:meth:`~fdattack.fd.protocols.base.Protocol.aggregation`), or None.
     """
     public = None if threat.query_rows == "none" else _public_as_known(split.public, threat)
     prior = None
@@ -228,4 +252,5 @@ def attacker_view(split: FederatedSplit, threat: ThreatModel, protocol: str, has
         architecture=architecture,
         num_clients=len(split.private),
         network_changes=tuple(network_changes),
+        aggregation=aggregation,
     )

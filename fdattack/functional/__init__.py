@@ -1,6 +1,6 @@
 """Pure math shared across the attack families and protocols: information measures, distillation losses,
-top-k accuracy, LiRA scores (pdafd.md §6.1), the zeroth-order gradient estimator (lattack.md Eq. 6) and HSIC
-(fedinverse.md §5)."""
+top-k accuracy, LiRA scores (pdafd.md §6.1), the zeroth-order gradient estimator (lattack.md Eq. 6), LabelAvg's
+labels, smoothing and communication cost (lattack.md §3) and HSIC (fedinverse.md §5)."""
 
 from fdattack.functional.accuracy import topk_accuracy
 from fdattack.functional.hsic import (
@@ -15,6 +15,7 @@ from fdattack.functional.hsic import (
     split_halves,
 )
 from fdattack.functional.information import entropy, kl_divergence, kl_divergence_from_logits, softmax_entropy
+from fdattack.functional.label_avg import label_vector, labelavg_comm_mib, max_vote, smooth_labels, top_k_labels, top_k_upload_bytes
 from fdattack.functional.lira import (
     offline_lira,
     offline_lira_float32_lambda,
@@ -23,11 +24,11 @@ from fdattack.functional.lira import (
     scaled_confidence,
     scaled_confidence_from_probs,
 )
-from fdattack.functional.losses import l1_to_logits, soft_cross_entropy
+from fdattack.functional.losses import l1_to_logits, soft_cross_entropy, target_class_loss
 from fdattack.functional.zeroth_order import forward_difference_gradient, unit_sphere_directions
 
 __all__ = ["HSICOptions", "dependence", "entropy", "forward_difference_gradient", "hsic_biased", "hsic_loss_term",
            "hsic_unbiased", "kernel_coco", "kernel_matrix", "kl_divergence", "kl_divergence_from_logits", "l1_to_logits",
-           "nhsic", "offline_lira", "offline_lira_float32_lambda", "offline_lira_log_probability", "online_lira",
-           "scaled_confidence", "scaled_confidence_from_probs", "soft_cross_entropy", "softmax_entropy", "split_halves",
-           "topk_accuracy", "unit_sphere_directions"]
+           "label_vector", "labelavg_comm_mib", "max_vote", "nhsic", "offline_lira", "offline_lira_float32_lambda", "offline_lira_log_probability", "online_lira",
+           "scaled_confidence", "scaled_confidence_from_probs", "soft_cross_entropy", "smooth_labels", "softmax_entropy", "split_halves",
+           "target_class_loss", "top_k_labels", "top_k_upload_bytes", "topk_accuracy", "unit_sphere_directions"]

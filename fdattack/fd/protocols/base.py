@@ -27,7 +27,7 @@ from fdattack.fd.adversary import Adversary
 from fdattack.fd.engine import FitJob, LocalTrainer, ModelHandle, derive_seed, predict_logits
 from fdattack.fd.evasion import Evasion, evasive_clients, image_digests
 from fdattack.fd.record import PayloadKind, PublicBatch, PublicQuery, QueryRefusedError, Reply, Upload
-from fdattack.fd.threat import Capability, ThreatModel
+from fdattack.fd.threat import Capability, ServerAggregation, ThreatModel
 from fdattack.lit.classifier import ClassifierLitModule, Objective
 from fdattack.models import build_classifier
 from fdattack.registry import Registry
@@ -288,6 +288,11 @@ class Protocol(ABC):
         """What clients send on public samples: ``("logits", 1.0)`` or ``("probs", temperature)``."""
         return "logits", 1.0
 
+    def aggregation(self) -> ServerAggregation | None:
+        """The server's aggregation rule as the attacking server knows it (:attr:`AttackerView.aggregation
+        <fdattack.fd.threat.AttackerView.aggregation>`), or None where the protocol does not declare one."""
+        return None
+
     def upload_outputs(self, ctx: RoundContext) -> None:
         """Every participant sends its outputs on the round's public samples, through the upload defenses; an evasive
         client withholds some rows (:mod:`fdattack.fd.evasion`), counted in ``protocol/withheld_rows``."""
@@ -477,20 +482,21 @@ class _QueryAnswerer:
         if model == "server":
             assert self.server is not None
             return predict_logits(self.server, images, self.device, self.batch_size)
-        reply = self._client_payload(int(model), images, Release.key_of(rows))
+        reply, _ = self._client_payload(int(model), images, Release.key_of(rows))
         if not reply.complete:
             raise QueryRefusedError(f"client {model} withholds {int((~reply.answered).sum())} of these public rows (protocol.evasive_clients)")
         return reply.outputs
 
-    def on_images(self, client: int, images: Tensor) -> Reply:
-        """A client's payload on attacker-chosen images (:meth:`Adversary.query`), with the images it answered."""
+    def on_images(self, client: int, images: Tensor) -> tuple[Reply, int]:
+        """A client's payload on attacker-chosen images (:meth:`Adversary.query`), with the images it answered, and its size
+        on the wire in bytes."""
         return self._client_payload(client, images, b"images" + Release.key_of(images))
 
-    def _client_payload(self, client: int, images: Tensor, key: bytes) -> Reply:
+    def _client_payload(self, client: int, images: Tensor, key: bytes) -> tuple[Reply, int]:
         withheld = self.evasion.withheld(client, image_digests(images)) if self.evasion is not None else torch.zeros(len(images), dtype=torch.bool)
         logits = predict_logits(self.clients[client], images, self.device, self.batch_size)
-        outputs, _ = as_answered(logits, ~withheld, self.temperature, self.defenses, Release(client, self.round, self.phase, self.kind, key))
-        return Reply(outputs, ~withheld)
+        outputs, size = as_answered(logits, ~withheld, self.temperature, self.defenses, Release(client, self.round, self.phase, self.kind, key))
+        return Reply(outputs, ~withheld), size
 
 
 PROTOCOLS: Registry[type[Protocol]] = Registry("protocol", "protocol.name")

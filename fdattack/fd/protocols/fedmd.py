@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
+from typing import ClassVar
+
+from torch import Tensor
 
 from fdattack.config.knobs import knob
 from fdattack.config.schema import ProtocolConfig
@@ -11,9 +14,15 @@ from fdattack.data.imageset import UNLABELED
 from fdattack.fd.aggregation import mean_logits
 from fdattack.fd.objectives import cross_entropy, l1_to_logits
 from fdattack.fd.protocols.base import PROTOCOLS, Phase, Protocol, RoundContext
-from fdattack.fd.threat import SERVER_POWERS, Capability, ThreatModel
+from fdattack.fd.threat import SERVER_POWERS, Capability, ServerAggregation, ThreatModel
+from fdattack.lit.classifier import Objective
 
 log = logging.getLogger(__name__)
+
+
+def consensus(uploads: Tensor, labels: Tensor) -> Tensor:
+    """FedMD's server rule: the mean of the uploaded logits (:func:`~fdattack.fd.aggregation.mean_logits`; labels unused)."""
+    return mean_logits(uploads)
 
 
 @dataclass
@@ -38,6 +47,8 @@ class FedMDProtocol(Protocol):
     name = "fedmd"
     Config = FedMDConfig
     enable_hints = {Capability.server_model: "protocol.server_model=true"}
+    #: the digest's loss to the received aggregate (LabelAvg: soft cross-entropy)
+    digest_objective: ClassVar[Objective] = staticmethod(l1_to_logits)
     threat_model = ThreatModel(
         attacker="server, honest-but-curious",
         sees="raw logits of every client on every public sample of the round",
@@ -76,13 +87,20 @@ class FedMDProtocol(Protocol):
     def _upload(self, ctx: RoundContext) -> None:
         self.upload_outputs(ctx)
 
+    def aggregation(self) -> ServerAggregation:
+        """The consensus mean of logits (LabelAvg: vote smoothing of label uploads)."""
+        return ServerAggregation(consensus, self.upload_kind()[0])
+
     def _aggregate(self, ctx: RoundContext) -> None:
-        ctx.aggregate = self.aggregate_uploads(ctx, lambda outputs, rows: mean_logits(outputs), "logits")
-        ctx.aggregate_kind = "logits"
+        """The server's rule (:meth:`aggregation`) on the round's uploads, with the public labels of their rows."""
+        assert ctx.batch is not None
+        server, labels = self.aggregation(), ctx.batch.labels_in(self.split.public.labels)
+        ctx.aggregate = self.aggregate_uploads(ctx, lambda outputs, rows: server.rule(outputs, labels[rows]), server.kind)
+        ctx.aggregate_kind = server.kind
 
     def _digest(self, ctx: RoundContext) -> None:
         public = self.public_subset(ctx)
-        self.train_clients(ctx, "digest", ctx.senders, lambda k: public, self.cfg.digest_epochs, l1_to_logits, targets=self.aggregate_for(ctx))
+        self.train_clients(ctx, "digest", ctx.senders, lambda k: public, self.cfg.digest_epochs, self.digest_objective, targets=self.aggregate_for(ctx))
 
     def _revisit(self, ctx: RoundContext) -> None:
         self.train_clients(ctx, "revisit", ctx.participants, lambda k: self.split.private[k], self.cfg.revisit_epochs, cross_entropy)

@@ -1,0 +1,225 @@
+"""The L-Attack (Xiao et al., lattack.md §2): a covert active server trains a generator against one client's model.
+
+Threat model (§1.3, §8 item 34): FedMD's server, protocol-compliant in appearance, which knows the label space, the
+target class c* and the victim, and nothing of the clients' data or models. Its victim's model is the discriminator of
+a GAN it reaches only through answers: :meth:`Adversary.query <fdattack.fd.adversary.Adversary.query>` gives the
+victim's outputs on chosen images *as it would send them* (its upload kind and upload defenses: Laplace noise gives
+noisy logits, LabelAvg the top-K label vector w ⊙ v). Per step, B images x = G(z) and m moved copies x + εu_i each
+(B(m + 1) query images, one query) give the forward-difference estimate ĝ of ∂L/∂x (Eq. 6), and the generator steps
+on ĝ · ∂x/∂θ_g (Eqs. 4-5).
+
+Schedule (Algorithm 1 in FedMD's phase order: upload, aggregate, digest, revisit): in an attack round the victim
+digests the server's aggregate of its own upload alone (``return_own_outputs``, §2.1: its own logits under FedMD), so
+it learns nothing from the others; after its private training (the round's attack point, the model it uploads with
+next round) the server takes ``steps_per_round`` generator steps on its answers. The fake images never enter the
+public batch, so the other clients distil on the real public rows only (§8 item 8).
+
+Loss views (§2.6): ``paper`` reads each answer through the server's own aggregation rule on the victim alone
+(:attr:`AttackerView.aggregation <fdattack.fd.threat.AttackerView.aggregation>`; FedMD's mean of one = the answer,
+LabelAvg's v_smooth of Eqs. 11-12 with N = 1 and v_main the max vote, the images having no label); ``strong`` takes
+the answer as sent (w ⊙ v under LabelAvg: c* top-1 or outside the top K gives exactly zero differences).
+
+Results each attack round: :class:`~fdattack.attacks.results.Inversions` of ``samples`` images of c* (fixed noise,
+eval mode) with the attack's own counts as details, and a :class:`~fdattack.attacks.results.GradientProbe` of the
+round's last estimate, which the evaluation side alone compares with the true gradient.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from fdattack.attacks.base import ATTACKS, Attack, AttackContext
+from fdattack.attacks.ldia import is_communication
+from fdattack.attacks.results import AttackResult, GradientProbe, Inversions
+from fdattack.config.knobs import Choice, knob
+from fdattack.data.imageset import UNLABELED
+from fdattack.errors import ConfigError
+from fdattack.fd.adversary import Adversary
+from fdattack.fd.engine import default_engine, derive_seed
+from fdattack.fd.record import RoundRecord
+from fdattack.fd.threat import AttackerView, Capability, ServerAggregation
+from fdattack.functional.losses import target_class_loss
+from fdattack.functional.zeroth_order import forward_difference_gradient
+from fdattack.lit.lattack import LAttackGenerator
+from fdattack.tracking.progress import progress_iter
+
+
+class LAttackLoss(Choice):
+    ce = "ce"
+    neg_logit = "neg_logit"
+    neg_prob = "neg_prob"
+
+
+class LAttackView(Choice):
+    paper = "paper"
+    strong = "strong"
+
+
+@dataclass
+class LAttackSettings:
+    """The L-Attack's knobs (lattack.md §2.3-2.6, §8 items 1-8, 13)."""
+
+    target_class: int = knob(0, "c*, the class to reveal: one the victim holds and the public set lacks", ge=0)
+    victim: int = knob(0, "the target client (the server knows whom it attacks, §1.3); with data.partition=two_classes client k holds "
+                          "classes k and k+1, so client c* holds c*", ge=0)
+    m: int = knob(5, "random directions per image of the forward-difference estimate (Eq. 6; the paper: 5 MNIST, 10 FMNIST, 20 CelebA)", ge=1)
+    epsilon: float = knob(0.1, "ε, the smoothing factor of Eq. 6 (the paper: 0.1)", gt=0)
+    batch_size: int = knob(100, "B, generated images per step (the paper: 100); a step queries the victim on B(m + 1) images", ge=2)
+    steps_per_round: int = knob(20, "generator steps per attack round: Algorithm 1 takes 1 (§8 item 5); more reach the thousands of steps "
+                                    "the attack needs in fewer rounds (a CPU-scale default)", ge=1)
+    lr: float = knob(1e-3, "η, the generator's Adam learning rate, β = (0.5, 0.999) (the paper: 1e-3)", gt=0)
+    z_dim: int = knob(100, "size of the generator's noise z ~ N(0, I) (the paper: 100)", ge=1)
+    width: int = knob(128, "channels of the generator's first feature map (the spec's DCGAN: 128; smaller for CPU runs)", ge=2)
+    loss: LAttackLoss = knob(LAttackLoss.ce, "L(x) on the victim's answers (§2.4): ce (−log p_c*) | neg_logit (−f_c*, logit answers only) | neg_prob (−p_c*)")
+    view: LAttackView = knob(LAttackView.paper, "what the loss reads under LabelAvg (§2.6): paper (the server's own vote smoothing of the victim's "
+                                                "answer alone, Eqs. 11-12) | strong (the raw top-K label vector w⊙v); under FedMD both read the logits")
+    start_round: int = knob(1, "the first attack round", ge=1)
+    every: int = knob(1, "attack every `every` rounds from start_round", ge=1)
+    return_own_outputs: bool = knob(True, "in attack rounds the victim receives the server's aggregate of its own upload alone in place of the "
+                                          "real one (§2.1; under FedMD its own logits), so it distils toward itself")
+    samples: int = knob(64, "generated images returned each attack round for scoring (fixed noise, so rounds compare)", ge=1)
+
+
+def answer_loss(answers: Tensor, target: int, loss: str, view: str, server: ServerAggregation) -> Tensor:
+    """Per-image L(x) (§2.4) from the victim's answers (P, J): read through the server's rule on the victim's answer alone
+    (``paper``; the images are unlabeled, so LabelAvg's v_main is the max vote) or as sent (``strong``)."""
+    scores = answers
+    if view == LAttackView.paper:
+        scores = server.rule(answers.unsqueeze(0), torch.full((len(answers),), UNLABELED, dtype=torch.long))
+    return target_class_loss(scores, target, loss, server.kind)
+
+
+@ATTACKS.register("lattack")
+class LAttack(Attack):
+    """One generator per (victim, c*) trained on zeroth-order estimates; see the module docstring.
+
+    Raises:
+        ConfigError: the protocol declares no server rule, or a setting the run cannot satisfy (victim, c*, loss, image size).
+    """
+
+    name = "lattack"
+    Settings = LAttackSettings
+    needs = frozenset({Capability.query_chosen_batch})
+    produces = frozenset({Inversions, GradientProbe})
+
+    @classmethod
+    def required(cls, settings: LAttackSettings) -> frozenset[Capability]:
+        """Queries on chosen images; sending the victim its own aggregate with ``return_own_outputs``."""
+        return (cls.needs | {Capability.send_aggregate}) if settings.return_own_outputs else cls.needs
+
+    def __init__(self, view: AttackerView, settings: LAttackSettings, context: AttackContext) -> None:
+        super().__init__(view, settings, context)
+        self.settings: LAttackSettings = settings
+        key = f"attack.{self.name}"
+        if view.aggregation is None or view.public is None:
+            raise ConfigError(f"attacks: {self.name} is FedMD's active server and needs its aggregation rule, which protocol.name={view.protocol} "
+                              "does not declare; use protocol=fedmd or protocol=labelavg")
+        if not 0 <= settings.victim < view.num_clients:
+            raise ConfigError(f"{key}.victim={settings.victim} is not a client; allowed: 0 to {view.num_clients - 1}")
+        if not 0 <= settings.target_class < view.num_classes:
+            raise ConfigError(f"{key}.target_class={settings.target_class} is not a class; allowed: 0 to {view.num_classes - 1}")
+        if settings.loss == LAttackLoss.neg_logit and view.aggregation.kind != "logits":
+            raise ConfigError(f"{key}.loss=neg_logit needs logit answers and protocol.name={view.protocol} sends {view.aggregation.kind}; use ce or neg_prob")
+        _, h, w = view.image_shape
+        if h % 4 or w % 4:
+            raise ConfigError(f"{key}: the generator makes images whose sides are multiples of 4, got {h}x{w}; set data.image_size (e.g. 28)")
+        self.server = view.aggregation
+        self.public_labels = view.public.labels
+        self.engine = context.engine if context.engine is not None else default_engine(settings.batch_size)
+        with torch.random.fork_rng(devices=[]):  # the generator's initial weights leave the run's random stream alone
+            torch.manual_seed(derive_seed(context.seed, self.name, "init"))
+            self.generator = LAttackGenerator(view.image_shape, settings.z_dim, settings.width, settings.lr).to(self.engine.fabric.device)
+        self.optimizer_state: list[dict] | None = None  # Adam's state between attack rounds
+        self.steps = 0  # generator steps so far
+        self.queries = 0  # query images so far, B(m + 1) per step
+        self.round_losses: list[float] = []
+        self.probe: GradientProbe | None = None
+
+    def attacks_in(self, round: int) -> bool:
+        """Whether ``round`` is an attack round: ``start_round``, then every ``every`` rounds."""
+        s = self.settings
+        return round >= s.start_round and (round - s.start_round) % s.every == 0
+
+    # ------------------------------------------------------------------ rounds
+    def on_record(self, record: RoundRecord) -> None:
+        """In an attack round: the victim's own aggregate after the upload; the generator steps at the attack point."""
+        if not self.attacks_in(record.round) or self.settings.victim not in record.participants:
+            return
+        if self.settings.return_own_outputs and is_communication(record):
+            self.return_own_outputs(record)
+        if record.attack_point:
+            self.train(record.round)
+
+    def return_own_outputs(self, record: RoundRecord) -> None:
+        """Send the victim the server's aggregate of its own upload alone (§2.1), in the shape of the round's aggregate."""
+        upload = record.uploads.get(self.settings.victim)
+        if upload is None or upload.outputs is None or record.batch is None:  # its upload was dropped
+            return
+        own = self.server.rule(upload.outputs.unsqueeze(0), record.batch.labels_in(self.public_labels))
+        self.adversary.send_aggregate(self.settings.victim, own)
+
+    @property
+    def adversary(self) -> Adversary:
+        """The powers the run granted (:meth:`required`)."""
+        assert self.context.adversary is not None, "the run grants the L-Attack its adversary"
+        return self.context.adversary
+
+    def victim_loss(self, points: Tensor) -> Tensor:
+        """L at ``points`` (P, C, H, W) from one query of the victim (the black-box loss of Eq. 6), on their device."""
+        s = self.settings
+        reply = self.adversary.query(s.victim, points)
+        return answer_loss(reply.outputs, s.target_class, str(s.loss), str(s.view), self.server).to(points.device)
+
+    def train(self, round: int) -> None:
+        """``steps_per_round`` generator steps; each draws z and the directions from a stream seeded by (run seed, round, step)."""
+        s, module = self.settings, self.generator
+        handle = self.engine.setup(f"{self.name}_generator", module)  # set up for the round's steps only, as the attacks' networks are
+        if self.optimizer_state is not None:
+            for optimizer, state in zip(handle.optimizers, self.optimizer_state, strict=True):
+                optimizer.load_state_dict(state)
+        handle.wrapped.train()
+        values: list[Tensor] = []  # the losses a step's query answered
+
+        def loss(points: Tensor) -> Tensor:
+            values.append(self.victim_loss(points))
+            return values[-1]
+
+        for step in progress_iter(range(s.steps_per_round), f"{self.name}: generator steps of round {round}", self.context.progress):
+            stream = torch.Generator().manual_seed(derive_seed(self.context.seed, self.name, round, step))
+            x = handle.wrapped(module.noise(s.batch_size, stream))
+            values.clear()
+            estimate, used = forward_difference_gradient(loss, x.detach(), s.m, s.epsilon, stream)
+            module.apply_estimate(x, estimate)
+            self.steps += 1
+            self.queries += used
+            self.round_losses.append(float(values[0][: s.batch_size].mean()))  # L at the B generated images
+            self.probe = GradientProbe(x.detach().cpu(), estimate.detach().cpu(), s.victim, s.target_class, str(s.loss))
+        self.optimizer_state = [optimizer.state_dict() for optimizer in handle.optimizers]
+        self.engine.release(handle)
+
+    def on_round_end(self, round: int) -> list[AttackResult]:
+        """The round's generated images of c* and its last gradient estimate (nothing in a round without steps)."""
+        if not self.round_losses:
+            return []
+        s = self.settings
+        z = self.generator.noise(s.samples, torch.Generator().manual_seed(derive_seed(self.context.seed, self.name, "samples")))
+        images = self.generator.sample(z).cpu()
+        details = {"loss": self.round_losses[-1], "loss_round": sum(self.round_losses) / len(self.round_losses),
+                   "steps": float(self.steps), "queries_total": float(self.queries)}
+        self.round_losses = []
+        probe, self.probe = self.probe, None
+        assert probe is not None
+        return [Inversions(images.unsqueeze(1), torch.tensor([s.target_class]), details=details), probe]
+
+    # ------------------------------------------------------------------ resume
+    def state_dict(self) -> dict:
+        return {"generator": self.generator.state_dict(), "optimizer": self.optimizer_state, "steps": self.steps, "queries": self.queries}
+
+    def load_state_dict(self, state: dict) -> None:
+        if "generator" in state:
+            self.generator.load_state_dict(state["generator"])
+            self.optimizer_state = state["optimizer"]
+            self.steps, self.queries = int(state["steps"]), int(state["queries"])

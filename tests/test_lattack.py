@@ -1,0 +1,251 @@
+"""The L-Attack (lattack.md §2): the generator step against the chain rule by hand, its losses and views on hand-made
+answers (LabelAvg's strong view blind where c* is top-1 or outside the top K), the gradient check against autograd,
+and runs on digits: the victim distils toward its own upload, queries and their encoded bytes are counted, nothing
+private is reachable, resume restores the generator, bad settings exit 2."""
+
+from __future__ import annotations
+
+import json
+from functools import partial
+from pathlib import Path
+
+import pytest
+import torch
+from torch import Tensor, nn
+
+from fdattack.attacks.base import Attack, AttackContext
+from fdattack.attacks.lattack import LAttack, answer_loss
+from fdattack.attacks.results import AttackResult, GradientProbe, Inversions
+from fdattack.cli import main
+from fdattack.config import compose
+from fdattack.defenses import Release
+from fdattack.defenses.labelavg import LabelAvgUpload, LabelAvgUploadSettings
+from fdattack.evaluation.evaluator import Evaluator
+from fdattack.evaluation.gradient_check import gradient_cosines, true_gradient
+from fdattack.experiment import Experiment
+from fdattack.fd.engine import default_engine
+from fdattack.fd.protocols.fedmd import consensus
+from fdattack.fd.protocols.labelavg import vote_smoothing
+from fdattack.fd.record import RoundRecord
+from fdattack.fd.threat import ServerAggregation
+from fdattack.functional import smooth_labels, target_class_loss
+from fdattack.functional.zeroth_order import forward_difference_gradient
+from fdattack.lit.lattack import LAttackGenerator
+from tests.conftest import tiny
+from tests.object_graph import reachable
+from tests.test_bad_input import _one_line
+from tests.test_threat_model import _assert_nothing_private
+
+#: 8x8 digits: classes 5-9 public, client k holds classes k and k+1; the L-Attack and the evaluation at their smallest
+DIGITS = ["data.split=classes", "data.public_classes=[5,6,7,8,9]", "data.partition=two_classes", "evaluation.classifier=null",
+          "observers.confidence_gap.enabled=false", "evaluation.inversion.epochs=1", "attacks=[lattack]", "attack.lattack.width=8",
+          "attack.lattack.samples=4"]
+#: FedMD's (and LabelAvg's) transfer phase at its shortest
+SHORT = ["protocol.transfer_public_epochs=1", "protocol.transfer_private_epochs=1"]
+FEDMD_LOGITS = ServerAggregation(consensus, "logits")
+LABELAVG_K3 = ServerAggregation(partial(vote_smoothing, k=3, mix_alpha=0.5, ground_truth=True, renorm=False), "probs")
+
+
+# ---------------------------------------------------------------------------------------------------- the generator
+def test_generator_step_is_the_chain_rule_and_one_adam_step_by_hand() -> None:
+    torch.manual_seed(0)
+    module = LAttackGenerator((1, 8, 8), z_dim=6, width=4, lr=1e-2)
+    before = {k: v.clone() for k, v in module.generator.named_parameters()}
+    handle = default_engine().setup("generator", module)
+    z, g_hat = torch.randn(5, 6), torch.randn(5, 1, 8, 8)
+    x = handle.wrapped(z)
+    assert x.shape == (5, 1, 8, 8) and float(x.detach().min()) >= -1 and float(x.detach().max()) <= 1  # the clients' image range
+    # Eq. 5 by autograd on the surrogate mean_b <ĝ_b, x_b>, then Adam's first step: θ - η g / (|g| + 1e-8)
+    grads = dict(zip(before, torch.autograd.grad((g_hat * x).sum() / 5, list(module.generator.parameters()), retain_graph=True)))
+    module.apply_estimate(x, g_hat)
+    for name, p in module.generator.named_parameters():
+        torch.testing.assert_close(p.grad, grads[name])  # ∇_θ L = ĝ/B · ∂x/∂θ_g
+        torch.testing.assert_close(p.detach(), before[name] - 1e-2 * grads[name] / (grads[name].abs() + 1e-8), rtol=1e-5, atol=1e-6)
+    assert LAttackGenerator((3, 12, 28)).generator(torch.randn(2, 100)).shape == (2, 3, 12, 28)
+    with pytest.raises(ValueError, match="multiples of 4"):
+        LAttackGenerator((1, 10, 10))
+
+
+# ---------------------------------------------------------------------------------------------------- losses and views
+def test_losses_on_hand_made_logits_and_probabilities() -> None:
+    logits = torch.tensor([[2.0, 0.0, -1.0]])
+    p = torch.softmax(logits, dim=-1)
+    torch.testing.assert_close(target_class_loss(logits, 1, "ce", "logits"), -torch.log(p[:, 1]))
+    torch.testing.assert_close(target_class_loss(logits, 1, "neg_logit", "logits"), torch.tensor([0.0]))
+    torch.testing.assert_close(target_class_loss(logits, 0, "neg_prob", "logits"), -p[:, 0])
+    q = torch.tensor([[0.5, 0.0, 0.25]])
+    torch.testing.assert_close(target_class_loss(q, 1, "ce", "probs"), torch.tensor([-torch.log(torch.tensor(1e-8))]))
+    torch.testing.assert_close(target_class_loss(q, 2, "neg_prob", "probs"), torch.tensor([-0.25]))
+    with pytest.raises(ValueError, match="needs logits"):
+        target_class_loss(q, 0, "neg_logit", "probs")
+    # under FedMD both views read the logits: the mean of one upload is itself
+    for view in ("paper", "strong"):
+        torch.testing.assert_close(answer_loss(logits, 1, "ce", view, FEDMD_LOGITS), -torch.log(p[:, 1]))
+
+
+def test_labelavg_views_on_hand_made_label_vectors() -> None:
+    # w ⊙ v with K = 3: c* = 1 second (β = 0.5); c* = 0 top-1; c* = 3 outside the top 3
+    answers = torch.tensor([[1.0, 0.5, 0.25, 0.0], [1.0, 0.5, 0.25, 0.0], [1.0, 0.5, 0.25, 0.0]])
+    strong = answer_loss(answers, 1, "ce", "strong", LABELAVG_K3)
+    torch.testing.assert_close(strong, torch.full((3,), -torch.log(torch.tensor(0.5 + 1e-8))))
+    # paper: Eqs. 11-12 with N = 1, v_main the max vote (the top-1 label): (1 - α) [c* = 0] + α β_c* / K
+    paper = answer_loss(answers, 1, "ce", "paper", LABELAVG_K3)
+    torch.testing.assert_close(paper, torch.full((3,), -torch.log(torch.tensor(0.5 * 0.5 / 3 + 1e-8))))
+    torch.testing.assert_close(paper, -torch.log(smooth_labels(answers[None], 3, 0.5)[:, 1] + 1e-8))
+    torch.testing.assert_close(answer_loss(answers, 0, "neg_prob", "paper", LABELAVG_K3), torch.full((3,), -(0.5 + 0.5 / 3)))
+
+
+@pytest.mark.parametrize("view", ["strong", "paper"])
+def test_labelavg_answers_give_zero_differences_unless_c_star_is_in_the_top_k_below_the_top(view: str) -> None:
+    """A linear victim with logits (3, 1, 0, -3) · s(x): c* = 0 is top-1, c* = 3 outside the top 3, c* = 1 in between."""
+    torch.manual_seed(0)
+    direction = torch.randn(1, 4, 4)
+    scale = torch.tensor([3.0, 1.0, 0.0, -3.0])
+    upload = LabelAvgUpload(LabelAvgUploadSettings(k=3), seed=0)
+
+    def answers(points: Tensor) -> Tensor:
+        logits = (1 + (points * direction).flatten(1).sum(1, keepdim=True)) * scale
+        return upload.transform(logits, Release(0, 1, "upload", "logits", b""))
+
+    x = torch.zeros(6, 1, 4, 4)
+    for target, blind in ((0, True), (3, True), (1, False)):
+        loss = lambda points: answer_loss(answers(points), target, "ce", view, LABELAVG_K3)  # noqa: E731
+        estimate, used = forward_difference_gradient(loss, x, 8, 0.1, torch.Generator().manual_seed(1))
+        assert used == 6 * 9 and bool((estimate == 0).all()) == blind, (target, view)
+
+
+# ---------------------------------------------------------------------------------------------------- the gradient check
+def test_zeroth_order_estimates_approach_the_true_gradient_with_many_directions() -> None:
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Flatten(), nn.Linear(16, 8), nn.Tanh(), nn.Linear(8, 3))
+    points = torch.rand(8, 1, 4, 4) * 2 - 1
+    loss = lambda x: target_class_loss(net(x), 2, "ce", "logits").detach()  # noqa: E731
+    truth = true_gradient(net, points, 2, "ce")
+    assert not any(p.grad is not None for p in net.parameters())  # the truth leaves the victim's parameters alone
+    cosine = {m: float(gradient_cosines(forward_difference_gradient(loss, points, m, 0.01, torch.Generator().manual_seed(m))[0], truth).mean())
+              for m in (5, 2000)}
+    # small d, large m (spec §9): near the truth; m = 5 at d = 16: E cos ≈ sqrt(5/21) ≈ 0.5
+    assert cosine[2000] > 0.9 and cosine[5] < 0.75, cosine
+
+
+# ---------------------------------------------------------------------------------------------------- runs
+@pytest.fixture
+def results(monkeypatch: pytest.MonkeyPatch) -> list[AttackResult]:
+    """The L-Attack's results, in order, as the evaluator receives them."""
+    kept: list[AttackResult] = []
+    score = Evaluator.score
+
+    def keep(self: Evaluator, attack: str, found: list[AttackResult]):  # type: ignore[no-untyped-def]
+        kept.extend(found)
+        return score(self, attack, found)
+
+    monkeypatch.setattr(Evaluator, "score", keep)
+    return kept
+
+
+@pytest.fixture
+def unscored_inversions(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Inversions are left out of the evaluator (no evaluation classifier to train where a test checks other things)."""
+    score = Evaluator.score
+    monkeypatch.setattr(Evaluator, "score", lambda self, attack, found: score(self, attack, [r for r in found if not isinstance(r, Inversions)]))
+
+
+class _Spy(Attack):
+    """Runs after the L-Attack: keeps the victim's upload and the aggregate, walks what the L-Attack reaches."""
+
+    name = "spy"
+
+    def __init__(self, exp: Experiment) -> None:
+        super().__init__(exp.view, None, AttackContext(seed=0))
+        self.exp = exp  # the test's own handle on the run (never given to an attack)
+        self.uploads: dict[int, Tensor] = {}
+        self.aggregate: Tensor | None = None
+        self.walks = 0
+
+    def _walk(self, *extra: object) -> None:
+        lattack = [a for a in self.exp.attacks if isinstance(a, LAttack)]
+        _assert_nothing_private(list(reachable(*lattack, *extra)), self.exp.data.split, self.exp.engine)
+        self.walks += 1
+
+    def on_record(self, record: RoundRecord) -> None:
+        if record.phase == "upload":
+            self.uploads = {k: u.outputs for k, u in record.uploads.items()}  # type: ignore[misc]
+        if record.phase == "aggregate":
+            self.aggregate = record.aggregate
+        self._walk(record)
+
+    def on_round_end(self, round: int) -> list[AttackResult]:
+        self._walk()
+        return []
+
+
+@pytest.mark.parametrize("protocol", ["fedmd", "labelavg"])
+@pytest.mark.usefixtures("unscored_inversions")
+def test_victim_distils_toward_its_own_upload_and_queries_are_counted(tmp_path: Path, protocol: str) -> None:
+    exp = Experiment(compose(None, tiny(tmp_path, *DIGITS, f"protocol={protocol}", *SHORT, "protocol.num_clients=3", "protocol.rounds=1",
+                                        "attack.lattack.victim=1", "attack.lattack.target_class=1", "attack.lattack.m=3",
+                                        "attack.lattack.batch_size=4", "attack.lattack.steps_per_round=2")))
+    spy = _Spy(exp)
+    exp.attacks.append(spy)
+    targets: dict[int, Tensor] = {}
+    fit_many = exp.engine.fit_many
+
+    def record_targets(jobs):  # type: ignore[no-untyped-def]
+        for job in jobs:
+            if job.targets is not None:
+                targets[int(job.handle.name.removeprefix("client"))] = job.targets
+        return fit_many(jobs)
+
+    exp.engine.fit_many = record_targets  # type: ignore[method-assign]
+    exp.run()
+    assert spy.walks >= 5 and spy.aggregate is not None
+    # the victim digests the server's aggregate of its own upload alone, the others the real aggregate
+    own = spy.uploads[1]
+    if protocol == "labelavg":  # vote smoothing of its w ⊙ v alone, v_main the public label
+        own = smooth_labels(own[None], 3, 0.5, exp.data.split.public.labels[exp.protocol.public_rows(1)])
+    torch.testing.assert_close(targets[1], own)
+    torch.testing.assert_close(targets[0], spy.aggregate)
+    assert not torch.allclose(targets[1], spy.aggregate)
+    # 2 steps of B(m + 1) = 16 query images; bytes as encoded: C logits, or K labels and K weights, 4 bytes each
+    row = [json.loads(line) for line in (tmp_path / "run" / "rounds.jsonl").read_text().splitlines()][1]
+    per_image = 2 * 3 * 4 if protocol == "labelavg" else exp.data.split.num_classes * 4
+    assert row["adversary/lattack/queries"] == 2 and row["adversary/lattack/query_samples"] == 32
+    assert row["adversary/lattack/query_bytes"] == 32 * per_image and row["adversary/lattack/sent_aggregates"] == 1
+    assert 0 <= row["attack/lattack/grad_cosine"] <= 1
+
+
+def test_run_scores_the_attack_checks_its_gradients_and_resumes_the_same_generator(tmp_path: Path, results: list[AttackResult]) -> None:
+    # many directions on a tiny input: the estimates follow the victim's true gradient at the round's end (its state at the attack point)
+    args = ["run", *tiny(tmp_path, *DIGITS, *SHORT, "attack.lattack.m=1000", "attack.lattack.batch_size=2", "attack.lattack.steps_per_round=2",
+                         "keep_checkpoints=3")]
+    assert main(args) == 0  # `fdattack run`
+    rounds = [json.loads(line) for line in (tmp_path / "run" / "rounds.jsonl").read_text().splitlines()]
+    for t, row in enumerate(rounds[1:], start=1):  # 2 steps a round, B(m + 1) = 2002 query images each
+        assert {"attack/lattack/loss", "attack/lattack/loss_round", "attack/lattack/top1", "attack/lattack/fid"} <= set(row)
+        assert row["attack/lattack/steps"] == 2 * t and row["attack/lattack/queries_total"] == 2 * t * 2002
+        assert row["attack/lattack/grad_cosine"] > 0.9, row["attack/lattack/grad_cosine"]
+    assert (tmp_path / "run" / "images" / "attack_lattack_inversions_round_0002.png").is_file()
+    inversions = [r for r in results if isinstance(r, Inversions)]
+    assert len(inversions) == 2 and inversions[1].images.shape == (4, 1, 1, 8, 8) and inversions[1].labels.tolist() == [0]
+    assert sum(isinstance(r, GradientProbe) for r in results) == 2
+
+    checkpoints = tmp_path / "run" / "checkpoints"
+    first = torch.load(checkpoints / "round_0002.pt", weights_only=True)["observers"]["lattack"]
+    (checkpoints / "round_0002.pt").unlink()  # resume from round 1: round 2 runs again
+    results.clear()
+    assert main([*args, "resume=true"]) == 0
+    again = torch.load(checkpoints / "round_0002.pt", weights_only=True)["observers"]["lattack"]
+    assert again["steps"] == first["steps"] == 4 and again["queries"] == first["queries"] == 4 * 2 * 1001
+    assert first["generator"].keys() == again["generator"].keys()
+    assert all(torch.equal(first["generator"][k], again["generator"][k]) for k in first["generator"])
+    assert torch.equal(inversions[1].images, next(r for r in results if isinstance(r, Inversions)).images)
+
+
+@pytest.mark.parametrize(("extra", "named"), [
+    (["attack.lattack.victim=4"], ["attack.lattack.victim=4", "0 to 1"]),
+    (["attack.lattack.target_class=10"], ["attack.lattack.target_class=10", "0 to 9"]),
+    (["protocol=labelavg", "attack.lattack.loss=neg_logit"], ["attack.lattack.loss=neg_logit", "probs"]),
+    (["protocol=cronus"], ["lattack", "protocol.name=cronus", "protocol=labelavg"]),
+], ids=["victim", "target_class", "neg_logit_on_labels", "no_server_rule"])
+def test_bad_lattack_settings_exit_2_with_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str], extra: list[str], named: list[str]) -> None:
+    _one_line(capsys, ["run", *tiny(tmp_path, *DIGITS, *extra)], *named)
