@@ -12,12 +12,12 @@ import torch
 from omegaconf import OmegaConf
 from PIL import Image
 
-from fdattack.config import DataConfig
+from fdattack.config import DataConfig, compose
 from fdattack.data import AUXILIARY, SENSITIVE, UNLABELED, box_blur, build_split
 from fdattack.data import partitions
 from fdattack.data.datasets import DATASETS, read_idx
 from fdattack.errors import ConfigError, DataError
-from tests.conftest import SHARED_DATA
+from tests.conftest import REPO, SHARED_DATA
 
 
 def data_cfg(**kw: object) -> OmegaConf:
@@ -62,6 +62,23 @@ def test_two_classes_each_class_split_between_its_two_holders() -> None:
     partitions.assert_disjoint(parts)
     assert [sorted(np.unique(labels[p]).tolist()) for p in parts] == [[0, 1], [1, 2], [2, 3], [0, 3]]
     assert all(len(p) == 10 for p in parts)
+
+
+def test_the_lattack_data_configs_make_the_specs_class_disjoint_split() -> None:
+    """lattack.md §2.6: public = labelled digits 7-9, private 0-6, client k holds k and k+1 mod 7, ten outputs, a test
+    set of the private digits; mnist_lattack.yaml cuts MNIST exactly as digits_lattack.yaml cuts the 8x8 digits."""
+    cfg = compose(None, ["data=digits_lattack", "protocol.num_clients=7"])
+    split = build_split(cfg.data, 7, 0)
+    assert set(split.public.labels.tolist()) == {7, 8, 9} and split.num_classes == 10
+    assert [sorted(set(p.labels.tolist())) for p in split.private] == [sorted({k, (k + 1) % 7}) for k in range(7)]
+    assert set(split.test.labels.tolist()) == set(range(7)) and split.target_labels == list(range(7))
+    for k in range(7):  # each digit's images halved between its two holders
+        holders = [len(split.private[j].labels[split.private[j].labels == k]) for j in ((k - 1) % 7, k)]
+        assert abs(holders[0] - holders[1]) <= 1
+    mnist = OmegaConf.to_container(OmegaConf.load(REPO / "conf" / "data" / "mnist_lattack.yaml"))
+    digits = OmegaConf.to_container(OmegaConf.load(REPO / "conf" / "data" / "digits_lattack.yaml"))
+    assert {k: v for k, v in mnist.items() if k not in ("name", "root")} == {k: v for k, v in digits.items() if k != "name"}
+    assert mnist["name"] == "mnist" and compose(None, ["data=mnist_lattack"]).data.image_size is None  # 28 px, native
 
 
 def test_more_clients_than_targets_is_a_config_error() -> None:

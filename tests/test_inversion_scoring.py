@@ -1,5 +1,6 @@
-"""Scoring of Inversions (fedinverse.md §6): top-1/top-5 per sample index with their sample std, chance, diversity,
-FID and KNN distance in the all-class evaluation classifier's features, the grid, the tables and the report."""
+"""Scoring of Inversions (fedinverse.md §6, lattack.md §5.1): top-1/top-5 per sample index with their sample std, chance,
+diversity, FID, KNN distance and the L-Attack's feature cosine in the all-class evaluation classifier's features, the
+grid, the tables and the report."""
 
 from __future__ import annotations
 
@@ -32,7 +33,7 @@ from fdattack.experiment import Experiment
 from fdattack.fd.engine import LocalTrainer, ModelHandle, default_engine
 from fdattack.fd.record import RoundRecord
 from fdattack.fd.threat import Capability
-from fdattack.metrics.inversion import feature_diversity, inversion_grid, topk_per_sample
+from fdattack.metrics.inversion import feature_cosine, feature_diversity, inversion_grid, topk_per_sample
 from fdattack.tracking.report import write_report
 from fdattack.tracking.summary import attack_summary
 from tests.conftest import tiny
@@ -182,6 +183,44 @@ def test_fid_is_zero_for_the_private_images_themselves_and_the_squared_shift_for
     assert metrics_of(scorer, own[:1], [0, 1])["fid"] > 0  # two images: a (rank-1) Fréchet distance, not the real side's
 
 
+def test_feature_cosine_matches_the_hand_computation() -> None:
+    """Group means (0.5, 0.5), (2, 1), (-2, -1): μ = (1/6, 1/6), the real centroid − μ = (11/6, 5/6). Generated − μ:
+    (5/6, -1/6) and (-1/6, 5/6), cosines 50/√3796 and 14/√3796; noise − μ: (-7/6, -7/6) and (-19/6, -7/6)."""
+    generated, real, noise = torch.tensor([[1.0, 0.0], [0.0, 1.0]]), torch.tensor([[2.0, 0.0], [2.0, 2.0]]), torch.tensor([[-1.0, -1.0], [-3.0, -1.0]])
+    scores = feature_cosine(generated, real, noise)
+    assert scores["feature_cosine"] == pytest.approx(32 / math.sqrt(3796))  # (50 + 14) / 2 / √(26·146)
+    assert scores["feature_cosine_noise"] == pytest.approx(-(112 / math.sqrt(98 * 146) + 244 / math.sqrt(410 * 146)) / 2)
+    assert scores["feature_cosine_raw"] == pytest.approx(1.5 / math.sqrt(5))  # cos((1,0), (2,1)) = 2/√5, cos((0,1), (2,1)) = 1/√5
+    assert scores["feature_cosine_noise_raw"] == pytest.approx((-3 / math.sqrt(10) - 7 / math.sqrt(50)) / 2)
+    # the centre weighs the three groups alike: more real images with the same centroid change nothing
+    assert feature_cosine(generated, torch.cat([real] * 5), noise) == pytest.approx(scores)
+
+
+def test_pre_activation_features_are_the_pooled_input_of_the_last_activation_before_the_head() -> None:
+    """Conv → ReLU (in place, as ResNet's) → pool → head: the penultimate features are the pooled ReLU output (never
+    negative), the pre-activation ones the pooled convolution output (negative too)."""
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Conv2d(1, 4, 3), nn.ReLU(inplace=True), nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(4, 3)).eval()
+    images = torch.randn(5, 1, 6, 6)
+    penultimate, pre = EvaluationClassifier(net, torch.device("cpu"), 1.0, 1, batch_size=2).embed(images)
+    with torch.no_grad():
+        conv = net[0](images)
+    torch.testing.assert_close(pre, conv.mean(dim=(2, 3)))
+    torch.testing.assert_close(penultimate, conv.relu().mean(dim=(2, 3)))
+    assert bool((pre < 0).any()) and bool((penultimate >= 0).all())
+    linear = identity_classifier()  # no activation: the head's input
+    torch.testing.assert_close(linear.embed(images[:, :, 0, :])[1], images[:, 0, 0, :])
+
+
+def test_the_real_class_mean_scores_cosine_one_centred_and_uncentred() -> None:
+    split = fake_split()
+    private = split.private[0]
+    means = torch.stack([private.images[private.labels == y].mean(dim=0) for y in (0, 1)]).unsqueeze(0).repeat(3, 1, 1, 1, 1)
+    scores = metrics_of(InversionScorer(split, identity_classifier, grid_samples=2), means, [0, 1])
+    assert scores["feature_cosine"] == pytest.approx(1.0) and scores["feature_cosine_raw"] == pytest.approx(1.0)
+    assert -1.0 <= scores["feature_cosine_noise"] < 1.0 and -1.0 <= scores["feature_cosine_noise_raw"] < 1.0
+
+
 class Pixels(nn.Module):
     """A stand-in FID feature extractor: the flattened pixels."""
 
@@ -254,6 +293,19 @@ def test_private_images_of_the_targets_score_full_top1_and_a_low_fid(digits: Sim
     assert 0 < real["diversity"] and real["diversity_real"] > 0
 
 
+def test_the_private_class_means_score_a_high_feature_cosine_and_noise_a_negative_one(digits: SimpleNamespace) -> None:
+    """lattack.md §5.1 on real digits: a label's private mean image points to its centroid in the classifier's
+    pre-activation features, uniform noise away from it (Table II: 0.96 against -0.62)."""
+    private = ImageSet.from_images(torch.cat([p.images for p in digits.split.private]), torch.cat([p.labels for p in digits.split.private]))
+    targets = digits.split.target_labels
+    means = torch.stack([private.images[private.labels == y].mean(dim=0) for y in targets]).unsqueeze(0).repeat(4, 1, 1, 1, 1)
+    own, images = metrics_of(scorer_for(digits), means, targets), metrics_of(scorer_for(digits), of_labels(private, targets, 8), targets)
+    for scores in (own, images):
+        assert scores["feature_cosine"] > 0.5 > 0 > scores["feature_cosine_noise"], scores
+        assert scores["feature_cosine_raw"] > scores["feature_cosine_noise_raw"], scores
+    assert own["feature_cosine"] > images["feature_cosine"]  # the mean image is closer to the centroid than single digits
+
+
 def test_images_of_the_auxiliary_classes_score_no_top1(digits: SimpleNamespace) -> None:
     """The attacker's own classes, passed off as the targets, are misses: the classifier knows them (a classifier of the
     targets alone would put each in some target class, a hit one time in five)."""
@@ -309,7 +361,7 @@ def test_a_run_records_the_scores_the_grid_the_summary_and_the_report(stand_in: 
     run_dir = tmp_path / "run"
     stored = json.loads((run_dir / "metrics.json").read_text())
     keys = ("top1", "top1_std", "top5", "top5_std", "chance", "chance_top5", "diversity", "fid", "fid_images", "knn_dist",
-            "eval_classifier_accuracy", "final_loss")
+            "feature_cosine", "feature_cosine_noise", "feature_cosine_raw", "feature_cosine_noise_raw", "eval_classifier_accuracy", "final_loss")
     assert {f"attack/prior_inversion/{k}" for k in keys} <= set(stored)
     top1 = stored["attack/prior_inversion/top1"]
     assert top1 == metrics["attack/prior_inversion/top1"] < stored["attack/prior_inversion/chance"] / 2  # auxiliary digits: misses

@@ -15,7 +15,7 @@ from tests.test_paper_configs import PAPER_SCALE
 from tests.test_fedinverse_mnist import PAPER_SCALE as FEDINVERSE_PAPER_SCALE
 from tests.test_pdafd_attacks import PAPER_SCALE as PDAFD_PAPER_SCALE
 
-EXPERIMENTS = ["fedmd_digits", "fedgems_digits", "dsfl_digits", "cronus_digits", "fedavg_digits"]
+EXPERIMENTS = ["fedmd_digits", "fedgems_digits", "dsfl_digits", "cronus_digits", "fedavg_digits", "labelavg_digits"]
 
 
 @pytest.mark.parametrize("name", EXPERIMENTS)

@@ -32,7 +32,11 @@ def test_sweep_file_is_valid_and_maps_onto_config_keys(path: Path) -> None:
             # every grid point is a valid config, with the constants (interpolations included) resolved against it
             point = compose(REPO / experiment, [*fixed, *constants, f"{key}={value}"])
             OmegaConf.to_container(point, resolve=True)
-    assert config["metric"]["name"].startswith("attack/") and config["metric"]["name"].split("/")[1] in cfg.attacks
+    metric = config["metric"]["name"]
+    if metric.startswith("protocol/"):  # the protocol's utility, measured every round
+        assert metric in {"protocol/client_acc_mean", "protocol/client_acc_min", "protocol/client_acc_max", "protocol/server_acc"}, metric
+    else:
+        assert metric.startswith("attack/") and metric.split("/")[1] in cfg.attacks, metric
 
 
 def test_invalid_sweep_file_is_one_line_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

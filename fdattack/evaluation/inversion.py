@@ -1,4 +1,4 @@
-"""Scoring of :class:`~fdattack.attacks.results.Inversions` (fedinverse.md §6) with the all-class evaluation classifier.
+"""Scoring of :class:`~fdattack.attacks.results.Inversions` (fedinverse.md §6, lattack.md §5.1) with the all-class evaluation classifier.
 
 Metrics, under ``attack/<name>/``:
 
@@ -17,6 +17,14 @@ Metrics, under ``attack/<name>/``:
 * ``fid_inception``: the same Fréchet distance in Inception-v3's pool features, only where
   ``evaluation.inversion.inception_weights`` names the weights on disk (see :mod:`fdattack.evaluation.inception`).
 * ``knn_dist``: mean squared feature distance of each inversion to the nearest private image of its label (§6.3).
+* ``feature_cosine``, ``feature_cosine_noise``, ``feature_cosine_raw``, ``feature_cosine_noise_raw``: the L-Attack's
+  similarity (lattack.md §5.1, Table II; :func:`~fdattack.metrics.inversion.feature_cosine`): per target label, the
+  mean over its inversions of cos(f(x) − μ, mean f(real) − μ) to the centroid of the label's private images, μ the
+  mean of three means: the inversions', the real images' and as many seeded uniform-noise images' features; the same
+  for the noise images (the baseline, negative in the paper); both uncentred (``_raw``); averaged over the labels. f
+  is the classifier's pre-activation features (:meth:`~fdattack.evaluation.inversion_classifier.EvaluationClassifier.embed`),
+  not the paper's ImageNet-pretrained VGG16 (pre-ReLU conv5_3): no pretrained network is downloaded, so the absolute
+  values differ from the paper's and only generated ≫ noise is comparable.
 * ``eval_classifier_accuracy``: the classifier's own held-out top-1 (A26); and the attack's ``details`` as they are.
 
 The grid (a row per target label, a column per sample) is logged as ``attack/<name>/inversions``; the images
@@ -39,10 +47,12 @@ from fdattack.evaluation.inception import load_inception
 from fdattack.evaluation.inversion_classifier import EvaluationClassifier, inversion_classifier
 from fdattack.evaluation.report import Report
 from fdattack.fd.engine import LocalTrainer
-from fdattack.metrics.inversion import feature_diversity, inversion_grid, knn_distance, mean_and_std, topk_per_sample
+from fdattack.metrics.inversion import feature_cosines, feature_diversity, inversion_grid, knn_distance, mean_and_std, topk_per_sample
 
 #: private images per label over which ``diversity_real`` is measured (the first ones)
 REAL_DIVERSITY_IMAGES = 1000
+#: seed of the uniform-noise images of ``feature_cosine_noise`` (the same noise every round)
+NOISE_SEED = 0
 
 
 class PenultimateFeatures(nn.Module):
@@ -79,13 +89,13 @@ class InversionScorer:
         self.classifier = classifier
         self.grid_samples = grid_samples
         self.inception = inception
-        self._real_features: Tensor | None = None
+        self._real_features: tuple[Tensor, Tensor] | None = None
         self._fid: dict[tuple[str, tuple[int, ...]], FrechetInceptionDistance] = {}
 
-    def real_features(self) -> Tensor:
-        """(N, D) features of every private image (computed once)."""
+    def real_features(self) -> tuple[Tensor, Tensor]:
+        """(N, D) penultimate and (N, D') pre-activation features of every private image (computed once)."""
         if self._real_features is None:
-            self._real_features = self.classifier().features(self.real_images)
+            self._real_features = self.classifier().embed(self.real_images)
         return self._real_features
 
     def fid(self, images: Tensor, labels: Tensor, extractor: nn.Module) -> float:
@@ -110,8 +120,10 @@ class InversionScorer:
         s, t = result.images.shape[:2]
         flat = result.images.reshape(s * t, *result.images.shape[2:])
         logits = classifier.logits(flat).view(s, t, -1)
-        features = classifier.features(flat).view(s, t, -1)
-        real, labels = self.real_features(), result.labels
+        features, pre = (f.view(s, t, -1) for f in classifier.embed(flat))
+        noise = torch.rand(flat.shape, generator=torch.Generator().manual_seed(NOISE_SEED)) * 2 - 1  # the pixel range [-1, 1]
+        noise_pre = classifier.embed(noise)[1].view(s, t, -1)
+        (real, real_pre), labels = self.real_features(), result.labels
         values = dict(result.details)  # the scores below win over a detail of the same name
         for k in (1, 5):
             values[f"top{k}"], values[f"top{k}_std"] = mean_and_std(topk_per_sample(logits, labels, k))
@@ -123,6 +135,7 @@ class InversionScorer:
             "fid": self.fid(flat, labels, PenultimateFeatures(classifier)),
             "fid_images": float(s * t),
             "knn_dist": knn_distance(features, labels, real, self.real_labels),
+            **feature_cosines(pre, labels, real_pre, self.real_labels, noise_pre),
             "eval_classifier_accuracy": classifier.test_accuracy,
         })
         if self.inception is not None:

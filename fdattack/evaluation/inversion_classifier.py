@@ -38,6 +38,8 @@ log = logging.getLogger("fdattack")
 #: share of a class's images held out for the test accuracy where the test set has none of that class
 HOLDOUT_FRACTION = 0.1
 CHECKPOINT_KEY = "evaluation.inversion.checkpoint"
+#: the activation modules whose input :meth:`EvaluationClassifier.embed` takes as the pre-activation features
+ACTIVATIONS = (nn.ReLU, nn.ReLU6, nn.LeakyReLU, nn.ELU, nn.GELU, nn.SiLU, nn.Hardswish)
 
 
 @dataclass(frozen=True)
@@ -74,13 +76,45 @@ class EvaluationClassifier:
 
     def features(self, images: Tensor) -> Tensor:
         """(N, D) penultimate features on the CPU (the head's input, flattened) of (N, C, H, W) images."""
-        captured: list[Tensor] = []
-        hook = self.head.register_forward_pre_hook(lambda _, inputs: captured.append(inputs[0].flatten(1).float().cpu()))
+        return self.embed(images)[0]
+
+    def embed(self, images: Tensor) -> tuple[Tensor, Tensor]:
+        """Penultimate and pre-activation features on the CPU of (N, C, H, W) images, in one pass.
+
+        The pre-activation features are the input of the last activation module (ReLU, LeakyReLU, ...) run before
+        the head, averaged over its spatial positions: for SCNN the 512 channels of its last convolution before the
+        LeakyReLU, for ``pdafd_cnn`` its last 128 before the ReLU and the pool (the L-Attack's pre-ReLU,
+        global-average-pooled conv5_3 of VGG16, lattack.md §5.1). Unlike post-ReLU features they can point
+        anywhere, so a cosine can be negative. A network without activation modules gives the head's input.
+
+        Returns:
+            (N, D) penultimate features and (N, D') pre-activation features.
+        """
+        penultimate: list[Tensor] = []
+        pre: list[Tensor] = []
+        last: list[Tensor] = []
+
+        def pooled(x: Tensor) -> Tensor:  # a copy: in-place activations (ResNet's, MobileNet's) overwrite their input
+            return x.detach().flatten(2).mean(dim=-1) if x.ndim > 2 else x.detach().clone()
+
+        def on_activation(_: nn.Module, inputs: tuple[Tensor, ...]) -> None:
+            last[:] = [pooled(inputs[0])]
+
+        def on_head(_: nn.Module, inputs: tuple[Tensor, ...]) -> None:
+            penultimate.append(inputs[0].flatten(1).float().cpu())
+            pre.append((last[0] if last else pooled(inputs[0])).float().cpu())
+            last.clear()
+
+        hooks = [m.register_forward_pre_hook(on_activation) for m in self.net.modules() if isinstance(m, ACTIVATIONS)]
+        hooks.append(self.head.register_forward_pre_hook(on_head))
         try:
             self.logits(images)
         finally:
-            hook.remove()
-        return torch.cat(captured) if captured else torch.empty(0, self.head.in_features)
+            for hook in hooks:
+                hook.remove()
+        if not penultimate:
+            return torch.empty(0, self.head.in_features), torch.empty(0, 0)
+        return torch.cat(penultimate), torch.cat(pre)
 
 
 def training_sets(split: FederatedSplit, seed: int) -> tuple[ImageSet, ImageSet]:
