@@ -31,7 +31,7 @@ from fdattack.fd.threat import ServerAggregation
 from fdattack.functional import smooth_labels, target_class_loss
 from fdattack.functional.zeroth_order import forward_difference_gradient
 from fdattack.lit.lattack import LAttackGenerator
-from tests.conftest import tiny
+from tests.conftest import REPO, tiny
 from tests.object_graph import reachable
 from tests.test_bad_input import _one_line
 from tests.test_threat_model import _assert_nothing_private
@@ -249,3 +249,27 @@ def test_run_scores_the_attack_checks_its_gradients_and_resumes_the_same_generat
 ], ids=["victim", "target_class", "neg_logit_on_labels", "no_server_rule"])
 def test_bad_lattack_settings_exit_2_with_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str], extra: list[str], named: list[str]) -> None:
     _one_line(capsys, ["run", *tiny(tmp_path, *DIGITS, *extra)], *named)
+
+
+# ------------------------------------------------------------------ the shipped experiments
+LATTACK_EXPERIMENTS = {  # experiment -> (dataset, m, public classes, the paper's (target, victim) pairs)
+    "lattack_fedmd_digits": ("digits", 5, [7, 8, 9], [(0, 0)]),
+    "lattack_fedmd_mnist": ("mnist", 5, [7, 8, 9], [(0, 0), (1, 1), (6, 6)]),
+    "lattack_fedmd_fashion_mnist": ("fashion_mnist", 10, [6, 7, 8], [(0, 0), (3, 3), (9, 6)]),
+    "lattack_fedmd_cifar10": ("cifar10", 20, [7, 8, 9], [(0, 0), (1, 1), (6, 6)]),
+}
+
+
+@pytest.mark.parametrize("experiment", sorted(LATTACK_EXPERIMENTS))
+def test_lattack_experiments_compose_to_the_specs_setting(tmp_path: Path, experiment: str) -> None:
+    """lattack.md §2.6, §8 items 4 and 9: FedMD with 7 clients on class pairs, a public set without the targets, m per dataset;
+    each paper target's victim holds it (two_classes gives client k the k-th and (k+1)-th private classes)."""
+    dataset, m, public, pairs = LATTACK_EXPERIMENTS[experiment]
+    root = [] if dataset in ("digits", "mnist") else [f"data.root={tmp_path}"]
+    cfg = compose(str(REPO / "conf" / "experiment" / f"{experiment}.yaml"), root)
+    assert (cfg.data.name, cfg.data.partition, cfg.data.label_space, list(cfg.data.public_classes)) == (dataset, "two_classes", "all", public)
+    assert (cfg.protocol.name, cfg.protocol.num_clients, cfg.protocol.server_model) == ("fedmd", 7, False)
+    assert (list(cfg.attacks), cfg.attack.lattack.m, cfg.attack.lattack.epsilon) == (["lattack"], m, 0.1)
+    private = [c for c in range(10) if c not in public]
+    for target, victim in pairs:
+        assert target not in public and target in (private[victim], private[(victim + 1) % 7])
