@@ -11,7 +11,7 @@ from torch import nn
 from fdattack.errors import ConfigError
 from fdattack.models import CLASSIFIERS, build_classifier
 
-NAMES = ["pli_cnn", "fedinverse_cnn", "scnn", "pdafd_cnn", "mlp", "resnet18_gn", "vgg16_bn", "mobilenet_v2"]
+NAMES = ["pli_cnn", "fedinverse_cnn", "scnn", "pdafd_cnn", "lattack_cnn", "mlp", "resnet18_gn", "vgg16_bn", "mobilenet_v2"]
 SHAPES = [(1, 8), (1, 28), (3, 32), (3, 64)]
 J = 7
 
@@ -49,7 +49,7 @@ def test_backward_in_train_mode(name: str) -> None:
     assert all(p.grad is not None for p in net.parameters())
 
 
-@pytest.mark.parametrize(("name", "too_small", "minimum"), [("pli_cnn", 4, 5), ("pdafd_cnn", 7, 8)])
+@pytest.mark.parametrize(("name", "too_small", "minimum"), [("pli_cnn", 4, 5), ("pdafd_cnn", 7, 8), ("lattack_cnn", 7, 8)])
 def test_too_small_image_is_a_clear_error(name: str, too_small: int, minimum: int) -> None:
     with pytest.raises(ValueError, match=rf"{name}.*at least {minimum}x{minimum}.*got {too_small}x{too_small}"):
         build_classifier(name, 1, too_small, J)
@@ -138,3 +138,13 @@ def test_unknown_name_lists_known_ones() -> None:
 def test_non_positive_sizes_are_rejected() -> None:
     with pytest.raises(ValueError, match="num_classes must be >= 1"):
         build_classifier("mlp", 1, 8, 0)
+
+
+def test_lattack_cnn_is_the_specs_three_5x5_layers() -> None:
+    """lattack.md §4.3: 5×5 convs of 32/64/128 channels with BN and max-pools, a linear head on 128·3·3 at 28 px."""
+    net = build_classifier("lattack_cnn", 1, 28, 10)
+    convs = [m for m in net.modules() if isinstance(m, torch.nn.Conv2d)]
+    assert [(c.out_channels, c.kernel_size, c.padding) for c in convs] == [(32, (5, 5), (2, 2)), (64, (5, 5), (2, 2)), (128, (5, 5), (2, 2))]
+    assert sum(isinstance(m, torch.nn.BatchNorm2d) for m in net.modules()) == 3
+    head = [m for m in net.modules() if isinstance(m, torch.nn.Linear)]
+    assert len(head) == 1 and head[0].in_features == 128 * 3 * 3

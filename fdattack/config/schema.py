@@ -80,7 +80,7 @@ class DataConfig:
 
 @dataclass
 class ModelConfig:
-    name: str = knob("pli_cnn", "classifier registry name for every client: pli_cnn | fedinverse_cnn | pdafd_cnn | mlp | resnet18_gn | vgg16_bn | mobilenet_v2")
+    name: str = knob("pli_cnn", "classifier registry name for every client: pli_cnn | fedinverse_cnn | scnn | pdafd_cnn | lattack_cnn | mlp | resnet18_gn | vgg16_bn | mobilenet_v2")
     clients: list[str] = knob([], "per-client architectures, cycled over the clients (heterogeneous FD); empty = name for all")
     server: Optional[str] = knob(None, "architecture of the server model where the protocol has one; null = name")
 

@@ -161,6 +161,19 @@ def pdafd_cnn(in_channels: int, image_size: int, num_classes: int) -> nn.Module:
     )
 
 
+@CLASSIFIERS.register("lattack_cnn")
+def lattack_cnn(in_channels: int, image_size: int, num_classes: int) -> nn.Module:
+    """The L-Attack's "3-layer CNN" with 5×5 filters (lattack.md §4.3, §8 item 25): three [Conv5×5 (32, 64, 128 channels,
+    padding 2), BN, ReLU, MaxPool2], Flatten, Linear (128·3·3 inputs at 28 px, 128·4·4 at 32 px)."""
+    if image_size < 8:
+        raise _too_small("lattack_cnn", image_size, 8, "three 2x2 max pools")
+    layers: list[nn.Module] = []
+    for c_in, c_out in ((in_channels, 32), (32, 64), (64, 128)):
+        layers += [nn.Conv2d(c_in, c_out, 5, padding=2), nn.BatchNorm2d(c_out), nn.ReLU(), nn.MaxPool2d(2)]
+    side = image_size // 2 // 2 // 2
+    return nn.Sequential(*layers, nn.Flatten(), nn.Linear(128 * side * side, num_classes))
+
+
 @CLASSIFIERS.register("mlp")
 def mlp(in_channels: int, image_size: int, num_classes: int) -> nn.Module:
     """PDA-FD Purchase MLP (pdafd.md §7.3): Flatten → Linear(C·H·W, 128) → ReLU → Linear(128, 64) → ReLU → Linear(64, J)."""
