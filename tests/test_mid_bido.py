@@ -140,7 +140,8 @@ def test_every_classifier_takes_the_vib_head_and_bido_reads_its_hidden_layers(na
     expected = {"fedinverse_cnn": ["features.3", "features.7", "fc (input)"],  # the code's three MCNN blocks
                 "scnn": ["features.3", "features.7", "fc (input)"],  # its two pooled blocks, then the 512-d features
                 "vgg16_bn": ["features.6", "features.13", "features.23", "features.33", "classifier (input)"],  # its five
-                "pdafd_cnn": ["2", "5", "8", "13 (input)"]}
+                "pdafd_cnn": ["2", "5", "8", "13 (input)"],
+                "lattack_cnn": ["3", "7", "13 (input)"]}  # its first two pooled blocks (the third has no conv after it)
     assert layers == expected.get(name, [f"{output_layer(net)[0]} (input)"])
     capture = Capture(net, layers)
     net.train()(torch.randn(2, 3, 8, 8))

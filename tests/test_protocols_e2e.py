@@ -13,6 +13,7 @@ from fdattack.experiment import Experiment, run
 from tests.conftest import REPO, tiny
 from tests.test_paper_configs import PAPER_SCALE
 from tests.test_fedinverse_mnist import PAPER_SCALE as FEDINVERSE_PAPER_SCALE
+from tests.test_lattack import PAPER_SCALE as LATTACK_PAPER_SCALE
 from tests.test_pdafd_attacks import PAPER_SCALE as PDAFD_PAPER_SCALE
 
 EXPERIMENTS = ["fedmd_digits", "fedgems_digits", "dsfl_digits", "cronus_digits", "fedavg_digits", "labelavg_digits"]
@@ -90,9 +91,9 @@ def test_heterogeneous_client_architectures(tmp_path: Path) -> None:
     assert metrics["protocol/client_acc_mean"] > 0.3
 
 
-@pytest.mark.parametrize("path", [p for p in sorted((REPO / "conf" / "experiment").glob("*.yaml")) if p.stem not in {*PAPER_SCALE, *PDAFD_PAPER_SCALE, *FEDINVERSE_PAPER_SCALE}], ids=lambda p: p.stem)
+@pytest.mark.parametrize("path", [p for p in sorted((REPO / "conf" / "experiment").glob("*.yaml")) if p.stem not in {*PAPER_SCALE, *PDAFD_PAPER_SCALE, *FEDINVERSE_PAPER_SCALE, *LATTACK_PAPER_SCALE}], ids=lambda p: p.stem)
 def test_every_experiment_config_composes(path: Path) -> None:
-    """Configs whose data ships with the repository; the paper-scale ones are checked in test_paper_configs.py, test_pdafd_attacks.py
-    and test_fedinverse_mnist.py."""
+    """Configs whose data ships with the repository; the paper-scale ones are checked in test_paper_configs.py, test_pdafd_attacks.py,
+    test_fedinverse_mnist.py and test_lattack.py."""
     cfg = compose(path, [])
     assert cfg.name == path.stem
