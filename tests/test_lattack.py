@@ -23,7 +23,7 @@ from fdattack.defenses.labelavg import LabelAvgUpload, LabelAvgUploadSettings
 from fdattack.evaluation.evaluator import Evaluator
 from fdattack.evaluation.gradient_check import gradient_cosines, true_gradient
 from fdattack.experiment import Experiment
-from fdattack.fd.engine import default_engine
+from fdattack.fd.engine import default_engine, derive_seed
 from fdattack.fd.protocols.fedmd import consensus
 from fdattack.fd.protocols.labelavg import vote_smoothing
 from fdattack.fd.record import RoundRecord
@@ -214,6 +214,37 @@ def test_victim_distils_toward_its_own_upload_and_queries_are_counted(tmp_path: 
     assert 0 <= row["attack/lattack/grad_cosine"] <= 1
 
 
+@pytest.mark.parametrize("protocol", ["fedmd", "labelavg"])
+@pytest.mark.usefixtures("unscored_inversions")
+def test_decoy_images_join_the_next_batch_and_the_victim_alone_is_told_they_are_the_decoy(tmp_path: Path, protocol: str) -> None:
+    """§2.1's optional Hitaj decoy: the images added after round 1's steps are the last rows of round 2's batch; the victim's
+    targets there are the decoy class (logits 10 at it under FedMD, one-hot under LabelAvg), the others' the real aggregate."""
+    exp = Experiment(compose(None, tiny(tmp_path, *DIGITS, f"protocol={protocol}", *SHORT, "protocol.num_clients=3", "attack.lattack.m=2",
+                                        "attack.lattack.batch_size=4", "attack.lattack.steps_per_round=1", "attack.lattack.decoy_class=6",
+                                        "attack.lattack.decoy_samples=5")))
+    spy = _Spy(exp)
+    exp.attacks.append(spy)
+    targets: dict[int, Tensor] = {}
+    fit_many = exp.engine.fit_many
+
+    def record_targets(jobs):  # type: ignore[no-untyped-def]
+        for job in jobs:
+            if job.targets is not None:
+                targets[int(job.handle.name.removeprefix("client"))] = job.targets
+        return fit_many(jobs)
+
+    exp.engine.fit_many = record_targets  # type: ignore[method-assign]
+    exp.run()
+    rows = len(exp.protocol.public_rows(2))
+    assert targets[0].shape[0] == rows + 5  # round 2: its public rows, then the five decoys
+    decoy = torch.tensor([0.0] * 6 + [10.0 if protocol == "fedmd" else 1.0] + [0.0] * 3)
+    torch.testing.assert_close(targets[0][rows:], decoy.expand(5, 10))
+    torch.testing.assert_close(targets[1], spy.aggregate)  # the others distil on the real aggregate, decoys included
+    assert not torch.allclose(targets[1][rows:], targets[0][rows:])
+    row = [json.loads(line) for line in (tmp_path / "run" / "rounds.jsonl").read_text().splitlines()]
+    assert row[1]["adversary/lattack/added_samples"] == 5 and row[2]["adversary/lattack/added_samples"] == 5
+
+
 def test_run_scores_the_attack_checks_its_gradients_and_resumes_the_same_generator(tmp_path: Path, results: list[AttackResult]) -> None:
     # many directions on a tiny input: the estimates follow the victim's true gradient at the round's end (its state at the attack point)
     args = ["run", *tiny(tmp_path, *DIGITS, *SHORT, "attack.lattack.m=1000", "attack.lattack.batch_size=2", "attack.lattack.steps_per_round=2",
@@ -241,12 +272,58 @@ def test_run_scores_the_attack_checks_its_gradients_and_resumes_the_same_generat
     assert torch.equal(inversions[1].images, next(r for r in results if isinstance(r, Inversions)).images)
 
 
+def lattack_on_digits(tmp_path: Path, *extra: str, scored: bool = True) -> tuple[Experiment, LAttack, Inversions]:
+    """conf/experiment/lattack_fedmd_digits.yaml as shipped (3 rounds of 50 steps), W&B off: the run and its last images
+    (left out of the run's own scoring unless ``scored``)."""
+    exp = Experiment(compose(str(REPO / "conf" / "experiment" / "lattack_fedmd_digits.yaml"),
+                             [f"output_dir={tmp_path / 'run'}", "logger.wandb.mode=disabled", "logger.progress=never", *extra]))
+    kept: list[Inversions] = []
+    score = exp.evaluator.score
+
+    def keep(attack: str, found: list[AttackResult]):  # type: ignore[no-untyped-def]
+        kept.extend(r for r in found if isinstance(r, Inversions))
+        return score(attack, found if scored else [r for r in found if not isinstance(r, Inversions)])
+
+    exp.evaluator.score = keep  # type: ignore[method-assign]
+    exp.run()
+    attack = next(a for a in exp.attacks if isinstance(a, LAttack))
+    return exp, attack, kept[-1]
+
+
+def test_on_real_digits_the_attack_beats_labelavg_and_an_untrained_generator_against_fedmd(tmp_path: Path) -> None:
+    """The issue's check (lattack.md §5.1): the generator trained on FedMD's logits draws images whose features lie closer to
+    the victim's real 0s than the same generator trained on LabelAvg's smoothed labels, or left untrained. One scorer (the
+    FedMD run's all-digit SCNN, its real 0s and noise) scores all three. Seed 42 (the experiment's): feature cosine -0.40
+    against -0.60 and -0.69, top-1 0.91 against 0.27 and 0. Seeds 0, 1 and 2 keep the cosine order (margins 0.07 to 0.16)
+    but not the top-1: there the generator drifts to patterns the victim alone calls 0 (see the README)."""
+    fedmd, attack, trained = lattack_on_digits(tmp_path / "fedmd")
+    _, _, defended = lattack_on_digits(tmp_path / "labelavg", "protocol=labelavg", scored=False)
+    s = attack.settings
+    with torch.random.fork_rng(devices=[]):  # the attack's generator before its first step, on the noise of its samples
+        torch.manual_seed(derive_seed(attack.context.seed, attack.name, "init"))
+        untrained = LAttackGenerator(fedmd.data.split.image_shape, s.z_dim, s.width, s.lr)
+    z = untrained.noise(s.samples, torch.Generator().manual_seed(derive_seed(attack.context.seed, attack.name, "samples")))
+    scorer = fedmd.evaluator.inversions
+    assert scorer is not None
+
+    def scores(images: Tensor) -> dict[str, float]:
+        report = scorer("lattack", Inversions(images, torch.tensor([s.target_class])))
+        return {key.removeprefix("attack/lattack/"): value for key, value in report.metrics.items()}
+
+    fedmd_scores = scores(trained.images)
+    for baseline in (scores(defended.images), scores(untrained.sample(z).unsqueeze(1))):
+        assert fedmd_scores["feature_cosine"] > baseline["feature_cosine"] + 0.05, (fedmd_scores, baseline)
+        assert fedmd_scores["top1"] > baseline["top1"] + 0.3, (fedmd_scores, baseline)
+
+
 @pytest.mark.parametrize(("extra", "named"), [
     (["attack.lattack.victim=4"], ["attack.lattack.victim=4", "0 to 1"]),
     (["attack.lattack.target_class=10"], ["attack.lattack.target_class=10", "0 to 9"]),
     (["protocol=labelavg", "attack.lattack.loss=neg_logit"], ["attack.lattack.loss=neg_logit", "probs"]),
     (["protocol=cronus"], ["lattack", "protocol.name=cronus", "protocol=labelavg"]),
-], ids=["victim", "target_class", "neg_logit_on_labels", "no_server_rule"])
+    (["attack.lattack.decoy_class=0"], ["attack.lattack.decoy_class=0", "target_class=0"]),
+    (["attack.lattack.decoy_class=3", "attack.lattack.return_own_outputs=false"], ["attack.lattack.decoy_class", "return_own_outputs=true"]),
+], ids=["victim", "target_class", "neg_logit_on_labels", "no_server_rule", "decoy_is_the_target", "decoy_without_own_outputs"])
 def test_bad_lattack_settings_exit_2_with_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str], extra: list[str], named: list[str]) -> None:
     _one_line(capsys, ["run", *tiny(tmp_path, *DIGITS, *extra)], *named)
 
@@ -255,6 +332,7 @@ def test_bad_lattack_settings_exit_2_with_one_line(tmp_path: Path, capsys: pytes
 LATTACK_EXPERIMENTS = {  # experiment -> (dataset, m, public classes, the paper's (target, victim) pairs)
     "lattack_fedmd_digits": ("digits", 5, [7, 8, 9], [(0, 0)]),
     "lattack_fedmd_mnist": ("mnist", 5, [7, 8, 9], [(0, 0), (1, 1), (6, 6)]),
+    "lattack_decoy_fedmd_mnist": ("mnist", 5, [7, 8, 9], [(0, 0)]),
     "lattack_fedmd_fashion_mnist": ("fashion_mnist", 10, [6, 7, 8], [(0, 0), (3, 3), (9, 6)]),
     "lattack_fedmd_cifar10": ("cifar10", 20, [7, 8, 9], [(0, 0), (1, 1), (6, 6)]),
 }

@@ -11,8 +11,15 @@ on ĝ · ∂x/∂θ_g (Eqs. 4-5).
 Schedule (Algorithm 1 in FedMD's phase order: upload, aggregate, digest, revisit): in an attack round the victim
 digests the server's aggregate of its own upload alone (``return_own_outputs``, §2.1: its own logits under FedMD), so
 it learns nothing from the others; after its private training (the round's attack point, the model it uploads with
-next round) the server takes ``steps_per_round`` generator steps on its answers. The fake images never enter the
+next round) the server takes ``steps_per_round`` generator steps on its answers. The query images never enter the
 public batch, so the other clients distil on the real public rows only (§8 item 8).
+
+Decoy (§2.1's optional Hitaj-style extension, ``decoy_class``, off by default): after its steps the server adds
+``decoy_samples`` generated images to the next round's batch and tells the victim alone, in its own aggregate, that they
+are the decoy class (in attack rounds: with ``every`` > 1 the images added before a round without steps get the real
+aggregate). The victim, revisiting its real c*, learns to tell the generator's images from them, and the
+generator must move toward real ones to keep fooling it (the discriminator's half of a GAN game). The other clients
+digest the added images with the real aggregate.
 
 Loss views (§2.6): ``paper`` reads each answer through the server's own aggregation rule on the victim alone
 (:attr:`AttackerView.aggregation <fdattack.fd.threat.AttackerView.aggregation>`; FedMD's mean of one = the answer,
@@ -27,8 +34,10 @@ round's last estimate, which the evaluation side alone compares with the true gr
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Optional
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 
 from fdattack.attacks.base import ATTACKS, Attack, AttackContext
@@ -81,6 +90,21 @@ class LAttackSettings:
     return_own_outputs: bool = knob(True, "in attack rounds the victim receives the server's aggregate of its own upload alone in place of the "
                                           "real one (§2.1; under FedMD its own logits), so it distils toward itself")
     samples: int = knob(64, "generated images returned each attack round for scoring (fixed noise, so rounds compare)", ge=1)
+    decoy_class: Optional[int] = knob(None, "Hitaj-style decoy, not in the paper (§2.1, off by default): after each attack round's steps the "
+                                            "server adds decoy_samples generated images to the next public batch and, with return_own_outputs, "
+                                            "sends the victim this class as their consensus, so the victim learns the generator's images are "
+                                            "not c* and the generator must move toward real ones (the GAN game); a class other than c*", ge=0)
+    decoy_samples: int = knob(200, "generated images added to the next public batch each attack round with decoy_class", ge=1)
+
+
+#: the consensus logit of the decoy class (0 elsewhere): softmax gives it 0.9996 of the mass among ten classes
+DECOY_LOGIT = 10.0
+
+
+def decoy_target(decoy: int, num_classes: int, kind: str) -> Tensor:
+    """(num_classes,) what the victim is told its added images are (§2.1's optional Hitaj decoy): one-hot probabilities,
+    or logits ``DECOY_LOGIT`` at the decoy class and 0 elsewhere."""
+    return F.one_hot(torch.tensor(decoy), num_classes).float() * (DECOY_LOGIT if kind == "logits" else 1.0)
 
 
 def answer_loss(answers: Tensor, target: int, loss: str, view: str, server: ServerAggregation) -> Tensor:
@@ -107,8 +131,9 @@ class LAttack(Attack):
 
     @classmethod
     def required(cls, settings: LAttackSettings) -> frozenset[Capability]:
-        """Queries on chosen images; sending the victim its own aggregate with ``return_own_outputs``."""
-        return (cls.needs | {Capability.send_aggregate}) if settings.return_own_outputs else cls.needs
+        """Queries on chosen images; sending the victim its own aggregate with ``return_own_outputs``; adding images with ``decoy_class``."""
+        powers = (cls.needs | {Capability.send_aggregate}) if settings.return_own_outputs else cls.needs
+        return powers | {Capability.add_public_samples} if settings.decoy_class is not None else powers
 
     def __init__(self, view: AttackerView, settings: LAttackSettings, context: AttackContext) -> None:
         super().__init__(view, settings, context)
@@ -123,6 +148,11 @@ class LAttack(Attack):
             raise ConfigError(f"{key}.target_class={settings.target_class} is not a class; allowed: 0 to {view.num_classes - 1}")
         if settings.loss == LAttackLoss.neg_logit and view.aggregation.kind != "logits":
             raise ConfigError(f"{key}.loss=neg_logit needs logit answers and protocol.name={view.protocol} sends {view.aggregation.kind}; use ce or neg_prob")
+        if settings.decoy_class is not None and not (settings.decoy_class < view.num_classes and settings.decoy_class != settings.target_class):
+            raise ConfigError(f"{key}.decoy_class={settings.decoy_class} must be a class other than target_class={settings.target_class}; "
+                              f"allowed: 0 to {view.num_classes - 1}")
+        if settings.decoy_class is not None and not settings.return_own_outputs:
+            raise ConfigError(f"{key}.decoy_class needs {key}.return_own_outputs=true: the decoy labels reach the victim in its own aggregate")
         _, h, w = view.image_shape
         if h % 4 or w % 4:
             raise ConfigError(f"{key}: the generator makes images whose sides are multiples of 4, got {h}x{w}; set data.image_size (e.g. 28)")
@@ -159,6 +189,8 @@ class LAttack(Attack):
         if upload is None or upload.outputs is None or record.batch is None:  # its upload was dropped
             return
         own = self.server.rule(upload.outputs.unsqueeze(0), record.batch.labels_in(self.public_labels))
+        if self.settings.decoy_class is not None and record.batch.num_added:  # the images it added last round: the decoy class
+            own[len(record.batch.rows):] = decoy_target(self.settings.decoy_class, own.shape[1], self.server.kind)
         self.adversary.send_aggregate(self.settings.victim, own)
 
     @property
@@ -199,6 +231,9 @@ class LAttack(Attack):
             self.probe = GradientProbe(x.detach().cpu(), estimate.detach().cpu(), s.victim, s.target_class, str(s.loss))
         self.optimizer_state = [optimizer.state_dict() for optimizer in handle.optimizers]
         self.engine.release(handle)
+        if s.decoy_class is not None:
+            stream = torch.Generator().manual_seed(derive_seed(self.context.seed, self.name, round, "decoy"))
+            self.adversary.add_public_samples(module.sample(module.noise(s.decoy_samples, stream)).cpu())
 
     def on_round_end(self, round: int) -> list[AttackResult]:
         """The round's generated images of c* and its last gradient estimate (nothing in a round without steps)."""
