@@ -370,6 +370,7 @@ def test_a_run_records_the_scores_the_grid_the_summary_and_the_report(stand_in: 
         assert grid.size == (2 * 8, 5 * 8)  # 2 of 3 samples by 5 labels of 8x8 digits
     table = attack_summary(stored).splitlines()
     assert table[0].split()[:4] == ["attack", "top-1", "top-1", "std"] and table[1].startswith("prior_inversion")
+    assert "feature cos." in table[0] and "noise cos." in table[0] and f"{stored['attack/prior_inversion/feature_cosine']:.3f}" in table[1]
     page = write_report([run_dir], tmp_path / "report").read_text()
     assert "data-metric='attack/prior_inversion/top1' data-chance='1'" in page
     assert "data-metric='attack/prior_inversion/top5' data-chance='1'" in page

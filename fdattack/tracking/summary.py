@@ -14,7 +14,7 @@ TABLES = (
      ("balanced_accuracy", "balanced acc.", "{:.2%}")),
     (("top1", "top-1", "{:.2%}"), ("top1_std", "top-1 std", "{:.2%}"), ("top5", "top-5", "{:.2%}"), ("top5_std", "top-5 std", "{:.2%}"),
      ("chance", "chance", "{:.2%}"), ("diversity", "diversity", "{:.3g}"), ("fid", "FID", "{:.4g}"), ("fid_images", "FID images", "{:.0f}"),
-     ("eval_classifier_accuracy", "eval classifier acc.", "{:.2%}")),
+     ("feature_cosine", "feature cos.", "{:.3f}"), ("feature_cosine_noise", "noise cos.", "{:.3f}"), ("eval_classifier_accuracy", "eval classifier acc.", "{:.2%}")),
 )
 
 #: the chance level of each accuracy (an attack's ``attack/<name>/<chance metric>``): a dashed line on its plots
