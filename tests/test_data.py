@@ -116,6 +116,15 @@ def _fake_faces(root: Path, subjects: int = 4, per: int = 4) -> None:
             Image.fromarray(rng.integers(0, 255, (12, 10), dtype=np.uint8)).save(root / f"s{s}" / f"{i}.pgm")
 
 
+def test_att_faces_keeps_the_max_classes_subjects_with_the_most_photos_in_folder_order(tmp_path: Path) -> None:
+    _fake_faces(tmp_path, subjects=4, per=2)
+    for extra in (1, 3):  # s1 and s3 have a third photo
+        Image.fromarray(np.zeros((12, 10), dtype=np.uint8)).save(tmp_path / f"s{extra}" / "3.pgm")
+    raw = DATASETS.get("att_faces")(data_cfg(name="att_faces", root=str(tmp_path), image_size=8, max_classes=3))
+    assert raw.class_names == ["s1", "s2", "s3"]  # s1, s3 (3 photos), then s2 before s4 on the tie; folder order kept
+    assert raw.labels.tolist() == [0, 0, 0, 1, 1, 2, 2, 2]
+
+
 def test_att_faces_layout_and_corrupt_file(tmp_path: Path) -> None:
     _fake_faces(tmp_path)
     raw = DATASETS.get("att_faces")(data_cfg(name="att_faces", root=str(tmp_path), image_size=8))

@@ -335,9 +335,11 @@ LATTACK_EXPERIMENTS = {  # experiment -> (dataset, m, public classes, the paper'
     "lattack_decoy_fedmd_mnist": ("mnist", 5, [7, 8, 9], [(0, 0)]),
     "lattack_fedmd_fashion_mnist": ("fashion_mnist", 10, [6, 7, 8], [(0, 0), (3, 3), (9, 6)]),
     "lattack_fedmd_cifar10": ("cifar10", 20, [7, 8, 9], [(0, 0), (1, 1), (6, 6)]),
+    "lattack_fedmd_celeba": ("celeba", 20, [], [(0, 0)]),  # public: dummy noise (§2.6)
+    "lattack_fedmd_att_faces": ("att_faces", 20, [], [(0, 0)]),
 }
 #: the experiments whose data does not ship (composed with a stand-in root)
-PAPER_SCALE = {"lattack_fedmd_fashion_mnist", "lattack_fedmd_cifar10"}
+PAPER_SCALE = {"lattack_fedmd_fashion_mnist", "lattack_fedmd_cifar10", "lattack_fedmd_celeba"}
 
 
 @pytest.mark.parametrize("experiment", sorted(LATTACK_EXPERIMENTS))
@@ -350,6 +352,7 @@ def test_lattack_experiments_compose_to_the_specs_setting(tmp_path: Path, experi
     assert (cfg.data.name, cfg.data.partition, cfg.data.label_space, list(cfg.data.public_classes)) == (dataset, "two_classes", "all", public)
     assert (cfg.protocol.name, cfg.protocol.num_clients, cfg.protocol.server_model) == ("fedmd", 7, False)
     assert (list(cfg.attacks), cfg.attack.lattack.m, cfg.attack.lattack.epsilon) == (["lattack"], m, 0.1)
+    assert (cfg.data.public_dataset.name == "noise") == (not public)  # no public classes: the server sends dummy noise
     private = [c for c in range(10) if c not in public]
     for target, victim in pairs:
         assert target not in public and target in (private[victim], private[(victim + 1) % 7])

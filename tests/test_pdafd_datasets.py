@@ -185,6 +185,20 @@ def test_cifar100_public_set_replaces_the_dropped_public_fifth_unlabeled(tmp_pat
     assert sum(len(p) for p in split.private) == 40 and len(split.test) == 20 and split.num_classes == 10
 
 
+def test_noise_public_set_is_dummy_uniform_images_of_the_private_shape(tmp_path: Path) -> None:
+    """lattack.md §2.6 (CelebA): a server without data sends noise; the private cut is that of any foreign public set."""
+    noise = ["data.split=random", "data.partition=iid", "data.public_dataset.name=noise", "data.public_dataset.size=25"]
+    split = build_split(compose(None, noise).data, 2, 42)
+    other = build_split(compose(None, [*noise[:2], "data.public_dataset.name=synthetic", "data.public_dataset.size=25"]).data, 2, 42)
+    assert split.public.images.shape == (25, *split.image_shape) and bool((split.public.labels == UNLABELED).all())
+    assert -1 <= float(split.public.images.min()) < -0.9 and 0.9 < float(split.public.images.max()) <= 1
+    assert abs(float(split.public.images.mean())) < 0.05  # uniform on [-1, 1]
+    assert torch.equal(split.public.images, build_split(compose(None, noise).data, 2, 42).public.images)  # seeded by the split
+    assert not torch.equal(split.public.images, build_split(compose(None, noise).data, 2, 7).public.images)
+    for mine, theirs in zip(split.private, other.private):
+        assert torch.equal(mine.source, theirs.source)
+
+
 def test_unlabeled_public_set_is_drawn_uniformly_and_the_attacker_sees_no_labels(tmp_path: Path) -> None:
     """FedMD grants the server the public labels and the protocol stratifies, yet a foreign public set has none."""
     exp = Experiment(compose(None, [*tiny(tmp_path), "protocol=fedmd_pdafd", "data.split=random", "data.partition=iid",
@@ -225,6 +239,7 @@ def test_fedmd_skips_its_public_transfer_on_an_unlabeled_public_set(tmp_path: Pa
     (["data.public_dataset.name=synthetic", "data.public_dataset.image_size=16"], ["data.public_dataset.name=synthetic", "(1, 16, 16)", "data.public_dataset.image_size"]),
     (["data.public_dataset.name=cifar100", "data.public_dataset.root=nowhere"], ["data.public_dataset.root='nowhere'", "folder not found"]),
     (["data.public_dataset.size=ten"], ["data.public_dataset.size"]),
+    (["data.public_dataset.name=noise"], ["data.public_dataset.name=noise", "data.public_dataset.size"]),
 ])
 def test_bad_public_dataset_settings_are_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str], overrides: list[str], named: list[str]) -> None:
     split = [] if "data.split=pli" in overrides else ["data.split=random", "data.partition=iid"]

@@ -39,7 +39,8 @@ class LabelSpace(Choice):
 class PublicDatasetConfig:
     """A public set taken from another dataset (pdafd.md §7.1, CIFAR-10 private / CIFAR-100 public; Table 8)."""
 
-    name: Optional[str] = knob(None, "dataset registry name of the public set, different from data.name; its samples are unlabeled for the run. null = the public set is cut from data.name's pool")
+    name: Optional[str] = knob(None, "dataset registry name of the public set, different from data.name; its samples are unlabeled for the run; noise = size dummy "
+                                            "images of uniform noise (the L-Attack's CelebA server, lattack.md §2.6). null = the public set is cut from data.name's pool")
     root: Optional[str] = knob(None, "its folder (as data.root)")
     download: bool = knob(False, "let torchvision download it into its root (needs internet)")
     size: Optional[int] = knob(None, "how many random samples of its training split form the public set; null = all of them", ge=1)
@@ -55,7 +56,7 @@ class DataConfig:
     second_look_subdir: Optional[str] = knob(None, "name=image_folder: subfolder of each identity holding its insensitive look (LAG: y)")
     second_look_root: Optional[str] = knob(None, "name=image_folder: parallel tree with the insensitive look under the same file names (masked LFW)")
     max_per_class: Optional[int] = knob(None, "keep at most this many random images of every label in the pool (the official test split is kept whole); null keeps all", ge=2)
-    max_classes: Optional[int] = knob(None, "keep only the max_classes labels with the most images (image_folder, celeba); null keeps all", ge=2)
+    max_classes: Optional[int] = knob(None, "keep only the max_classes labels with the most images (image_folder, celeba, att_faces); null keeps all", ge=2)
     split: Split = knob(Split.pli, "how public/private/test are formed: pli (target labels private, others public, auxiliary look public) | random (public_fraction of the pool public) | classes (public_classes public, the rest private)")
     partition: Partition = knob(Partition.disjoint_identities, "how private data is spread over clients")
     num_targets: Optional[int] = knob(None, "split=pli: number of target (private) labels; null = half of the labels", ge=1)

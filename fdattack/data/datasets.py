@@ -190,6 +190,9 @@ def load_att_faces(cfg: DictConfig) -> RawDataset:
     subjects = sorted((p for p in root.iterdir() if p.is_dir() and p.name.startswith("s") and p.name[1:].isdigit()), key=lambda p: int(p.name[1:]))
     if not subjects:
         raise DataError(f"{root}: no subject folders s1, s2, ... holding .pgm files (the AT&T faces layout)")
+    if cfg.max_classes is not None:  # the subjects with the most images, first in folder order on ties, kept in that order
+        by_size = sorted(range(len(subjects)), key=lambda i: (-len(list(subjects[i].glob("*.pgm"))), i))[: cfg.max_classes]
+        subjects = [subjects[i] for i in sorted(by_size)]
     arrays, labels, paths = [], [], []
     for label, folder in enumerate(subjects):
         files = sorted(folder.glob("*.pgm"), key=lambda p: (len(p.stem), p.stem))

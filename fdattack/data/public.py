@@ -7,6 +7,10 @@ fifth is dropped; the public set is ``size`` random samples of the other dataset
 Its labels live in another label space, so every public sample is unlabeled (``UNLABELED``): stratified draws
 (``protocol.public_stratified``, LDIA's class-balanced D_inf) fall back to uniform ones (A8), training steps that
 use public labels skip them, and the attacker sees none.
+
+``data.public_dataset.name=noise`` is no dataset: ``size`` dummy images of uniform noise in [-1, 1] with the private
+data's shape, the public set of a server that holds no data like the clients' (the L-Attack's CelebA setting,
+lattack.md §1.3 (a) and §2.6).
 """
 
 from __future__ import annotations
@@ -22,6 +26,8 @@ from fdattack.data.imageset import SENSITIVE, UNLABELED, ImageSet
 from fdattack.errors import ConfigError, FdattackError
 
 KEY = "data.public_dataset"
+#: ``data.public_dataset.name`` of the dummy public set: uniform noise images (lattack.md §2.6)
+NOISE = "noise"
 
 
 def check_public_dataset(cfg: DictConfig) -> None:
@@ -33,12 +39,16 @@ def check_public_dataset(cfg: DictConfig) -> None:
     p = cfg.public_dataset
     if p.name is None:
         return
-    DATASETS.get(p.name, f"{KEY}.name")
+    if p.name == NOISE:
+        if p.size is None:
+            raise ConfigError(f"{KEY}.name={NOISE} needs {KEY}.size, the number of noise images")
+    else:
+        DATASETS.get(p.name, f"{KEY}.name")
     if p.name == cfg.name:
         raise ConfigError(f"{KEY}.name={p.name!r} is data.name itself; leave it null to cut the public set from the pool (data.public_fraction)")
     if cfg.split != "random":
         raise ConfigError(f"{KEY}.name={p.name!r} needs data.split=random, got data.split={cfg.split}")
-    if p.root is not None and not p.download and not Path(p.root).expanduser().is_dir():
+    if p.name != NOISE and p.root is not None and not p.download and not Path(p.root).expanduser().is_dir():
         raise ConfigError(f"{KEY}.root={p.root!r}: folder not found (give the folder holding the {p.name} files, or {KEY}.download=true)")
 
 
@@ -57,6 +67,8 @@ def foreign_public_set(cfg: DictConfig, image_shape: tuple[int, ...], rng: np.ra
         DataError: its files are missing or corrupt (the message is prefixed with ``data.public_dataset``).
     """
     p = cfg.public_dataset
+    if p.name == NOISE:
+        return noise_public_set(int(p.size), image_shape, rng)
     own = {"name": p.name, "root": p.root, "download": p.download, "image_size": cfg.image_size if p.image_size is None else p.image_size,
            "max_per_class": None, "max_classes": None, "second_look_subdir": None, "second_look_root": None}
     try:
@@ -75,3 +87,11 @@ def foreign_public_set(cfg: DictConfig, image_shape: tuple[int, ...], rng: np.ra
     index = torch.from_numpy(rows)
     return ImageSet(raw.images[index].float(), torch.full((len(rows),), UNLABELED, dtype=torch.long),
                     torch.full((len(rows),), SENSITIVE, dtype=torch.long), index)
+
+
+def noise_public_set(size: int, image_shape: tuple[int, ...], rng: np.random.Generator) -> ImageSet:
+    """``size`` unlabeled images of uniform noise in [-1, 1], drawn from ``rng``: the dummy public set (lattack.md §2.6)."""
+    stream = torch.Generator().manual_seed(int(rng.integers(2**62)))
+    images = torch.rand(size, *image_shape, generator=stream) * 2 - 1
+    return ImageSet(images, torch.full((size,), UNLABELED, dtype=torch.long), torch.full((size,), SENSITIVE, dtype=torch.long),
+                    torch.arange(size))
