@@ -179,12 +179,8 @@ class _Spy(Attack):
         return []
 
 
-@pytest.mark.parametrize("protocol", ["fedmd", "labelavg"])
-@pytest.mark.usefixtures("unscored_inversions")
-def test_victim_distils_toward_its_own_upload_and_queries_are_counted(tmp_path: Path, protocol: str) -> None:
-    exp = Experiment(compose(None, tiny(tmp_path, *DIGITS, f"protocol={protocol}", *SHORT, "protocol.num_clients=3", "protocol.rounds=1",
-                                        "attack.lattack.victim=1", "attack.lattack.target_class=1", "attack.lattack.m=3",
-                                        "attack.lattack.batch_size=4", "attack.lattack.steps_per_round=2")))
+def _spied(exp: Experiment) -> tuple[_Spy, dict[int, Tensor]]:
+    """A :class:`_Spy` after the run's attacks, and the soft targets each client last trained toward (filled as it runs)."""
     spy = _Spy(exp)
     exp.attacks.append(spy)
     targets: dict[int, Tensor] = {}
@@ -197,6 +193,16 @@ def test_victim_distils_toward_its_own_upload_and_queries_are_counted(tmp_path: 
         return fit_many(jobs)
 
     exp.engine.fit_many = record_targets  # type: ignore[method-assign]
+    return spy, targets
+
+
+@pytest.mark.parametrize("protocol", ["fedmd", "labelavg"])
+@pytest.mark.usefixtures("unscored_inversions")
+def test_victim_distils_toward_its_own_upload_and_queries_are_counted(tmp_path: Path, protocol: str) -> None:
+    exp = Experiment(compose(None, tiny(tmp_path, *DIGITS, f"protocol={protocol}", *SHORT, "protocol.num_clients=3", "protocol.rounds=1",
+                                        "attack.lattack.victim=1", "attack.lattack.target_class=1", "attack.lattack.m=3",
+                                        "attack.lattack.batch_size=4", "attack.lattack.steps_per_round=2")))
+    spy, targets = _spied(exp)
     exp.run()
     assert spy.walks >= 5 and spy.aggregate is not None
     # the victim digests the server's aggregate of its own upload alone, the others the real aggregate
@@ -222,18 +228,7 @@ def test_decoy_images_join_the_next_batch_and_the_victim_alone_is_told_they_are_
     exp = Experiment(compose(None, tiny(tmp_path, *DIGITS, f"protocol={protocol}", *SHORT, "protocol.num_clients=3", "attack.lattack.m=2",
                                         "attack.lattack.batch_size=4", "attack.lattack.steps_per_round=1", "attack.lattack.decoy_class=6",
                                         "attack.lattack.decoy_samples=5")))
-    spy = _Spy(exp)
-    exp.attacks.append(spy)
-    targets: dict[int, Tensor] = {}
-    fit_many = exp.engine.fit_many
-
-    def record_targets(jobs):  # type: ignore[no-untyped-def]
-        for job in jobs:
-            if job.targets is not None:
-                targets[int(job.handle.name.removeprefix("client"))] = job.targets
-        return fit_many(jobs)
-
-    exp.engine.fit_many = record_targets  # type: ignore[method-assign]
+    spy, targets = _spied(exp)
     exp.run()
     rows = len(exp.protocol.public_rows(2))
     assert targets[0].shape[0] == rows + 5  # round 2: its public rows, then the five decoys
