@@ -31,7 +31,8 @@ NOISE = "noise"
 
 
 def check_public_dataset(cfg: DictConfig) -> None:
-    """``data.public_dataset`` names a registered dataset other than ``data.name``, with ``data.split=random``.
+    """``data.public_dataset`` names a registered dataset other than ``data.name`` (or ``noise`` with a ``size``), with
+    ``data.split=random``.
 
     Raises:
         ConfigError: naming the offending ``data.public_dataset.*`` key and what is allowed.
