@@ -23,14 +23,15 @@ from pathlib import Path
 
 import pytest
 import torch
-from torch import nn
+import torch.nn.functional as F
+from torch import Tensor, nn
 
 from fdattack.cli import main
 from fdattack.config import compose
 from fdattack.data.imageset import ImageSet
 from fdattack.defenses import DEFENSES
 from fdattack.experiment import run
-from fdattack.fd import vectorised
+from fdattack.fd import conv_pool, im2col, vectorised
 from fdattack.fd.engine import FitJob, LocalTrainer, ModelHandle, default_engine
 from fdattack.fd.objectives import cross_entropy, fedgems_client, kl_to_probs, l1_to_logits, mixed_ce_kl, soft_cross_entropy
 from fdattack.lit import ClassifierLitModule
@@ -142,7 +143,7 @@ def test_the_cpu_convolution_equals_conv2d(channels: int, kernel: object, stride
     g = torch.Generator().manual_seed(0)
     size = (kernel, kernel) if isinstance(kernel, int) else kernel
     x, weight, bias = torch.randn(3, 5, channels, 9, 8, generator=g), torch.randn(3, 6, channels, *size, generator=g), torch.randn(3, 6, generator=g)
-    ours = torch.func.vmap(lambda x, w, b: vectorised._conv2d(x, w, b, stride, padding))(x, weight, bias)
+    ours = torch.func.vmap(lambda x, w, b: im2col.conv2d(x, w, b, stride, padding))(x, weight, bias)
     theirs = torch.stack([torch.nn.functional.conv2d(x[k], weight[k], bias[k], stride, padding) for k in range(3)])
     torch.testing.assert_close(ours, theirs, rtol=1e-5, atol=1e-5)
 
@@ -162,6 +163,77 @@ def test_activation_after_the_pool_gives_the_same_values_and_gradients(activatio
         assert torch.equal(a.grad, b.grad)
     unchanged = nn.Sequential(nn.Conv2d(1, 4, 3), nn.Tanh(), nn.MaxPool2d(2))  # tanh commutes too, but only ReLUs are moved
     assert vectorised._pool_first(unchanged) is unchanged
+
+
+def _fused(channels: int, kernel: object, stride: object, padding: object, pool: object, pool_stride: object) -> conv_pool.ConvMaxPool:
+    return conv_pool.ConvMaxPool(nn.Conv2d(channels, 6, kernel, stride, padding), nn.MaxPool2d(pool, pool_stride))  # type: ignore[arg-type]
+
+
+def _integer_weights(fused: conv_pool.ConvMaxPool, models: int, g: torch.Generator) -> tuple[Tensor, Tensor]:
+    """Small integer weights: with integer images every sum is exact in any order, so windows tie exactly."""
+    weight = torch.randint(-2, 3, (models, *fused.weight.shape), generator=g).float().requires_grad_()
+    return weight, torch.randint(-2, 3, (models, fused.weight.shape[0]), generator=g).float().requires_grad_()
+
+
+GEOMETRIES = [
+    (1, 3, 1, 0, 3, 3),  # pli_cnn: the pool never reads the last conv row and column
+    (3, (3, 2), 2, 1, 2, 2),
+    (2, 3, 1, 1, 3, 2),  # overlapping windows: one value can be the maximum of two
+    (4, 1, 1, 0, (2, 3), (1, 2)),
+]
+
+
+@pytest.mark.parametrize("geometry", GEOMETRIES)
+@pytest.mark.parametrize("chunking", ["two layers", "one row a chunk", "two rows a chunk", "four rows a chunk"])
+def test_the_fused_convolution_and_pool_equal_the_two_layers(monkeypatch: pytest.MonkeyPatch, geometry: tuple, chunking: str) -> None:
+    """Under vmap with per-model weights, in chunks of rows or as two layers (when a model's batch fits in one chunk): the
+    values and the kernel and bias gradients of ``max_pool2d(conv2d(x))`` model by model, with ties between windows'
+    values resolved as PyTorch resolves them."""
+    g = torch.Generator().manual_seed(0)
+    fused = _fused(*geometry)
+    x = torch.randint(-2, 3, (3, 5, geometry[0], 11, 10), generator=g).float()
+    used, _ = fused.geometry.sizes(11, 10)
+    per_row = used[0] * used[1] * 6  # convolution outputs the pool reads, per row
+    chunk = {"two layers": 5 * per_row, "one row a chunk": per_row, "two rows a chunk": 2 * per_row, "four rows a chunk": 4 * per_row}[chunking]
+    monkeypatch.setattr(conv_pool, "CHUNK_ELEMENTS", chunk)
+    assert fused._chunked(x[0]) is (chunking != "two layers")
+    weight, bias = _integer_weights(fused, 3, g)
+    _, _, stride, padding, pool, pool_stride = geometry
+    ours = torch.func.vmap(lambda w, b, x: torch.func.functional_call(fused, {"weight": w, "bias": b}, (x,)))(weight, bias, x)
+    theirs = torch.stack([F.max_pool2d(F.conv2d(x[k], weight[k], bias[k], stride, padding), pool, pool_stride) for k in range(3)])
+    assert torch.equal(ours, theirs)
+    upstream = torch.randn(ours.shape, generator=g)
+    for a, b in zip(torch.autograd.grad((ours * upstream).sum(), [weight, bias]), torch.autograd.grad((theirs * upstream).sum(), [weight, bias])):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+
+
+def test_the_fused_layer_shares_one_input_among_models_and_falls_back_where_its_input_needs_a_gradient(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(conv_pool, "CHUNK_ELEMENTS", 1)  # chunks of one row wherever the input allows them
+    g = torch.Generator().manual_seed(1)
+    fused = _fused(*GEOMETRIES[2])
+    weight, bias = _integer_weights(fused, 3, g)
+    x = torch.randint(-2, 3, (5, 2, 9, 9), generator=g).float()
+    shared = torch.func.vmap(lambda w, b: torch.func.functional_call(fused, {"weight": w, "bias": b}, (x,)))(weight, bias)
+    theirs = torch.stack([F.max_pool2d(F.conv2d(x, weight[k], bias[k], 1, 1), 3, 2) for k in range(3)])
+    assert torch.equal(shared, theirs)
+    x.requires_grad_()
+    out = torch.func.functional_call(fused, {"weight": weight[0], "bias": bias[0]}, (x,))
+    assert torch.equal(out, theirs[0])
+    (grad,) = torch.autograd.grad(out.sum(), [x])
+    x_ref = x.detach().requires_grad_()
+    torch.testing.assert_close(grad, torch.autograd.grad(F.max_pool2d(F.conv2d(x_ref, weight[0], bias[0], 1, 1), 3, 2).sum(), [x_ref])[0])
+
+
+def test_fusing_keeps_parameter_names_and_fuses_only_what_it_computes() -> None:
+    net = nn.Sequential(nn.Conv2d(1, 4, 3), nn.MaxPool2d(2), nn.Conv2d(4, 4, 3), nn.MaxPool2d(2, ceil_mode=True), nn.Flatten())
+    fused = conv_pool.fuse_conv_pool(net)
+    assert [type(m) for m in fused] == [conv_pool.ConvMaxPool, nn.Identity, nn.Conv2d, nn.MaxPool2d, nn.Flatten]
+    assert [name for name, _ in fused.named_parameters()] == [name for name, _ in net.named_parameters()]
+    x = torch.randn(2, 1, 14, 14, generator=torch.Generator().manual_seed(2))
+    torch.testing.assert_close(fused(x), net(x), rtol=1e-5, atol=1e-5)
+    for unfusable in (nn.Sequential(nn.Conv2d(1, 4, 3, dilation=2), nn.MaxPool2d(2)), nn.Sequential(nn.Conv2d(2, 4, 3, groups=2), nn.MaxPool2d(2)),
+                      nn.Sequential(nn.Conv2d(1, 4, 3), nn.MaxPool2d(2, padding=1)), nn.Sequential(nn.Conv2d(1, 4, 3, padding="same"), nn.MaxPool2d(2))):
+        assert conv_pool.fuse_conv_pool(unfusable) is unfusable
 
 
 # ---------------------------------------------------------------------------------------------------- training phases

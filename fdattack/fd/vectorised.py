@@ -18,15 +18,17 @@ model's module and ``torch.optim`` optimizer, so checkpoints, resume and later p
 unchanged. The results equal the loop's up to float rounding: vmapped convolutions and batched matrix
 products sum in another order (``tests/test_vectorised.py`` states the tolerance). The protocols' client
 phases reach it through :meth:`LocalTrainer.fit_many <fdattack.fd.engine.LocalTrainer.fit_many>`; LiRA's
-shadow students (issue #8) are to train through the same call. :func:`predict_copies` is the inference
+shadow students (``lira_distill``) train through the same call. :func:`predict_copies` is the inference
 counterpart (:meth:`LocalTrainer.predict_many <fdattack.fd.engine.LocalTrainer.predict_many>`).
 
-Three things make the path fast on a CPU, each measured on FedMD's digits clients at K = 100 (one thread):
-the vmapped networks run their 2-D convolutions as im2col + matrix product with channels-last results
-(:class:`_CpuConvolutions`; without it a round takes 2.3x as long), an activation directly followed by max-pooling
-runs after the pool (:func:`_pool_first`; 6 to 20%), and the activations of one call are bounded
-(:data:`CPU_ELEMENTS_PER_CALL`). The ``fdattack`` command also keeps freed memory for reuse
-(:func:`fdattack.fd.malloc.keep_freed_memory`; 18%). ``benchmarks/bench_engine.py`` measures the result.
+Four things make the path fast on a CPU, each measured on one thread: the vmapped networks run their 2-D
+convolutions as im2col + matrix product with channels-last results (:class:`_CpuConvolutions`; without it a FedMD
+round of K = 100 digits clients takes 2.3x as long), an activation directly followed by max-pooling runs after the
+pool (:func:`_pool_first`; 6 to 20% there), a convolution that takes the data and the max-pool after it run as one
+layer in cache-sized chunks where a model's batch of its outputs is large (:mod:`fdattack.fd.conv_pool`; 1.25x on
+MNIST's shadow students), and the activations of one call are bounded (:data:`CPU_ELEMENTS_PER_CALL`). The
+``fdattack`` command also keeps freed memory for reuse (:func:`fdattack.fd.malloc.keep_freed_memory`; 18% on the
+digits round). ``benchmarks/bench_engine.py`` and ``benchmarks/bench_students.py`` measure the result.
 
 :func:`unsupported` says why a job cannot take this path (a training defense, an objective not declared
 :func:`~fdattack.lit.classifier.vmappable`, dropout, an optimizer other than plain Adam or SGD, ...);
@@ -51,7 +53,9 @@ from torch.nn.modules.batchnorm import _BatchNorm
 from torch.nn.modules.dropout import _DropoutNd
 from torch.overrides import TorchFunctionMode
 
+from fdattack.fd.conv_pool import ConvMaxPool, fuse_conv_pool
 from fdattack.fd.engine import FitJob, FitResult, ModelHandle, derive_seed, epoch_order, has_batch_norm, without_lone_row
+from fdattack.fd.im2col import conv2d
 from fdattack.lit.classifier import ClassifierLitModule, is_vmappable
 from fdattack.lit.modes import eval_mode
 
@@ -165,10 +169,13 @@ def _pool_first(net: nn.Module) -> nn.Module:
 
 class _Stack:
     """The parameters and buffers of same-architecture networks, stacked along a leading model axis; ``template``
-    is the network the vmapped calls run (:func:`_pool_first` of the first)."""
+    is the network the vmapped calls run (:func:`_pool_first` of the first, on a CPU also with
+    :func:`~fdattack.fd.conv_pool.fuse_conv_pool`)."""
 
-    def __init__(self, nets: Sequence[nn.Module]) -> None:
+    def __init__(self, nets: Sequence[nn.Module], device: torch.device) -> None:
         self.template = _pool_first(nets[0])
+        if device.type == "cpu":
+            self.template = fuse_conv_pool(self.template)
         self.per_model = [(dict(m.named_parameters()), dict(m.named_buffers())) for m in nets]
         self.params = {name: torch.stack([p[name].detach() for p, _ in self.per_model]) for name in self.per_model[0][0]}
         self.buffers = {name: torch.stack([b[name] for _, b in self.per_model]) for name in self.per_model[0][1]}
@@ -194,59 +201,32 @@ def _models_per_call(per_row: int, rows: int, device: torch.device) -> int:
 
 
 @torch.no_grad()
-def _largest_output(net: nn.Module, row: Tensor) -> int:
-    """Elements of the largest output of any layer of ``net`` for one input row (one eval-mode pass)."""
-    sizes = [row.numel()]
-    hooks = [m.register_forward_hook(lambda m, i, out: sizes.append(out.numel() if isinstance(out, Tensor) else 0))
-             for m in net.modules()]
+def _largest_output(net: nn.Module, batch: Tensor) -> int:
+    """Elements per row of the largest output of any layer of ``net`` on ``batch`` (one eval-mode pass); a
+    :class:`~fdattack.fd.conv_pool.ConvMaxPool` counts what it holds."""
+    sizes = [batch[0].numel()]
+
+    def record(module: nn.Module, inputs: tuple, out: object) -> None:
+        sizes.append(out.numel() // len(batch) if isinstance(out, Tensor) else 0)
+        if isinstance(module, ConvMaxPool):
+            sizes.append(module.elements_held(inputs[0]) // len(batch))
+
+    hooks = [m.register_forward_hook(record) for m in net.modules()]
     try:
         with eval_mode(net):
-            net(row)
+            net(batch)
     finally:
         for hook in hooks:
             hook.remove()
     return max(sizes)
 
 
-def _pair(value: int | Sequence[int]) -> tuple[int, int]:
-    return (value, value) if isinstance(value, int) else (int(value[0]), int(value[1]))
-
-
-def _conv2d(input: Tensor, weight: Tensor, bias: Tensor | None = None, stride: int | Sequence[int] = 1,
-            padding: int | Sequence[int] | str = 0, dilation: int | Sequence[int] = 1, groups: int = 1) -> Tensor:
-    """``F.conv2d`` as im2col + one matrix product, its result channels-last in memory (``F.conv2d`` itself for
-    grouped, dilated or ``padding="same"`` convolutions).
-
-    Under vmap, per-model weights make ``F.conv2d`` one grouped convolution with an NCHW result, on which PyTorch's
-    CPU pooling kernels are several times slower; the matrix product of the shifted-slice im2col is also faster
-    than the grouped convolution for the small networks of FD clients. The bias rides in the product as a column of
-    ones (a vmapped ``addmm`` adds it in a second pass over the output). Same sums, in another order.
-    """
-    if input.dim() != 4 or groups != 1 or isinstance(padding, str) or _pair(dilation) != (1, 1):
-        return F.conv2d(input, weight, bias, stride, padding, dilation, groups)
-    (sh, sw), (ph, pw) = _pair(stride), _pair(padding)
-    out_channels, in_channels, kh, kw = weight.shape
-    if ph or pw:
-        input = F.pad(input, (pw, pw, ph, ph))
-    n, _, h, w = input.shape
-    ho, wo = (h - kh) // sh + 1, (w - kw) // sw + 1
-    pixels = input.permute(0, 2, 3, 1)  # (B, H, W, C)
-    shifted = [pixels[:, i : i + sh * (ho - 1) + 1 : sh, j : j + sw * (wo - 1) + 1 : sw] for i in range(kh) for j in range(kw)]
-    columns = torch.stack(shifted, dim=-1).reshape(n * ho * wo, in_channels * kh * kw)  # im2col, (c, i, j) order as the kernel
-    kernel = weight.reshape(out_channels, -1)
-    if bias is not None:
-        columns = F.pad(columns, (0, 1), value=1.0)
-        kernel = torch.cat([kernel, bias[:, None]], dim=1)
-    out = columns @ kernel.t()
-    return out.reshape(n, ho, wo, out_channels).permute(0, 3, 1, 2)
-
-
 class _CpuConvolutions(TorchFunctionMode):
-    """While active (the vmapped calls on a CPU), 2-D convolutions run as :func:`_conv2d`; every other function runs
-    as called."""
+    """While active (the vmapped calls on a CPU), 2-D convolutions run as :func:`~fdattack.fd.im2col.conv2d`; every
+    other function runs as called."""
 
     def __torch_function__(self, func: Callable, types: object, args: tuple = (), kwargs: dict | None = None) -> object:
-        return (_conv2d if func is F.conv2d else func)(*args, **(kwargs or {}))
+        return (conv2d if func is F.conv2d else func)(*args, **(kwargs or {}))
 
 
 class _Apply:
@@ -445,7 +425,7 @@ def fit_copies(jobs: Sequence[FitJob], batch_size: int, device: torch.device) ->
     Each model takes the steps :meth:`LocalTrainer.fit <fdattack.fd.engine.LocalTrainer.fit>` would take (its own
     seeded batches of its own rows, its own optimizer state), to float tolerance. The jobs must share a
     :func:`group_key` and pass :func:`unsupported`; their objectives must already be set and fresh optimizers
-    built (the engine's ``fit_many`` does both). LiRA's shadow students (issue #8) will use it, through ``fit_many``.
+    built (the engine's ``fit_many`` does both). LiRA's shadow students use it, through ``fit_many``.
 
     Returns:
         one :class:`FitResult` per job, in order.
@@ -453,7 +433,7 @@ def fit_copies(jobs: Sequence[FitJob], batch_size: int, device: torch.device) ->
     for job in jobs:
         if not job.handle.module.training:
             job.handle.module.train()
-    stack = _Stack([job.handle.module.net for job in jobs])  # type: ignore[union-attr]
+    stack = _Stack([job.handle.module.net for job in jobs], device)  # type: ignore[union-attr]
     optimizer = stacked_optimizer([raw_optimizer(job.handle) for job in jobs], list(stack.params), stack.params)
     objective, template = jobs[0].objective, stack.template
 
@@ -461,7 +441,7 @@ def fit_copies(jobs: Sequence[FitJob], batch_size: int, device: torch.device) ->
         return objective(functional_call(template, (params, buffers), (batch["x"],)), batch)
 
     losses, rows = _Apply(loss, device, (0, 0, 0)), _Rows(jobs, device)
-    per_row = _largest_output(template, rows.tensors["x"][:1])
+    per_row = _largest_output(template, rows.tensors["x"][:batch_size])
     trim = without_lone_row if has_batch_norm(template) else (lambda order, _: order)
     total = torch.zeros(len(jobs), device=device)
     steps = torch.zeros(len(jobs), dtype=torch.long)
@@ -500,7 +480,7 @@ def predict_copies(modules: Sequence[ClassifierLitModule], images: Tensor, devic
     Each vmapped call takes as many rows and models as the activation budget allows (all rows for each model where
     they fit), so that few calls cover the K x N rows.
     """
-    stack = _Stack([m.net for m in modules])
+    stack = _Stack([m.net for m in modules], device)
 
     def forward(params: dict[str, Tensor], buffers: dict[str, Tensor], x: Tensor) -> Tensor:
         return functional_call(stack.template, (params, buffers), (x,))
