@@ -22,7 +22,6 @@ which the chunks' kernel gradients are added.
 
 from __future__ import annotations
 
-import copy
 from dataclasses import dataclass
 from typing import Iterator
 
@@ -31,6 +30,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from fdattack.fd.im2col import columns, conv2d, kernel_matrix, pair
+from fdattack.fd.rewrite import rewrite_pairs
 
 #: the most convolution outputs one chunk computes before pooling them (2 MB of float32; 2**18 to 2**21 train
 #: MNIST's shadow students equally fast)
@@ -191,12 +191,4 @@ def fusable(conv: nn.Module, pool: nn.Module) -> bool:
 def fuse_conv_pool(net: nn.Module) -> nn.Module:
     """``net``, or a copy in which every ``Conv2d`` directly followed by a ``MaxPool2d`` in an ``nn.Sequential`` (see
     :func:`fusable`) is one :class:`ConvMaxPool` (and the pool an ``Identity``); parameter names are unchanged."""
-    def pairs(module: nn.Module) -> list[tuple[nn.Sequential, int]]:
-        return [(m, i) for m in module.modules() if isinstance(m, nn.Sequential) for i in range(len(m) - 1) if fusable(m[i], m[i + 1])]
-
-    if not pairs(net):
-        return net
-    net = copy.deepcopy(net)
-    for sequential, i in pairs(net):
-        sequential[i], sequential[i + 1] = ConvMaxPool(sequential[i], sequential[i + 1]), nn.Identity()
-    return net
+    return rewrite_pairs(net, fusable, lambda conv, pool: (ConvMaxPool(conv, pool), nn.Identity()))  # type: ignore[arg-type]

@@ -38,7 +38,6 @@ digits round). ``benchmarks/bench_engine.py`` and ``benchmarks/bench_students.py
 from __future__ import annotations
 
 import contextlib
-import copy
 from abc import ABC, abstractmethod
 import warnings
 import weakref
@@ -56,6 +55,7 @@ from torch.overrides import TorchFunctionMode
 from fdattack.fd.conv_pool import ConvMaxPool, fuse_conv_pool
 from fdattack.fd.engine import FitJob, FitResult, ModelHandle, derive_seed, epoch_order, has_batch_norm, without_lone_row
 from fdattack.fd.im2col import conv2d
+from fdattack.fd.rewrite import rewrite_pairs
 from fdattack.lit.classifier import ClassifierLitModule, is_vmappable
 from fdattack.lit.modes import eval_mode
 
@@ -154,17 +154,11 @@ def _pool_first(net: nn.Module) -> nn.Module:
     ``nn.Sequential`` comes after the pool instead: the same values and gradients (a non-decreasing activation
     commutes with a maximum, and picks the same element of each window), with the activation on 1/k² of the rows.
     Parameter and buffer names are unchanged (both layers have none)."""
-    def pairs(module: nn.Module) -> list[tuple[nn.Sequential, int]]:
-        return [(m, i) for m in module.modules() if isinstance(m, nn.Sequential) for i in range(len(m) - 1)
-                if isinstance(m[i], (nn.ReLU, nn.LeakyReLU)) and getattr(m[i], "negative_slope", 0.0) >= 0
-                and isinstance(m[i + 1], nn.MaxPool2d) and not m[i + 1].return_indices]
+    def activation_then_pool(first: nn.Module, second: nn.Module) -> bool:
+        return (isinstance(first, (nn.ReLU, nn.LeakyReLU)) and getattr(first, "negative_slope", 0.0) >= 0
+                and isinstance(second, nn.MaxPool2d) and not second.return_indices)
 
-    if not pairs(net):
-        return net
-    net = copy.deepcopy(net)
-    for sequential, i in pairs(net):
-        sequential[i], sequential[i + 1] = sequential[i + 1], sequential[i]
-    return net
+    return rewrite_pairs(net, activation_then_pool, lambda activation, pool: (pool, activation))
 
 
 class _Stack:
