@@ -31,7 +31,7 @@ from fdattack.config import compose
 from fdattack.data.imageset import ImageSet
 from fdattack.defenses import DEFENSES
 from fdattack.experiment import run
-from fdattack.fd import conv_pool, im2col, vectorised
+from fdattack.fd import batched_linear, conv_pool, im2col, vectorised
 from fdattack.fd.engine import FitJob, LocalTrainer, ModelHandle, default_engine
 from fdattack.fd.objectives import cross_entropy, fedgems_client, kl_to_probs, l1_to_logits, mixed_ce_kl, soft_cross_entropy
 from fdattack.lit import ClassifierLitModule
@@ -146,6 +146,30 @@ def test_the_cpu_convolution_equals_conv2d(channels: int, kernel: object, stride
     ours = torch.func.vmap(lambda x, w, b: im2col.conv2d(x, w, b, stride, padding))(x, weight, bias)
     theirs = torch.stack([torch.nn.functional.conv2d(x[k], weight[k], bias[k], stride, padding) for k in range(3)])
     torch.testing.assert_close(ours, theirs, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("case", ["per-model input", "shared input", "no bias", "3-d input", "outside vmap"])
+def test_the_batched_linear_layer_equals_f_linear_with_its_gradients(case: str) -> None:
+    """Values and input, weight and bias gradients of ``F.linear`` model by model. Integer inputs, weights and upstream
+    gradients keep every sum exact in any order, so all must be equal; a weight gradient computed in the transposed
+    orientation, or an input gradient against the wrong factor, would differ or fail on its shape."""
+    g = torch.Generator().manual_seed(3)
+    models, lead = (1 if case == "outside vmap" else 3), ((2, 4) if case == "3-d input" else (5,))
+    x = torch.randint(-3, 4, (models, *lead, 7), generator=g).float().requires_grad_()
+    weight = torch.randint(-3, 4, (models, 6, 7), generator=g).float().requires_grad_()
+    bias = None if case == "no bias" else torch.randint(-3, 4, (models, 6), generator=g).float().requires_grad_()
+    if case == "outside vmap":
+        ours = batched_linear.linear(x[0], weight[0], bias[0])[None]  # type: ignore[index]
+    elif case == "shared input":
+        ours = torch.func.vmap(lambda w, b: batched_linear.linear(x[0], w, b))(weight, bias)
+    else:
+        ours = torch.func.vmap(batched_linear.linear, in_dims=(0, 0, None if bias is None else 0))(x, weight, bias)
+    theirs = torch.stack([F.linear(x[0] if case == "shared input" else x[k], weight[k], None if bias is None else bias[k]) for k in range(models)])
+    assert torch.equal(ours, theirs)
+    upstream = torch.randint(-3, 4, ours.shape, generator=g).float()
+    leaves = [t for t in (x, weight, bias) if t is not None]
+    for a, b in zip(torch.autograd.grad((ours * upstream).sum(), leaves), torch.autograd.grad((theirs * upstream).sum(), leaves)):
+        assert torch.equal(a, b)
 
 
 @pytest.mark.parametrize("activation", [nn.ReLU(), nn.LeakyReLU(0.2)])

@@ -22,7 +22,7 @@ shadow students (``lira_distill``) train through the same call. :func:`predict_c
 counterpart (:meth:`LocalTrainer.predict_many <fdattack.fd.engine.LocalTrainer.predict_many>`).
 
 Four things make the path fast on a CPU, each measured on one thread: the vmapped networks run their 2-D
-convolutions as im2col + matrix product with channels-last results (:class:`_CpuConvolutions`; without it a FedMD
+convolutions as im2col + matrix product with channels-last results (:class:`_CpuLayers`; without it a FedMD
 round of K = 100 digits clients takes 2.3x as long), an activation directly followed by max-pooling runs after the
 pool (:func:`_pool_first`; 6 to 20% there), a convolution that takes the data and the max-pool after it run as one
 layer in cache-sized chunks where a model's batch of its outputs is large (:mod:`fdattack.fd.conv_pool`; 1.25x on
@@ -52,6 +52,7 @@ from torch.nn.modules.batchnorm import _BatchNorm
 from torch.nn.modules.dropout import _DropoutNd
 from torch.overrides import TorchFunctionMode
 
+from fdattack.fd.batched_linear import linear
 from fdattack.fd.conv_pool import ConvMaxPool, fuse_conv_pool
 from fdattack.fd.engine import FitJob, FitResult, ModelHandle, derive_seed, epoch_order, has_batch_norm, without_lone_row
 from fdattack.fd.im2col import conv2d
@@ -215,12 +216,15 @@ def _largest_output(net: nn.Module, batch: Tensor) -> int:
     return max(sizes)
 
 
-class _CpuConvolutions(TorchFunctionMode):
-    """While active (the vmapped calls on a CPU), 2-D convolutions run as :func:`~fdattack.fd.im2col.conv2d`; every
-    other function runs as called."""
+class _CpuLayers(TorchFunctionMode):
+    """While active (the vmapped calls on a CPU), 2-D convolutions run as :func:`~fdattack.fd.im2col.conv2d` and
+    linear layers as :func:`~fdattack.fd.batched_linear.linear`; every other function runs as called."""
 
     def __torch_function__(self, func: Callable, types: object, args: tuple = (), kwargs: dict | None = None) -> object:
-        return (conv2d if func is F.conv2d else func)(*args, **(kwargs or {}))
+        return _CPU_LAYERS.get(func, func)(*args, **(kwargs or {}))
+
+
+_CPU_LAYERS: dict[Callable, Callable] = {F.conv2d: conv2d, F.linear: linear}
 
 
 class _Apply:
@@ -234,7 +238,7 @@ class _Apply:
         self.fn, self.device = vmap(fn, in_dims=in_dims), device
 
     def __call__(self, *args: object) -> Tensor:
-        with warnings.catch_warnings(), _CpuConvolutions() if self.device.type == "cpu" else contextlib.nullcontext():
+        with warnings.catch_warnings(), _CpuLayers() if self.device.type == "cpu" else contextlib.nullcontext():
             warnings.filterwarnings("ignore", message="There is a performance drop because we have not yet implemented the batching rule")
             return self.fn(*args)
 

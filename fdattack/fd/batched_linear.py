@@ -1,0 +1,52 @@
+"""``F.linear`` with per-model weights as batched products in their fast orientations: a CPU layer of the vectorised
+path (:mod:`fdattack.fd.vectorised`).
+
+Under vmap, PyTorch computes a batched linear layer's weight gradient as ``bmm(xᵀ, g)`` with a transposed left
+factor and a 10-column result (``pli_cnn`` on MNIST: (2048, 64) @ (64, 10) per model), about 7x as slow on one
+CPU thread as the same numbers computed as ``bmm(gᵀ, x)``; its forward is also faster as ``(W @ xᵀ)ᵀ``.
+:func:`linear` computes the layer, under vmap or not, with these orientations: the same sums, in another order.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from fdattack.fd.model_axis import fold
+
+
+class _LinearFunction(torch.autograd.Function):
+    """``x Wᵀ + b`` over a leading model axis: x (M, B, I), weight (M, O, I) and bias (M, O) or None give (M, B, O)."""
+
+    @staticmethod
+    def forward(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:  # type: ignore[override]
+        transposed = torch.bmm(weight, x.transpose(1, 2)) if bias is None else torch.baddbmm(bias[:, :, None], weight, x.transpose(1, 2))
+        return transposed.transpose(1, 2).contiguous()
+
+    @staticmethod
+    def setup_context(ctx: torch.autograd.function.FunctionCtx, inputs: tuple, output: Tensor) -> None:
+        x, weight, _ = inputs
+        ctx.save_for_backward(x, weight)
+
+    @staticmethod
+    def backward(ctx: torch.autograd.function.FunctionCtx, grad: Tensor) -> tuple[Tensor | None, Tensor | None, Tensor | None]:  # type: ignore[override]
+        x, weight = ctx.saved_tensors  # type: ignore[attr-defined]
+        needs_x, needs_weight, needs_bias = ctx.needs_input_grad  # type: ignore[attr-defined]
+        return (torch.bmm(grad, weight) if needs_x else None, torch.bmm(grad.transpose(1, 2), x) if needs_weight else None,
+                grad.sum(1) if needs_bias else None)
+
+    @staticmethod
+    def vmap(info: object, in_dims: tuple, x: Tensor, weight: Tensor, bias: Tensor | None) -> tuple[Tensor, int]:
+        """Under vmap, the vmapped models join the model axis."""
+        size = info.batch_size  # type: ignore[attr-defined]
+        x, weight = (fold(t, dim, size) for t, dim in zip((x, weight), in_dims[:2]))
+        bias = None if bias is None else fold(bias, in_dims[2], size)
+        return _LinearFunction.apply(x, weight, bias).unflatten(0, (size, -1)), 0
+
+
+def linear(input: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
+    """``F.linear(input, weight, bias)`` for an input of any number of leading dimensions (see the module docstring)."""
+    lead = input.shape[:-1]
+    flat = input.reshape(1, -1, input.shape[-1])
+    out = _LinearFunction.apply(flat, weight[None], None if bias is None else bias[None])
+    return out.view(*lead, weight.shape[0])
