@@ -231,7 +231,7 @@ def test_the_fused_convolution_and_pool_equal_the_two_layers(monkeypatch: pytest
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
 
 
-def test_the_fused_layer_shares_one_input_among_models_and_falls_back_where_its_input_needs_a_gradient(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_fused_layer_shares_one_input_falls_back_where_its_input_needs_a_gradient_and_runs_without_a_bias(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(conv_pool, "CHUNK_ELEMENTS", 1)  # chunks of one row wherever the input allows them
     g = torch.Generator().manual_seed(1)
     fused = _fused(*GEOMETRIES[2])
@@ -246,6 +246,10 @@ def test_the_fused_layer_shares_one_input_among_models_and_falls_back_where_its_
     (grad,) = torch.autograd.grad(out.sum(), [x])
     x_ref = x.detach().requires_grad_()
     torch.testing.assert_close(grad, torch.autograd.grad(F.max_pool2d(F.conv2d(x_ref, weight[0], bias[0], 1, 1), 3, 2).sum(), [x_ref])[0])
+    unbiased = conv_pool.ConvMaxPool(nn.Conv2d(2, 6, 3, 1, 1, bias=False), nn.MaxPool2d(3, 2))
+    x = x.detach()
+    ours = torch.func.vmap(lambda w: torch.func.functional_call(unbiased, {"weight": w}, (x,)))(weight)
+    assert unbiased._chunked(x) and torch.equal(ours, torch.stack([F.max_pool2d(F.conv2d(x, weight[k], None, 1, 1), 3, 2) for k in range(3)]))
 
 
 def test_fusing_keeps_parameter_names_and_fuses_only_what_it_computes() -> None:

@@ -21,14 +21,17 @@ phases reach it through :meth:`LocalTrainer.fit_many <fdattack.fd.engine.LocalTr
 shadow students (``lira_distill``) train through the same call. :func:`predict_copies` is the inference
 counterpart (:meth:`LocalTrainer.predict_many <fdattack.fd.engine.LocalTrainer.predict_many>`).
 
-Four things make the path fast on a CPU, each measured on one thread: the vmapped networks run their 2-D
+Five things make the path fast on a CPU, each measured on one thread: the vmapped networks run their 2-D
 convolutions as im2col + matrix product with channels-last results (:class:`_CpuLayers`; without it a FedMD
-round of K = 100 digits clients takes 2.3x as long), an activation directly followed by max-pooling runs after the
-pool (:func:`_pool_first`; 6 to 20% there), a convolution that takes the data and the max-pool after it run as one
-layer in cache-sized chunks where a model's batch of its outputs is large (:mod:`fdattack.fd.conv_pool`; 1.25x on
-MNIST's shadow students), and the activations of one call are bounded (:data:`CPU_ELEMENTS_PER_CALL`). The
-``fdattack`` command also keeps freed memory for reuse (:func:`fdattack.fd.malloc.keep_freed_memory`; 18% on the
-digits round). ``benchmarks/bench_engine.py`` and ``benchmarks/bench_students.py`` measure the result.
+round of K = 100 digits clients takes 2.3x as long), and their linear layers as batched products in the
+orientations that are fast on a CPU (:mod:`fdattack.fd.batched_linear`; MNIST's shadow students 1.09x as fast,
+their linear weight gradient 7x); an activation directly followed by max-pooling runs after the pool
+(:func:`_pool_first`; 6 to 20% on the digits round); a convolution that takes the data and the max-pool after it
+run as one layer in cache-sized chunks where a model's batch of its outputs is large (:mod:`fdattack.fd.conv_pool`;
+MNIST's shadow students 1.65x as fast); and the activations of one call are bounded
+(:data:`CPU_ELEMENTS_PER_CALL`). The ``fdattack`` command also keeps freed memory for reuse
+(:func:`fdattack.fd.malloc.keep_freed_memory`; 18% on the digits round).
+``benchmarks/bench_engine.py`` and ``benchmarks/bench_students.py`` measure the result.
 
 :func:`unsupported` says why a job cannot take this path (a training defense, an objective not declared
 :func:`~fdattack.lit.classifier.vmappable`, dropout, an optimizer other than plain Adam or SGD, ...);
