@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 from pathlib import Path
 
@@ -24,6 +25,21 @@ def _offline_wandb(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     netrc = tmp_path / "netrc"
     netrc.write_text("")
     monkeypatch.setenv("NETRC", str(netrc))
+
+
+def own_records(caplog: pytest.LogCaptureFixture) -> list[logging.LogRecord]:
+    """caplog's records from fdattack's own loggers only.
+
+    caplog's handler sits on the root logger, so it also collects whatever a dependency logs (wandb's
+    "Current SDK version is ...", "Configure stats pid ..." depend on the wandb version and machine);
+    a test that counts or lists log lines must read these, never ``caplog.records`` / ``caplog.messages``.
+    """
+    return [r for r in caplog.records if r.name == "fdattack" or r.name.startswith("fdattack.")]
+
+
+def own_messages(caplog: pytest.LogCaptureFixture) -> list[str]:
+    """The messages of :func:`own_records`."""
+    return [r.getMessage() for r in own_records(caplog)]
 
 
 def tiny(tmp_path: Path, *extra: str) -> list[str]:

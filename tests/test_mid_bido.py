@@ -29,7 +29,7 @@ from fdattack.fd.record import RoundRecord
 from fdattack.functional.hsic import HSICOptions, dependence
 from fdattack.lit.classifier import ClassifierLitModule, cross_entropy
 from fdattack.models import CLASSIFIERS, build_classifier
-from tests.conftest import tiny
+from tests.conftest import own_messages, tiny
 from tests.object_graph import reachable
 
 FEDINVERSE_DIGITS = ("protocol=fedavg", "data.split=classes", "data.partition=iid", "data.public_classes=[5,6,7,8,9]",
@@ -298,7 +298,7 @@ def test_defended_fedavg_run_trains_and_its_global_model_is_the_vib_model(tmp_pa
     # BiDO (listed first) reads the VIB head's input, the 256-d penultimate features, not the bottleneck sample
     bido = next(d for d in exp.protocol.defenses if d.name == "bido")
     assert bido.captures[0].layers == ["features.3", "features.7", "fc (input)"]
-    summary = next(r.getMessage() for r in caplog.records if r.getMessage().startswith("fdattack: protocol=fedavg"))
+    summary = next(m for m in own_messages(caplog) if m.startswith("fdattack: protocol=fedavg"))
     assert "defenses=bido (nhsic, λ_x=2, λ_y=20, σ=5; layers features.3, features.7, fc (input)); " \
            "mid (vib, β=0.01; output layer → VIB head fc: Linear(256 -> z 128 -> 10))" in summary
 

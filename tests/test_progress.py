@@ -12,7 +12,7 @@ from fdattack.data.federated import FederatedData
 from fdattack.experiment import run
 from fdattack.tracking import Progress, progress_iter
 from fdattack.tracking.progress import score_line
-from tests.conftest import tiny
+from tests.conftest import own_messages, tiny
 
 
 def test_progress_auto_is_silent_when_not_a_tty(capsys: pytest.CaptureFixture[str]) -> None:
@@ -76,6 +76,6 @@ def test_without_a_bar_the_steps_and_scores_are_log_lines(tmp_path: Path, caplog
                              "observers.confidence_gap.enabled=false"))
     with caplog.at_level(logging.INFO, logger="fdattack"):
         run(cfg)
-    messages = [r.getMessage() for r in caplog.records]
+    messages = own_messages(caplog)
     assert "loading data (digits)" in messages and "round 1: attack public_mean" in messages
     assert any(m.startswith("round 1  public_mean: accuracy") for m in messages)

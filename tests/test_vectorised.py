@@ -36,7 +36,7 @@ from fdattack.fd.engine import FitJob, LocalTrainer, ModelHandle, default_engine
 from fdattack.fd.objectives import cross_entropy, fedgems_client, kl_to_probs, l1_to_logits, mixed_ce_kl, soft_cross_entropy
 from fdattack.lit import ClassifierLitModule
 from fdattack.lit.classifier import is_vmappable
-from tests.conftest import REPO, tiny
+from tests.conftest import REPO, own_messages, tiny
 from tests.test_defenses import FreezeClients
 
 SIZES = (45, 23, 23, 22)  # private sets of different sizes: with batch size 8, the tail steps form sub-groups of 7, 6 and 5
@@ -335,7 +335,7 @@ def test_unsupported_jobs_take_the_loop_and_say_why_once(caplog: pytest.LogCaptu
         for seed in (1, 2):
             engine.fit_many([FitJob(h, s, 1, mixed_ce_kl, seed, targets=torch.zeros(len(s), 5)) for h, s in zip(handles, _sets())])
     assert calls == []
-    lines = [r.getMessage() for r in caplog.records if "vectorise" in r.getMessage()]
+    lines = [m for m in own_messages(caplog) if "vectorise" in m]
     assert lines == ["trainer.vectorise=auto: training one model at a time where the objective 'mixed_ce_kl' is not declared vmappable"]
 
 
@@ -394,7 +394,7 @@ def test_a_training_defense_under_auto_trains_one_at_a_time(tmp_path: Path, monk
     with caplog.at_level(logging.INFO, logger="fdattack.fd.engine"):
         assert main(["run", *tiny(tmp_path, "protocol.rounds=1", "defenses=[freeze]")]) == 0
     assert calls == []
-    assert [r.getMessage() for r in caplog.records if "vectorise" in r.getMessage()] == [
+    assert [m for m in own_messages(caplog) if "vectorise" in m] == [
         "trainer.vectorise=auto: training one model at a time where a training defense wraps the model's training"]
 
 
