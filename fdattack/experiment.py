@@ -40,6 +40,7 @@ from fdattack.fd.threat import AttackerView, Degradation, attacker_view
 from fdattack.tracking import (Progress, RunDirectory, WandbRun, attack_summary, load_checkpoint, resolve_mode, rng_state, save_checkpoint,
                                set_rng_state)
 from fdattack.tracking.exit_record import exit_record
+from fdattack.tracking.machine import machine_info
 
 log = logging.getLogger("fdattack")
 
@@ -120,7 +121,7 @@ def build_evaluator(cfg: DictConfig, oracle: Oracle, progress: Progress | None =
     produced = set().union(*(cls.produces for cls in attack_classes(cfg)))
     seed = derive_seed(cfg.seed, "evaluation")
     label_distributions = LabelDistributionScorer(oracle.split, seed) if LabelDistributions in produced else None
-    membership = MembershipScorer(candidates, seed) if candidates is not None else None
+    membership = MembershipScorer(candidates, seed, cfg.evaluation.bootstrap_resamples) if candidates is not None else None
     scorer = None
     if Reconstructions in produced:
         ev = cfg.evaluation
@@ -226,6 +227,8 @@ class Experiment:
             log.info("resuming %s after round %d", self.output_dir, start_round)
         elif fabric.is_global_zero:
             self.data.save_partition(self.output_dir / "partition.json")
+        machine = machine_info(str(cfg.trainer.accelerator))
+        run_dir.record_machine(machine, start_round)
         if fabric.is_global_zero:
             log.info("fdattack: %s", ", ".join(f"{k}={v}" for k, v in self.protocol.describe().items()))
             log.info("data: %s", ", ".join(f"{k}={v}" for k, v in self.data.split.info.items()))
@@ -233,7 +236,7 @@ class Experiment:
         rounds = int(cfg.protocol.rounds)
         orchestrator = RoundOrchestrator(self.protocol, self.attacks, cfg.protocol.on_bad_upload, on_phase=progress.phase)
         wandb_cfg = cfg.logger.wandb if fabric.is_global_zero else _disabled(cfg)
-        tracker = WandbRun.start(wandb_cfg, self.output_dir, _flat_config(cfg), resume_id=wandb_id)
+        tracker = WandbRun.start(wandb_cfg, self.output_dir, {**_flat_config(cfg), "machine": machine}, resume_id=wandb_id)
         with exit_record(run_dir), tracker:
             if last is None:
                 progress.activity("round 0: set-up phases")
@@ -309,14 +312,20 @@ class Experiment:
 
 
 def run(cfg: DictConfig) -> dict[str, float]:
-    """Run the experiment described by ``cfg`` (from :func:`fdattack.config.compose`).
+    """Run the experiment described by ``cfg`` (from :func:`fdattack.config.compose`); with ``cfg.seeds``, one replica
+    per seed and their aggregate (:func:`fdattack.seeds.run_seeds`).
 
     Returns:
-        The final flat metrics (also written to ``output_dir/metrics.json``).
+        The final flat metrics (also written to ``output_dir/metrics.json``): with ``seeds``, their mean, ``_seed_std``
+        and 95 % interval across the seeds.
 
     Raises:
         FdattackError: bad data, refused output directory, corrupt checkpoint, NaN upload.
     """
+    if cfg.seeds is not None:
+        from fdattack.seeds import run_seeds
+
+        return run_seeds(cfg, Path(cfg.output_dir) if cfg.output_dir else default_output_dir(cfg))
     return Experiment(cfg).run()
 
 

@@ -201,6 +201,7 @@ class EvaluationConfig:
     epochs: int = knob(30, "its training epochs", ge=1)
     lr: float = knob(1e-3, "its Adam learning rate", gt=0)
     max_candidates: Optional[int] = knob(None, "membership attacks: how many candidate samples the attacker tests, drawn at random from every client's private samples and the test samples; null = all of them", ge=2)
+    bootstrap_resamples: int = knob(1000, "membership attacks: bootstrap resamples of their metrics' 95 % intervals (each resample re-ranks every client's scores; the other intervals are closed forms or cheap)", ge=100)
     inversion: InversionEvaluationConfig = knob(InversionEvaluationConfig(), "model-inversion attacks (results of type Inversions): their evaluation classifier and grid")
 
 
@@ -210,6 +211,7 @@ class ExperimentConfig:
 
     name: Optional[str] = knob(None, "experiment name (run directory prefix, W&B run name), a plain name without path separators; null = <protocol>_<data>_<attacks>, e.g. dsfl_att_faces_pli-tbi")
     seed: int = knob(42, "seed of everything (model init, shuffling, splits unless data.seed is set)", ge=0, le=SEED_MAX)
+    seeds: Optional[list[int]] = knob(None, "run one replica per seed (e.g. seeds=[0,1,2]) in output_dir/seed_<s>/ and write their aggregate (mean, std and 95 % interval across the seeds of every metric) in output_dir; running it again continues; null = one run at seed")
     output_dir: Optional[str] = knob(None, "run directory, locked while a run uses it; null = runs/<name>-<timestamp>")
     resume: bool = knob(False, "continue the run in output_dir after its last completed round")
     checkpoint_every: int = knob(1, "write a resumable checkpoint every N rounds (the last round always)", ge=1)

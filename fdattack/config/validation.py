@@ -19,6 +19,7 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from fdattack.config.composition import registries
 from fdattack.config.knobs import check_ranges
+from fdattack.config.schema import SEED_MAX
 from fdattack.data.public import check_public_dataset
 from fdattack.errors import ConfigError
 from fdattack.fd.evasion import evasive_clients
@@ -32,6 +33,7 @@ def validate(cfg: DictConfig) -> None:
         ConfigError: the first offending key, its value and what is allowed.
     """
     check_ranges(cfg, "")
+    check_seeds(cfg.seeds)
     check_names(cfg)
     check_trainer(cfg.trainer)
     check_vectorise(cfg)
@@ -40,6 +42,20 @@ def validate(cfg: DictConfig) -> None:
         raise ConfigError(f"data.root={d.root!r}: folder not found (give the folder holding the {d.name} files, or data.download=true where torchvision can download it)")
     check_public_dataset(d)
     check_compatibility(cfg)
+
+
+def check_seeds(seeds: Any) -> None:
+    """``seeds``: null, or distinct seeds in [0, 2³²−1], at least one."""
+    if seeds is None:
+        return
+    values = list(seeds)
+    if not values:
+        raise ConfigError("seeds=[] names no seed; give at least one (seeds=[0,1,2]) or leave it null for one run at seed")
+    bad = next((s for s in values if not 0 <= s <= SEED_MAX), None)
+    if bad is not None:
+        raise ConfigError(f"seeds: {bad} is out of range; allowed: integers in [0, {SEED_MAX}]")
+    if len(set(values)) < len(values):
+        raise ConfigError(f"seeds={values} repeats a seed; each replica needs its own")
 
 
 def check_names(cfg: DictConfig) -> None:

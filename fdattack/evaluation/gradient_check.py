@@ -2,7 +2,8 @@
 
 The truth needs the victim's network, white-box, which only the evaluation side holds: autograd through it in eval
 mode on its undefended logits, with the attack's loss kind. Metrics under ``attack/<name>/``: ``grad_cosine`` (mean
-over the probe's points of cos(ĝ, ∇L)) and ``grad_cosine_std``; histograms ``grad_true`` and ``grad_estimate`` of the
+over the probe's points of cos(ĝ, ∇L)), its bootstrap interval over the points (``grad_cosine_ci_low``, ``_ci_high``) and
+``grad_cosine_std``; histograms ``grad_true`` and ``grad_estimate`` of the
 first point's element values (Fig. 4 compares such histograms). At the paper's m ≪ d expect small cosines,
 E cos ≈ sqrt(m / (m + d)) for an exactly answered loss (§2.3).
 """
@@ -16,6 +17,7 @@ from torch import Tensor, nn
 from fdattack.attacks.results import GradientProbe
 from fdattack.evaluation.oracle import Oracle
 from fdattack.evaluation.report import Report
+from fdattack.functional.intervals import bootstrap_mean_interval, interval_keys
 from fdattack.functional.losses import target_class_loss
 from fdattack.lit.modes import eval_mode
 
@@ -50,5 +52,7 @@ class GradientCheck:
         truth = true_gradient(self.oracle.clients[probe.victim].module.net, probe.points, probe.target_class, probe.loss)
         cosines = gradient_cosines(probe.estimate, truth)
         std = float(cosines.std()) if len(cosines) > 1 else 0.0
-        return Report(metrics={f"attack/{name}/grad_cosine": float(cosines.mean()), f"attack/{name}/grad_cosine_std": std},
+        metrics = {f"attack/{name}/grad_cosine": float(cosines.mean()), f"attack/{name}/grad_cosine_std": std,
+                   **interval_keys(f"attack/{name}/grad_cosine", bootstrap_mean_interval(cosines.double().numpy()))}
+        return Report(metrics=metrics,
                       histograms={f"attack/{name}/grad_true": truth[0].flatten(), f"attack/{name}/grad_estimate": probe.estimate[0].flatten()})

@@ -26,6 +26,10 @@ Metrics, under ``attack/<name>/``:
   not the paper's ImageNet-pretrained VGG16 (pre-ReLU conv5_3): no pretrained network is downloaded, so the absolute
   values differ from the paper's and only generated ≫ noise is comparable.
 * ``eval_classifier_accuracy``: the classifier's own held-out top-1 (A26); and the attack's ``details`` as they are.
+* 95 % intervals (``<metric>_ci_low`` / ``_ci_high``, :mod:`fdattack.functional.intervals`): Wilson over the S·T
+  inversions for ``top1`` and ``top5``; the percentile bootstrap over the inversions for ``knn_dist``, ``fid`` (the
+  private images fixed; ``FID_RESAMPLES`` resamples) and the centred feature cosines (the noise images for
+  ``feature_cosine_noise``), pooled over the labels.
 
 The grid (a row per target label, a column per sample) is logged as ``attack/<name>/inversions``; the images
 and labels are saved as the ``<name>_inversions`` artifact (images as uint8, as PNGs would hold them).
@@ -47,12 +51,31 @@ from fdattack.evaluation.inception import load_inception
 from fdattack.evaluation.inversion_classifier import EvaluationClassifier, inversion_classifier
 from fdattack.evaluation.report import Report
 from fdattack.fd.engine import LocalTrainer
-from fdattack.metrics.inversion import feature_cosines, feature_diversity, inversion_grid, knn_distance, mean_and_std, topk_per_sample
+from fdattack.functional.intervals import NO_INTERVAL, bootstrap_interval, bootstrap_mean_interval, interval_keys, wilson_interval
+from fdattack.metrics.inversion import feature_cosine_samples, feature_diversity, inversion_grid, knn_distances, mean_and_std, topk_per_sample
 
 #: private images per label over which ``diversity_real`` is measured (the first ones)
 REAL_DIVERSITY_IMAGES = 1000
 #: seed of the uniform-noise images of ``feature_cosine_noise`` (the same noise every round)
 NOISE_SEED = 0
+#: bootstrap resamples of the FID's interval (each one a Fréchet distance)
+FID_RESAMPLES = 200
+
+
+def _with_interval(key: str, value: float, interval: tuple[float, float]) -> dict[str, float]:
+    return {key: value, **interval_keys(key, interval)}
+
+
+class GivenFeatures(nn.Module):
+    """The identity, as torchmetrics' FID feature extractor over features computed beforehand (once per image, not once
+    per bootstrap resample)."""
+
+    def __init__(self, num_features: int) -> None:
+        super().__init__()
+        self.num_features = num_features
+
+    def forward(self, features: Tensor) -> Tensor:
+        return features
 
 
 class PenultimateFeatures(nn.Module):
@@ -98,20 +121,34 @@ class InversionScorer:
             self._real_features = self.classifier().embed(self.real_images)
         return self._real_features
 
-    def fid(self, images: Tensor, labels: Tensor, extractor: nn.Module) -> float:
-        """FID in ``extractor``'s features between ``images`` (N, C, H, W) and the private images of ``labels`` (their
-        features kept per extractor and label set); NaN with fewer than two images on a side."""
+    def _fid_metric(self, labels: Tensor, extractor: nn.Module) -> FrechetInceptionDistance:
+        """A Fréchet distance over features, holding those of the private images of ``labels`` under ``extractor``
+        (kept per extractor and label set)."""
         key = (type(extractor).__name__, tuple(sorted(set(labels.tolist()))))
         if key not in self._fid:
-            metric = FrechetInceptionDistance(feature=extractor, reset_real_features=False)
-            metric.update(self.real_images[torch.isin(self.real_labels, torch.tensor(key[1]))], real=True)
+            real = self.real_images[torch.isin(self.real_labels, torch.tensor(key[1]))]
+            metric = FrechetInceptionDistance(feature=GivenFeatures(extractor.num_features), reset_real_features=False)
+            if len(real):
+                metric.update(extractor(real), real=True)
             self._fid[key] = metric
-        metric = self._fid[key]
+        return self._fid[key]
+
+    def fid(self, images: Tensor, labels: Tensor, extractor: nn.Module) -> tuple[float, tuple[float, float]]:
+        """FID in ``extractor``'s features between ``images`` (N, C, H, W) and the private images of ``labels``, and its
+        percentile bootstrap interval over ``images`` resampled with replacement (the private images fixed); NaN with
+        fewer than two images on a side."""
+        metric = self._fid_metric(labels, extractor)
         if images.shape[0] < 2 or int(metric.real_features_num_samples) < 2:
-            return float("nan")
-        metric.reset()
-        metric.update(images, real=False)
-        return float(metric.compute())
+            return float("nan"), NO_INTERVAL
+        features = extractor(images)
+
+        def distance(rows: Tensor) -> float:
+            metric.reset()
+            metric.update(features[rows], real=False)
+            return float(metric.compute())
+
+        value = distance(torch.arange(len(features)))
+        return value, bootstrap_interval(len(features), lambda rows: distance(torch.as_tensor(rows)), resamples=FID_RESAMPLES)
 
     def __call__(self, attack: str, result: Inversions) -> Report:
         """``attack/<name>/...`` metrics, the grid and the artifact of one attack's inversions this round."""
@@ -126,20 +163,29 @@ class InversionScorer:
         (real, real_pre), labels = self.real_features(), result.labels
         values = dict(result.details)  # the scores below win over a detail of the same name
         for k in (1, 5):
-            values[f"top{k}"], values[f"top{k}_std"] = mean_and_std(topk_per_sample(logits, labels, k))
+            per_sample = topk_per_sample(logits, labels, k)
+            values[f"top{k}"], values[f"top{k}_std"] = mean_and_std(per_sample)
+            values.update(interval_keys(f"top{k}", wilson_interval(round(float(per_sample.sum()) * t), s * t)))
+        distances = knn_distances(features, labels, real, self.real_labels)
+        cosines = feature_cosine_samples(pre, labels, real_pre, self.real_labels, noise_pre)
+        extractor = PenultimateFeatures(classifier)
         values.update({
             "chance": 1.0 / t,
             "chance_top5": min(5, classifier.num_classes) / classifier.num_classes,
             "diversity": feature_diversity([features[:, i] for i in range(t)]),
             "diversity_real": feature_diversity([real[self.real_labels == y][:REAL_DIVERSITY_IMAGES] for y in labels.tolist()]),
-            "fid": self.fid(flat, labels, PenultimateFeatures(classifier)),
+            **_with_interval("fid", *self.fid(flat, labels, extractor)),
             "fid_images": float(s * t),
-            "knn_dist": knn_distance(features, labels, real, self.real_labels),
-            **feature_cosines(pre, labels, real_pre, self.real_labels, noise_pre),
+            "knn_dist": float(distances.mean()) if len(distances) else float("nan"),
+            **interval_keys("knn_dist", bootstrap_mean_interval(distances.numpy())),
             "eval_classifier_accuracy": classifier.test_accuracy,
         })
+        for key, per_image in cosines.items():
+            values[key] = float(per_image.mean()) if len(per_image) else float("nan")
+            if not key.endswith("_raw"):
+                values.update(interval_keys(key, bootstrap_mean_interval(per_image.numpy())))
         if self.inception is not None:
-            values["fid_inception"] = self.fid(flat, labels, self.inception)
+            values.update(_with_interval("fid_inception", *self.fid(flat, labels, self.inception)))
         as_bytes = ((result.images.float() * 0.5 + 0.5).clamp(0, 1) * 255).round().to(torch.uint8)
         return Report(metrics={f"attack/{name}/{key}": float(value) for key, value in values.items()},
                       images={f"attack/{name}/inversions": inversion_grid(result.images, self.grid_samples)},

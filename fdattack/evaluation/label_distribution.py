@@ -13,6 +13,7 @@ import torch
 from fdattack.attacks.results import LabelDistributions
 from fdattack.data.federated import FederatedSplit
 from fdattack.evaluation.report import Report
+from fdattack.functional.intervals import interval_keys, t_interval
 from fdattack.functional.label_distribution import distances, label_proportions, random_distributions
 
 #: draws averaged in the ``random_*_mean1000`` baselines
@@ -42,9 +43,13 @@ class LabelDistributionScorer:
             self.baselines[f"uniform_{key}"] = float(distances(self.truth, uniform)[key].mean())
 
     def __call__(self, attack: str, result: LabelDistributions) -> Report:
-        """``attack/<attack>/{kl,kl_eq7,chebyshev,l1,tv}`` (means over the estimated clients) and the baselines."""
+        """``attack/<attack>/{kl,kl_eq7,chebyshev,l1,tv}`` (means over the estimated clients, each with the t interval of
+        the mean over the clients: ``_ci_low``, ``_ci_high``) and the baselines."""
         truth = self.truth[list(result.clients)]
         scores = distances(truth, result.estimates.double())
-        metrics = {f"attack/{attack}/{key}": float(value.mean()) for key, value in scores.items()}
+        metrics = {}
+        for key, value in scores.items():
+            metrics[f"attack/{attack}/{key}"] = float(value.mean())
+            metrics.update(interval_keys(f"attack/{attack}/{key}", t_interval(value.numpy())))
         metrics.update({f"attack/{attack}/{key}": value for key, value in self.baselines.items()})
         return Report(metrics=metrics)

@@ -22,7 +22,8 @@ from fdattack.attacks.results import MembershipScores
 from fdattack.data.federated import FederatedSplit
 from fdattack.data.imageset import ImageSet
 from fdattack.evaluation.report import Report
-from fdattack.metrics.membership import membership_metrics, roc
+from fdattack.functional.intervals import BOOTSTRAP_RESAMPLES, interval_keys, membership_bootstrap
+from fdattack.metrics.membership import FPR_LEVELS, membership_metrics, roc
 
 #: origin of a candidate that is nobody's member (a test sample)
 NON_MEMBER = -1
@@ -60,14 +61,20 @@ def candidate_pool(split: FederatedSplit, max_candidates: int | None, seed: int)
 class MembershipScorer:
     """Scores membership results against the pool's ground truth, one evaluation set per target client.
 
+    Each metric comes with its 95 % interval (``_ci_low``, ``_ci_high``): the stratified percentile bootstrap of the
+    mean over clients, resampling each client's members and non-members apart
+    (:func:`~fdattack.functional.intervals.membership_bootstrap`).
+
     Args:
         pool: the candidates and their origin.
         seed: seeds the draw of each client's non-members (fixed for the run, so rounds compare).
+        resamples: bootstrap resamples of the intervals.
     """
 
-    def __init__(self, pool: CandidatePool, seed: int) -> None:
+    def __init__(self, pool: CandidatePool, seed: int, resamples: int = BOOTSTRAP_RESAMPLES) -> None:
         self.pool = pool
         self.seed = seed
+        self.resamples = resamples
         self._sets: dict[int, tuple[Tensor, Tensor]] = {}
 
     def evaluation_set(self, client: int) -> tuple[Tensor, Tensor]:
@@ -87,20 +94,27 @@ class MembershipScorer:
         return self._sets[client]
 
     def __call__(self, attack: str, result: MembershipScores) -> Report:
-        """``attack/<name>/...``: the mean over target clients of each metric, and a log-log ROC figure."""
+        """``attack/<name>/...``: the mean over target clients of each metric with its interval, and a log-log ROC figure."""
         name = result.name or attack
         per_client: list[dict[str, float]] = []
         paper: list[dict[str, float]] = []
         curves = []
+        samples: list[tuple[np.ndarray, np.ndarray]] = []
         for row, client in enumerate(result.clients):
             columns, is_member = self.evaluation_set(client)
             if is_member.all() or not is_member.any():
                 continue  # no member (or no non-member) of this client among the candidates
-            per_client.append(membership_metrics(is_member, result.scores[row, columns]))
-            curves.append(roc(is_member, result.scores[row, columns]))
+            scores = result.scores[row, columns]
+            per_client.append(membership_metrics(is_member, scores))
+            curves.append(roc(is_member, scores))
+            samples.append((scores[is_member].double().numpy(), scores[~is_member].double().numpy()))
             if result.paper_scores is not None:
                 paper.append(membership_metrics(is_member, result.paper_scores[row, columns]))
         metrics = {f"attack/{name}/{key}": float(np.mean([m[key] for m in per_client])) for key in (per_client[0] if per_client else {})}
+        if per_client:
+            intervals = membership_bootstrap(samples, list(FPR_LEVELS.values()), resamples=self.resamples)
+            for key, interval in zip([*FPR_LEVELS, "auc", "balanced_accuracy"], intervals):
+                metrics.update(interval_keys(f"attack/{name}/{key}", interval))
         metrics.update({f"attack/{name}/paper_{key}": float(np.mean([m[key] for m in paper])) for key in (paper[0] if paper else {})})
         metrics[f"attack/{name}/clients_scored"] = float(len(per_client))
         metrics.update({f"attack/{name}/{key}": float(value) for key, value in result.details.items()})

@@ -19,12 +19,14 @@ class AttackAccuracy:
         too_close_to_public: number of targets whose best match is the public mean of the same label.
         ssim_private_mean: mean SSIM of each reconstruction to its own private mean (the paper's "quality").
         success: (T,) bool per target.
+        ssim_per_target: (T,) SSIM of each reconstruction to its own private mean (NaN where it has no score).
     """
 
     accuracy: float
     too_close_to_public: int
     ssim_private_mean: float
     success: Tensor
+    ssim_per_target: Tensor
 
 
 def attack_accuracy(recon: Tensor, recon_labels: Tensor, private_means: Tensor, public_means: Tensor) -> AttackAccuracy:
@@ -54,6 +56,7 @@ def attack_accuracy(recon: Tensor, recon_labels: Tensor, private_means: Tensor, 
         too_close_to_public=int(((best == labels + j) & scored).sum()),
         ssim_private_mean=float(own.nanmean()) if len(labels) else float("nan"),
         success=success,
+        ssim_per_target=own,
     )
 
 

@@ -58,8 +58,8 @@ def feature_diversity(groups: Sequence[Tensor]) -> float:
     return float(torch.stack(spreads).mean()) if spreads else float("nan")
 
 
-def knn_distance(features: Tensor, labels: Tensor, real_features: Tensor, real_labels: Tensor) -> float:
-    """KNN-dist of §6.3: mean over the inversions of the squared distance to the nearest real image of their label.
+def knn_distances(features: Tensor, labels: Tensor, real_features: Tensor, real_labels: Tensor) -> Tensor:
+    """KNN-dist of §6.3 per inversion: the squared distance to the nearest real image of its label.
 
     Args:
         features: (S, T, D) penultimate features of the inversions.
@@ -68,11 +68,17 @@ def knn_distance(features: Tensor, labels: Tensor, real_features: Tensor, real_l
         real_labels: (N,) their labels.
 
     Returns:
-        The mean over the labels' inversions that have real images of their label; NaN if none has.
+        (n,) float64, the inversions of the labels that have real images, column by column.
     """
     nearest = [torch.cdist(features[:, t].double(), real_features[real_labels == y].double()).min(dim=1).values.square()
                for t, y in enumerate(labels.tolist()) if bool((real_labels == y).any())]
-    return float(torch.cat(nearest).mean()) if nearest else float("nan")
+    return torch.cat(nearest) if nearest else torch.empty(0, dtype=torch.float64)
+
+
+def knn_distance(features: Tensor, labels: Tensor, real_features: Tensor, real_labels: Tensor) -> float:
+    """KNN-dist of §6.3: the mean of :func:`knn_distances`; NaN if no label has real images."""
+    distances = knn_distances(features, labels, real_features, real_labels)
+    return float(distances.mean()) if len(distances) else float("nan")
 
 
 def centroid_cosine(samples: Tensor, real: Tensor, centre: Tensor) -> Tensor:
@@ -108,18 +114,13 @@ def feature_cosine(generated: Tensor, real: Tensor, noise: Tensor) -> dict[str, 
     Returns:
         ``feature_cosine``, ``feature_cosine_noise``, ``feature_cosine_raw``, ``feature_cosine_noise_raw``.
     """
-    centre = torch.stack([generated.double().mean(dim=0), real.double().mean(dim=0), noise.double().mean(dim=0)]).mean(dim=0)
-    origin = torch.zeros_like(centre)
-    return {
-        "feature_cosine": float(centroid_cosine(generated, real, centre).mean()),
-        "feature_cosine_noise": float(centroid_cosine(noise, real, centre).mean()),
-        "feature_cosine_raw": float(centroid_cosine(generated, real, origin).mean()),
-        "feature_cosine_noise_raw": float(centroid_cosine(noise, real, origin).mean()),
-    }
+    one_label = torch.zeros(1, dtype=torch.long)
+    return feature_cosines(generated.unsqueeze(1), one_label, real, one_label.expand(len(real)), noise.unsqueeze(1))
 
 
-def feature_cosines(features: Tensor, labels: Tensor, real_features: Tensor, real_labels: Tensor, noise_features: Tensor) -> dict[str, float]:
-    """:func:`feature_cosine` of every target label, averaged over the labels.
+def feature_cosine_samples(features: Tensor, labels: Tensor, real_features: Tensor, real_labels: Tensor,
+                           noise_features: Tensor) -> dict[str, Tensor]:
+    """The per-image cosines behind :func:`feature_cosine`, for every target label, pooled over the labels.
 
     Args:
         features: (S, T, D) features of the inversions; noise_features: (S', T, D) of noise images, a column per label.
@@ -127,12 +128,33 @@ def feature_cosines(features: Tensor, labels: Tensor, real_features: Tensor, rea
         real_features: (N, D) features of the real (private training) images; real_labels: (N,) their labels.
 
     Returns:
+        ``feature_cosine`` and ``feature_cosine_raw``: (S·T',) one cosine per inversion; ``feature_cosine_noise`` and
+        ``feature_cosine_noise_raw``: (S'·T',) one per noise image; T' the labels that have real images.
+    """
+    pooled: dict[str, list[Tensor]] = {key: [] for key in ("feature_cosine", "feature_cosine_noise", "feature_cosine_raw", "feature_cosine_noise_raw")}
+    for t, y in enumerate(labels.tolist()):
+        real = real_features[real_labels == y]
+        if not len(real):
+            continue
+        generated, noise = features[:, t], noise_features[:, t]
+        centre = torch.stack([generated.double().mean(dim=0), real.double().mean(dim=0), noise.double().mean(dim=0)]).mean(dim=0)
+        origin = torch.zeros_like(centre)
+        pooled["feature_cosine"].append(centroid_cosine(generated, real, centre))
+        pooled["feature_cosine_noise"].append(centroid_cosine(noise, real, centre))
+        pooled["feature_cosine_raw"].append(centroid_cosine(generated, real, origin))
+        pooled["feature_cosine_noise_raw"].append(centroid_cosine(noise, real, origin))
+    return {key: torch.cat(values) if values else torch.empty(0, dtype=torch.float64) for key, values in pooled.items()}
+
+
+def feature_cosines(features: Tensor, labels: Tensor, real_features: Tensor, real_labels: Tensor, noise_features: Tensor) -> dict[str, float]:
+    """:func:`feature_cosine` of every target label, averaged over the labels (every label has S inversions, so this
+    is the mean of :func:`feature_cosine_samples`).
+
+    Returns:
         The four means over the labels that have real images; NaN if none has.
     """
-    per_label = [feature_cosine(features[:, t], real_features[real_labels == y], noise_features[:, t])
-                 for t, y in enumerate(labels.tolist()) if bool((real_labels == y).any())]
-    keys = ("feature_cosine", "feature_cosine_noise", "feature_cosine_raw", "feature_cosine_noise_raw")
-    return {k: sum(v[k] for v in per_label) / len(per_label) if per_label else float("nan") for k in keys}
+    samples = feature_cosine_samples(features, labels, real_features, real_labels, noise_features)
+    return {key: float(values.mean()) if len(values) else float("nan") for key, values in samples.items()}
 
 
 def inversion_grid(images: Tensor, samples: int) -> Tensor:

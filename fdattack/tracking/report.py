@@ -1,17 +1,21 @@
 """``fdattack report RUN_DIR [RUN_DIR ...] --out DIR``: a static HTML page that compares runs (the offline W&B dashboard).
 
-The page opens with the runs, labeled by the config keys in which they differ. Then a section per attack
-(and for the protocol's and the other metrics): a final table with a row per run, each per-round metric
-plotted against the round (accuracy with its chance line), the one-off metrics as a table, and each
-run's latest reconstruction grids with their row and column labels.
+The page opens with the runs, labeled by the config keys in which they differ; runs that differ only by their
+seed are one entry, their mean over the seeds. Then a section per attack (and for the protocol's and the other
+metrics): a final table with a row per run, each per-round metric plotted against the round (accuracy with its
+chance line), the one-off metrics as a table, and each run's latest reconstruction grids with their row and column
+labels. A metric with a 95 % interval (within the run, or across the seeds of a mean) shows it: ``[low, high]``
+after its value in the tables, a shaded band around its line in the plots.
 """
 
 from __future__ import annotations
 
 import html
+import math
 from pathlib import Path
 from typing import Any, Iterable
 
+from fdattack.functional.intervals import HIGH, LOW
 from fdattack.tracking.report_figures import DEFAULT_NOTE, NOTES, copy_grid, grid_html, latest_grids, plot_metric, run_style
 from fdattack.tracking.report_runs import Run, Section, format_value, label_keys, load_runs, sections
 from fdattack.tracking.summary import CHANCE, TABLES
@@ -35,17 +39,28 @@ figcaption{font-size:14px;color:#444;margin-bottom:4px}
 .grid .head{font-size:13px;font-weight:bold;text-align:center}
 .grid .rowhead{font-size:13px;text-align:right;padding-right:6px;white-space:nowrap}
 .tile{image-rendering:pixelated;background-repeat:no-repeat;outline:1px solid #ddd}
-.note{font-size:13px;color:#555}
+.note{font-size:13px;color:#555} .ci{color:#666;font-size:12px}
 @media (max-width:900px){body{margin:12px}}
 """
 
 
-def _cell(value: Any) -> str:
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _cell(value: Any, low: Any = None, high: Any = None) -> str:
+    """A table cell of a value, with its interval ``[low, high]`` where it has a finite one of some width."""
     if value is None:
         return "<td>nan</td>"  # the run record writes NaN as null
-    if isinstance(value, (int, float)) and not isinstance(value, bool):
-        return f"<td>{value:.4g}</td>"
-    return "<td>–</td>"
+    if not _is_number(value):
+        return "<td>–</td>"
+    interval = (f" <span class='ci'>[{low:.3g}, {high:.3g}]</span>"
+                if _is_number(low) and _is_number(high) and math.isfinite(low) and math.isfinite(high) and low < high else "")
+    return f"<td>{value:.4g}{interval}</td>"
+
+
+def _final_cell(run: Run, key: str) -> str:
+    return _cell(run.final.get(key, ""), run.final.get(key + LOW), run.final.get(key + HIGH))
 
 
 def _run_cell(runs: list[Run], i: int) -> str:
@@ -72,7 +87,8 @@ def _ordered(metrics: list[str]) -> list[str]:
 def runs_table(runs: list[Run], keys: list[str]) -> str:
     """A row per run: label, its value of every differing config key, last round and directory."""
     rows = [_run_cell(runs, i) + "".join(f"<td>{html.escape(format_value(run.config.get(k, '–')))}</td>" for k in keys)
-            + f"<td>{_last_round(run)}</td><td class='dir'>{html.escape(str(run.path))}</td>" for i, run in enumerate(runs)]
+            + f"<td>{_last_round(run)}</td><td class='dir'>{'<br>'.join(html.escape(str(p)) for p in run.replicas or [run.path])}</td>"
+            for i, run in enumerate(runs)]
     return _table("runs", ["run", *keys, "last round", "directory"], rows)
 
 
@@ -80,7 +96,7 @@ def final_table(runs: list[Run], section: Section) -> str:
     """Runs as rows, the section's per-round and other metrics as columns (last recorded values; the runs
     table gives each run's last round)."""
     metrics = _ordered(section.per_round + section.final)
-    rows = [_run_cell(runs, i) + "".join(_cell(run.final.get(section.key(m), "")) for m in metrics) for i, run in enumerate(runs)]
+    rows = [_run_cell(runs, i) + "".join(_final_cell(run, section.key(m)) for m in metrics) for i, run in enumerate(runs)]
     return _table(f"final section-{section.name}", ["run", *(TITLES.get(m, m) for m in metrics)], rows)
 
 
@@ -91,7 +107,7 @@ def one_off_table(runs: list[Run], section: Section) -> str:
         values = {m: run.series(section.key(m)) for m in section.one_off}
         recorded = sorted({points[0][0] for points in values.values() if points})
         rows.append(_run_cell(runs, i) + f"<td>{', '.join(map(str, recorded)) or '–'}</td>"
-                    + "".join(_cell(run.final.get(section.key(m), "")) for m in section.one_off))
+                    + "".join(_final_cell(run, section.key(m)) for m in section.one_off))
     return _table(f"oneoff section-{section.name}", ["run", "round", *section.one_off], rows)
 
 
@@ -106,8 +122,9 @@ def plots(runs: list[Run], section: Section, out: Path) -> str:
         name = f"plots/{section.name.replace('/', '_')}__{metric}.svg"
         plot_metric(out / name, metric, runs, key, chance)
         note = f" · dashed grey line: chance ({', '.join(f'{c:.3g}' for c in sorted(set(chance.values())))})" if chance else ""
+        band = " · shaded: 95 % interval" if any(run.series(key + LOW) for run in runs) else ""
         figures.append(f"<figure data-metric='{html.escape(key)}' data-chance='{int(bool(chance))}'>"
-                       f"<figcaption><b>{html.escape(TITLES.get(metric, metric))}</b> against the round{note}</figcaption>"
+                       f"<figcaption><b>{html.escape(TITLES.get(metric, metric))}</b> against the round{note}{band}</figcaption>"
                        f"<img src='{name}' alt='{html.escape(key)} against the round'></figure>")
     return f"<div class='plots'>{''.join(figures)}</div>"
 

@@ -17,6 +17,7 @@ import torch
 from PIL import Image
 
 from fdattack.errors import CheckpointError
+from fdattack.functional.intervals import HIGH, LOW
 from fdattack.tracking.checkpoint import load_checkpoint
 from fdattack.tracking.report_runs import Run
 
@@ -42,8 +43,9 @@ def run_style(index: int) -> tuple[str, str]:
 
 
 def plot_metric(path: Path, metric: str, runs: list[Run], key: str, chance: dict[int, float]) -> None:
-    """Write an SVG of ``key`` against the round, one line per run; ``chance`` (run index -> level) draws
-    dashed grey lines (one per distinct level, ``id="chance..."`` in the SVG)."""
+    """Write an SVG of ``key`` against the round, one line per run, shaded by its 95 % interval where the run recorded
+    ``key_ci_low`` and ``key_ci_high`` (``id="band<run>"`` in the SVG); ``chance`` (run index -> level) draws dashed
+    grey lines (one per distinct level, ``id="chance..."``)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -58,6 +60,11 @@ def plot_metric(path: Path, metric: str, runs: list[Run], key: str, chance: dict
             thick = 1 - i / max(len(runs) - 1, 1)  # earlier runs wider, so runs with equal values all stay visible
             ax.plot([p[0] for p in points], [p[1] for p in points], color=colour, linestyle=style, marker="o",
                     linewidth=1.5 + 3 * thick, markersize=4 + 6 * thick, label=run.label)
+            low, high = dict(run.series(key + LOW)), dict(run.series(key + HIGH))
+            rounds = [r for r, _ in points if r in low and r in high]
+            if rounds:
+                ax.fill_between(rounds, [low[r] for r in rounds], [high[r] for r in rounds], color=colour, alpha=0.18, linewidth=0,
+                                gid=f"band{i}")
     for j, level in enumerate(sorted(set(chance.values()))):
         ax.axhline(level, color="0.45", linestyle=(0, (6, 3)), linewidth=1.4, label=f"chance = {level:.3g}", gid=f"chance{j}")
     if chance:

@@ -1,7 +1,8 @@
 """What ``fdattack report`` compares: run directories, their labels and their metrics laid out by section.
 
 A run's label names the config keys in which the compared runs differ (``tau=3, gamma=0.1``,
-``protocol=dsfl``), so sweep trials read by their parameters, not ``trial_000``. Metrics are grouped
+``protocol=dsfl``), so sweep trials read by their parameters, not ``trial_000``. Runs that differ only by their
+``seed`` are one entry, the mean over the seeds with its 95 % interval across them (:func:`group_seeds`). Metrics are grouped
 into sections by their prefix (``attack/pli``, ``protocol``, ``diag/confidence_gap``, ...); within a
 section a metric recorded in several rounds is plotted against the round, one recorded in a single
 round while the section goes on (PLI's ``prior_*`` scores) is "one-off", and the rest is tabled.
@@ -17,6 +18,8 @@ from typing import Any
 from omegaconf import OmegaConf
 
 from fdattack.errors import DataError
+from fdattack.functional.intervals import is_interval_key
+from fdattack.tracking.seed_aggregate import SEED_STD, SEEDS_KEY, aggregate_metrics, aggregate_rounds
 from fdattack.tracking.summary import CHANCE
 
 #: Config keys that never make runs different (where and under which name they ran).
@@ -37,6 +40,7 @@ class Run:
         rounds: the rows of ``rounds.jsonl`` (NaN is recorded as None).
         final: each metric's last recorded value, overridden by ``metrics.json``.
         label: the differing config keys (set by :func:`load_runs`).
+        replicas: the run directories of the seeds behind a run that is their mean (:func:`group_seeds`); empty for one run.
     """
 
     path: Path
@@ -44,6 +48,7 @@ class Run:
     rounds: list[dict[str, Any]]
     final: dict[str, Any]
     label: str = ""
+    replicas: list[Path] = field(default_factory=list)
 
     @property
     def last_round(self) -> int | None:
@@ -134,19 +139,46 @@ def label_keys(keys: list[str]) -> list[str]:
     return chosen + [k for k in keys if k not in chosen and not k.startswith(implied)]
 
 
+def _identity(run: Run) -> str:
+    """The run's config less its seed and the keys that never make runs different."""
+    kept = {k: format_value(v) for k, v in run.config.items() if k != "seed" and k not in IGNORED_KEYS and not k.startswith(IGNORED_PREFIXES)}
+    return json.dumps(kept, sort_keys=True)
+
+
+def group_seeds(runs: list[Run]) -> list[Run]:
+    """Runs whose configs differ only by ``seed`` become one run, in the place of the first: its rounds and final
+    metrics are the mean over the seeds, each with ``_seed_std`` and its 95 % interval across the seeds
+    (:mod:`fdattack.tracking.seed_aggregate`), its ``seed`` the list of seeds, its grids the first seed's."""
+    groups: dict[str, list[Run]] = {}
+    for i, run in enumerate(runs):
+        groups.setdefault(_identity(run) if run.config else f"#{i}", []).append(run)
+    out = []
+    for members in groups.values():
+        if len(members) == 1:
+            out.append(members[0])
+            continue
+        config = {**members[0].config, "seed": [m.config.get("seed") for m in members]}
+        out.append(Run(members[0].path, config, aggregate_rounds([m.rounds for m in members]), aggregate_metrics([m.final for m in members]),
+                       replicas=[m.path for m in members]))
+    return out
+
+
 def load_runs(paths: list[Path]) -> tuple[list[Run], list[str]]:
-    """The runs, labeled by the config keys in which they differ (see :func:`label_keys`), and those keys.
+    """The runs, replicas that differ only by seed grouped into one (:func:`group_seeds`), labeled by the config
+    keys in which they differ (see :func:`label_keys`), and those keys.
 
     Runs that differ in no key are labeled by their ``name`` (or directory); a label shared by two
-    runs gets the directory name appended.
+    runs gets the directory name appended; a run over several seeds says how many.
     """
-    runs = [load_run(path) for path in paths]
+    runs = group_seeds([load_run(path) for path in paths])
     keys = differing_keys(runs)
     shown = label_keys(keys)
     names = short_names(shown)
     for run in runs:
         parts = [f"{names[k]}={format_value(run.config.get(k, _ABSENT))}" for k in shown[:LABEL_KEYS]]
         run.label = ", ".join(parts) + (", …" if len(shown) > LABEL_KEYS else "") if parts else str(run.config.get("name", run.path.name))
+        if run.replicas or SEEDS_KEY in run.final:
+            run.label += f" ({len(run.replicas) or int(run.final[SEEDS_KEY])} seeds)"
     labels = [run.label for run in runs]
     for i, run in enumerate(runs):
         if labels.count(run.label) > 1:
@@ -192,6 +224,8 @@ def sections(runs: list[Run]) -> list[Section]:
     by_section: dict[str, set[str]] = {}
     for run in runs:
         for key in run.final:
+            if is_interval_key(key) or key.endswith(SEED_STD) or key == SEEDS_KEY:
+                continue  # drawn as a band and written beside its metric
             section, metric = split_key(key)
             by_section.setdefault(section, set()).add(metric)
     out = []

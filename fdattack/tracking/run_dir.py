@@ -36,7 +36,9 @@ LOCK_NAME = ".fdattack.lock"
 #: What fdattack writes at the top of a run directory: only these are cleared when a stranded run restarts.
 #: Written when a signal stops the run (:mod:`fdattack.tracking.exit_record`); removed when the run is resumed.
 EXIT_NAME = "exit.json"
-OWN_FILES = frozenset({LOCK_NAME, EXIT_NAME, "config.yaml", "partition.json", "rounds.jsonl", "metrics.json"})
+#: Where the run ran: a list with an entry per start (the first, then each resume), see :meth:`RunDirectory.record_machine`.
+MACHINE_NAME = "machine.json"
+OWN_FILES = frozenset({LOCK_NAME, EXIT_NAME, MACHINE_NAME, "config.yaml", "partition.json", "rounds.jsonl", "metrics.json"})
 OWN_FOLDERS = frozenset({"checkpoints", "attack_state", "images", "artifacts", "wandb"})
 
 
@@ -335,6 +337,23 @@ class RunDirectory:
             return
         text = json.dumps(to_jsonable(metrics), sort_keys=True, indent=2, allow_nan=False) + "\n"
         atomic_write(self.metrics_path, lambda handle: handle.write(text.encode()))
+
+    def record_machine(self, machine: dict[str, Any], start_round: int) -> None:
+        """Add this start's machine (:func:`~fdattack.tracking.machine.machine_info`) to ``machine.json``, with the round it
+        starts after: a resumed run may finish on another machine than it began on."""
+        if not self.is_writer:
+            return
+        path = self.path / MACHINE_NAME
+        starts: list = []
+        if start_round > 0 and path.is_file():
+            try:
+                starts = json.loads(path.read_text())
+            except json.JSONDecodeError:
+                starts = []
+            starts = starts if isinstance(starts, list) else []
+        starts.append({"start_round": start_round, **machine})
+        text = json.dumps(to_jsonable(starts), indent=2, allow_nan=False) + "\n"
+        atomic_write(path, lambda handle: handle.write(text.encode()))
 
     def image_path(self, name: str, round: int) -> Path:
         """``images/<name>_round_0003.png`` (the name should not contain ``/``)."""

@@ -1,7 +1,12 @@
 """The end-of-run tables printed by ``fdattack run``: each attack's final scores next to their baselines, one table
-per kind of attack (reconstruction, label distribution, membership, model inversion)."""
+per kind of attack (reconstruction, label distribution, membership, model inversion). A score with a 95 % interval
+(``<metric>_ci_low`` and ``_ci_high`` beside it) prints as ``0.40 [0.12, 0.77]``."""
 
 from __future__ import annotations
+
+import math
+
+from fdattack.functional.intervals import HIGH, LOW
 
 #: per kind of attack: (metric suffix under ``attack/<name>/``, column title, format); an attack is listed in the
 #: first table whose first metric it reports
@@ -21,6 +26,18 @@ TABLES = (
 CHANCE = {"accuracy": "chance", "eval_top1": "chance", "top1": "chance", "top5": "chance_top5"}
 
 
+def format_score(final: dict[str, float], key: str, fmt: str) -> str:
+    """``final[key]`` in ``fmt``, followed by its interval ``[low, high]`` where ``final`` holds a finite one of some width;
+    ``-`` if absent."""
+    if key not in final:
+        return "-"
+    text = fmt.format(final[key])
+    low, high = final.get(key + LOW), final.get(key + HIGH)
+    if low is not None and high is not None and math.isfinite(low) and math.isfinite(high) and low < high:
+        text += f" [{fmt.format(low)}, {fmt.format(high)}]"
+    return text
+
+
 def attack_summary(final: dict[str, float]) -> str:
     """Fixed-width tables with a row per attack found in ``final`` (``attack/<name>/<metric>`` keys); "" if none."""
     names = sorted({key.split("/")[1] for key in final if key.startswith("attack/") and key.count("/") == 2})
@@ -30,8 +47,7 @@ def attack_summary(final: dict[str, float]) -> str:
         if not listed:
             continue
         header = ["attack", *(title for _, title, _ in columns)]
-        rows = [[name, *(fmt.format(final[f"attack/{name}/{metric}"]) if f"attack/{name}/{metric}" in final else "-"
-                         for metric, _, fmt in columns)] for name in listed]
+        rows = [[name, *(format_score(final, f"attack/{name}/{metric}", fmt) for metric, _, fmt in columns)] for name in listed]
         widths = [max(len(row[i]) for row in [header, *rows]) for i in range(len(header))]
         tables.append("\n".join("  ".join(cell.ljust(w) if i == 0 else cell.rjust(w) for i, (cell, w) in enumerate(zip(row, widths)))
                                 for row in [header, *rows]))

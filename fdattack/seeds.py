@@ -1,0 +1,100 @@
+"""``fdattack run EXP.yaml seeds=[0,1,2]``: one replica of the run per seed, and their aggregate.
+
+Each replica is an ordinary run (:class:`~fdattack.experiment.Experiment`) at ``seed=<s>`` in
+``<output_dir>/seed_<s>/``, logged to W&B in one group (``logger.wandb.group``, else the folder's name) as
+``<name>-seed<s>``. The folder itself then holds the aggregate (:mod:`fdattack.tracking.seed_aggregate`):
+``metrics.json`` and ``rounds.jsonl`` with every metric's mean, ``_seed_std`` and 95 % interval across the seeds,
+``seeds.csv`` (a row per metric with each seed's value), ``config.yaml`` (the config with its ``seeds``) and
+``machine.json``, so that ``fdattack report <output_dir>`` plots the mean with its band.
+
+Running the same command again continues: a replica with ``metrics.json`` (for the same config) is done and not run
+again, one cut short resumes from its last checkpoint, the others start.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import logging
+from pathlib import Path
+
+from omegaconf import DictConfig, OmegaConf
+
+from fdattack.errors import CheckpointError
+from fdattack.tracking import RunDirectory, atomic_write, attack_summary, to_jsonable
+from fdattack.tracking.machine import machine_info
+from fdattack.tracking.seed_aggregate import aggregate_metrics, aggregate_rounds, seeds_table
+
+log = logging.getLogger("fdattack")
+
+#: the replicas' folders under the output directory
+REPLICA_PREFIX = "seed_"
+
+
+def replica_config(cfg: DictConfig, seed: int, folder: Path, group: str, resume: bool) -> DictConfig:
+    """``cfg`` as the replica of ``seed``: one seed, its own folder, the seeds' W&B group, its own W&B run name."""
+    replica = copy.deepcopy(cfg)
+    OmegaConf.set_readonly(replica, False)
+    replica.seed, replica.seeds, replica.output_dir, replica.resume = seed, None, str(folder), resume
+    wandb = replica.logger.wandb
+    wandb.group = wandb.group or group
+    wandb.name = f"{wandb.name or cfg.name}-seed{seed}"
+    wandb.job_type = wandb.job_type or "seed-replica"
+    OmegaConf.set_readonly(replica, True)
+    return replica
+
+
+def _write_json(path: Path, value: object) -> None:
+    text = json.dumps(to_jsonable(value), sort_keys=True, indent=2, allow_nan=False) + "\n"
+    atomic_write(path, lambda handle: handle.write(text.encode()))
+
+
+def _read_rounds(folder: Path) -> list[dict]:
+    path = folder / "rounds.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.is_file() else []
+
+
+def run_replica(cfg: DictConfig, seed: int, root: Path, group: str) -> dict[str, float]:
+    """The final metrics of the replica of ``seed``: read when it finished before (for the same config), else run
+    (resumed from its last checkpoint where it has one)."""
+    from fdattack.experiment import run
+
+    folder = root / f"{REPLICA_PREFIX}{seed}"
+    record = RunDirectory(folder)
+    if record.metrics_path.is_file():
+        record.check_config(replica_config(cfg, seed, folder, group, resume=True))
+        log.info("seed %d: finished before, in %s", seed, folder)
+        try:
+            return json.loads(record.metrics_path.read_text())
+        except json.JSONDecodeError as err:
+            raise CheckpointError(f"{record.metrics_path}: corrupt ({err}); delete the folder to run seed {seed} again") from None
+    resume = record.checkpoints.latest() is not None
+    log.info("seed %d: %s in %s", seed, "resuming" if resume else "running", folder)
+    return run(replica_config(cfg, seed, folder, group, resume))
+
+
+def run_seeds(cfg: DictConfig, root: Path) -> dict[str, float]:
+    """Run (or continue) every replica of ``cfg.seeds`` under ``root``, then write and return their aggregate.
+
+    Raises:
+        FdattackError: as a run does; CheckpointError: a replica finished with another config.
+    """
+    seeds = [int(s) for s in cfg.seeds]
+    if root.exists() and not root.is_dir():
+        raise CheckpointError(f"output_dir {root} exists and is not a folder; choose another output_dir")
+    group = str(cfg.logger.wandb.group or root.name)
+    finals = [run_replica(cfg, seed, root, group) for seed in seeds]
+    aggregate = aggregate_metrics(finals)
+    rounds = aggregate_rounds([_read_rounds(root / f"{REPLICA_PREFIX}{seed}") for seed in seeds])
+    root.mkdir(parents=True, exist_ok=True)
+    config = OmegaConf.to_yaml(OmegaConf.create(OmegaConf.to_container(cfg, resolve=True, enum_to_str=True)))
+    atomic_write(root / "config.yaml", lambda handle: handle.write(config.encode()))
+    atomic_write(root / "rounds.jsonl", lambda handle: handle.write("".join(json.dumps(to_jsonable(r), allow_nan=False) + "\n" for r in rounds).encode()))
+    _write_json(root / "metrics.json", aggregate)
+    _write_json(root / "machine.json", machine_info())
+    atomic_write(root / "seeds.csv", lambda handle: handle.write(seeds_table(seeds, finals, aggregate).encode()))
+    table = attack_summary(aggregate)
+    if table:
+        print(f"mean over seeds {', '.join(map(str, seeds))} [95 % interval across the seeds]:\n{table}")
+    print(f"fdattack: {len(seeds)} seeds, aggregate in {root.resolve()} (metrics.json, seeds.csv, rounds.jsonl; replicas in {REPLICA_PREFIX}*/)")
+    return aggregate

@@ -1,0 +1,66 @@
+"""Replicas of one run that differ only by their seed, summed up: mean, standard deviation and a 95 % interval across
+the seeds for every metric, per round and at the end.
+
+Across seeds a metric ``m`` becomes ``m`` (the mean over the seeds that recorded it), ``m_seed_std`` (their sample
+standard deviation, n − 1), ``m_ci_low`` / ``m_ci_high`` (Student's t interval of the mean over the seeds, the
+interval a reader compares) and, once per record, ``seeds/count``. The replicas' own within-run intervals are left
+out: across seeds, the seed-to-seed spread is the uncertainty that counts.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import math
+from collections.abc import Sequence
+
+import numpy as np
+
+from fdattack.functional.intervals import interval_keys, is_interval_key, t_interval
+
+#: suffix of a metric's standard deviation across seeds
+SEED_STD = "_seed_std"
+#: the number of seeds behind an aggregate record
+SEEDS_KEY = "seeds/count"
+
+
+def _is_number(value: object) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def aggregate_metrics(replicas: Sequence[dict[str, object]]) -> dict[str, float]:
+    """Mean, ``_seed_std`` and 95 % interval across ``replicas`` (one flat metrics dict per seed) of every numeric
+    metric; NaN (recorded as None) and missing values are left out of a metric's seeds."""
+    keys = list(dict.fromkeys(key for replica in replicas for key in replica if not is_interval_key(key) and key != SEEDS_KEY))
+    out: dict[str, float] = {SEEDS_KEY: float(len(replicas))}
+    for key in keys:
+        present = [replica[key] for replica in replicas if key in replica]
+        if not all(value is None or _is_number(value) for value in present):
+            continue  # not a metric (a string)
+        values = np.array([float(v) for v in present if v is not None and math.isfinite(float(v))])  # type: ignore[arg-type]
+        out[key] = float(values.mean()) if len(values) else math.nan
+        out[key + SEED_STD] = float(values.std(ddof=1)) if len(values) > 1 else math.nan
+        out.update(interval_keys(key, t_interval(values)))
+    return out
+
+
+def aggregate_rounds(replicas: Sequence[list[dict[str, object]]]) -> list[dict[str, float]]:
+    """One aggregate row per round that any replica recorded (``rounds.jsonl`` rows, each with ``round``), each over the
+    replicas that recorded that round."""
+    by_round: dict[int, list[dict[str, object]]] = {}
+    for rows in replicas:
+        for row in rows:
+            by_round.setdefault(int(row["round"]), []).append({k: v for k, v in row.items() if k != "round"})  # type: ignore[arg-type]
+    return [{"round": float(r), **aggregate_metrics(rows)} for r, rows in sorted(by_round.items())]
+
+
+def seeds_table(seeds: Sequence[int], replicas: Sequence[dict[str, object]], aggregate: dict[str, float]) -> str:
+    """CSV with a row per metric: its mean, standard deviation, 95 % interval across the seeds and each seed's value."""
+    buffer = io.StringIO()
+    writer = csv.writer(buffer, lineterminator="\n")
+    writer.writerow(["metric", "mean", "std", "ci_low", "ci_high", *(f"seed_{s}" for s in seeds)])
+    for key in sorted(k for k in aggregate if not is_interval_key(k) and not k.endswith(SEED_STD) and k != SEEDS_KEY):
+        cells = [aggregate[key], aggregate.get(key + SEED_STD, math.nan), *(aggregate.get(key + end, math.nan) for end in ("_ci_low", "_ci_high"))]
+        per_seed = [r.get(key) for r in replicas]
+        writer.writerow([key, *(f"{v:.6g}" for v in cells), *("" if v is None else f"{float(v):.6g}" if _is_number(v) else v for v in per_seed)])
+    return buffer.getvalue()
