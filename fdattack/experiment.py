@@ -117,7 +117,7 @@ def build_evaluator(cfg: DictConfig, oracle: Oracle, progress: Progress | None =
     under ``cache_dir``) and the diagnostics."""
     diagnostics = []
     if cfg.observers.confidence_gap.enabled:
-        diagnostics.append(ConfidenceGapDiagnostic(oracle, cfg.observers.confidence_gap.max_samples))
+        diagnostics.append(ConfidenceGapDiagnostic(oracle, cfg.observers.confidence_gap.max_samples, cfg.observers.confidence_gap.bins))
     produced = set().union(*(cls.produces for cls in attack_classes(cfg)))
     seed = derive_seed(cfg.seed, "evaluation")
     label_distributions = LabelDistributionScorer(oracle.split, seed) if LabelDistributions in produced else None

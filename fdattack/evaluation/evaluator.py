@@ -83,15 +83,44 @@ class Evaluator:
             elif isinstance(result, MembershipScores) and self.membership is not None:
                 report.update(self.membership(attack, result))
             elif isinstance(result, Inversions):
-                report.update(_declared(self.inversions, attack, result)(attack, result))
+                scorer = _declared(self.inversions, attack, result)
+                self.check_labels(attack, result)
+                report.update(scorer(attack, result))
             elif isinstance(result, GradientProbe):
                 report.update(_declared(self.gradients, attack, result)(attack, result))
             else:
                 raise TypeError(f"the evaluator has no scorer for {type(result).__name__} (from attack {attack})")
         return report
 
+    def check_labels(self, attack: str, result: Reconstructions | Inversions) -> None:
+        """Refuse a result whose labels are not the split's targets (an attack bug, never scored).
+
+        :class:`Reconstructions` carry one image per target label: their labels are the target labels, each once, in
+        any order. :class:`Inversions` carry distinct labels, each a target label (GMI, KED-MI, VMI invert every
+        target; the L-Attack the one class c* its settings name, which must be a private class).
+
+        Raises:
+            RuntimeError: one line naming the attack, the labels it returned and the targets.
+        """
+        kind = type(result).__name__
+        labels = [int(y) for y in result.labels.reshape(-1).tolist()]
+        targets = sorted(int(j) for j in self.oracle.split.target_labels)
+        column = 0 if isinstance(result, Reconstructions) else 1
+        if isinstance(result, Reconstructions):
+            wrong = sorted(labels) != targets
+            rule = "one image per target label"
+        else:
+            wrong = len(set(labels)) != len(labels) or not set(labels) <= set(targets)
+            rule = "distinct target labels"
+        if wrong or result.labels.dim() != 1 or result.images.shape[column] != len(labels):
+            shape = f"{len(labels)} labels for images of shape {tuple(result.images.shape)}"
+            raise RuntimeError(f"attack {attack} returned {kind} for labels {labels} ({shape}), but they must be {rule}: "
+                               f"the target labels are {targets}")
+
     def _score_reconstructions(self, attack: str, result: Reconstructions) -> Report:
-        scores, grid = _declared(self.reconstructions, attack, result)(result.images, result.labels)
+        scorer = _declared(self.reconstructions, attack, result)
+        self.check_labels(attack, result)
+        scores, grid = scorer(result.images, result.labels)
         if result.role == "prior":
             return Report(metrics={f"attack/{attack}/prior_{k}": scores[k] for k in PRIOR_METRICS if k in scores},
                           images={f"attack/{attack}/prior": grid},

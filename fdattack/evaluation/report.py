@@ -13,13 +13,13 @@ class Report:
 
     Attributes:
         metrics: flat ``protocol/...``, ``attack/<name>/<metric>`` or ``diag/<name>/<metric>`` scalars.
-        histograms: key -> 1-D tensor of values (logged as W&B histograms).
+        histograms: key -> 1-D tensor of values, or ``(counts, edges)`` already binned (logged as W&B histograms).
         images: key -> (C, H, W) image in [0, 1] (logged as W&B images and PNGs).
         artifacts: name -> tensors saved as ``output_dir/artifacts/<name>_round_XXXX.pt`` (weights_only loadable).
     """
 
     metrics: dict[str, float] = field(default_factory=dict)
-    histograms: dict[str, Tensor] = field(default_factory=dict)
+    histograms: dict[str, Tensor | tuple[Tensor, Tensor]] = field(default_factory=dict)
     images: dict[str, Tensor] = field(default_factory=dict)
     artifacts: dict[str, dict[str, Tensor]] = field(default_factory=dict)
 

@@ -228,7 +228,8 @@ class WandbRun:
         Args:
             round: the round index (0 = set-up), W&B's step.
             metrics: scalar metrics (tensors and numpy scalars are converted).
-            histograms: tensors whose finite values become ``wandb.Histogram`` s (left out when none is finite).
+            histograms: tensors whose finite values become ``wandb.Histogram`` s (left out when none is finite), or
+                ``(counts, edges)`` pairs logged as those bins.
             images: (C,H,W) or (H,W) tensors with values in [0, 1], or image files; captioned with the round.
         """
         if self._run is None:
@@ -236,6 +237,9 @@ class WandbRun:
         wandb = _wandb()
         row: dict[str, Any] = {"round": round, **{key: _scalar(value) for key, value in metrics.items()}}
         for key, values in (histograms or {}).items():
+            if isinstance(values, tuple):  # (counts, edges) binned by the diagnostic (observers.confidence_gap.bins)
+                row[key] = wandb.Histogram(np_histogram=tuple(v.detach().cpu().numpy() for v in values))
+                continue
             flat = values.detach().cpu().double().flatten()
             flat = flat[torch.isfinite(flat)]
             if flat.numel():
