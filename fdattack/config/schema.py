@@ -197,7 +197,7 @@ class InversionEvaluationConfig:
 
 @dataclass
 class EvaluationConfig:
-    classifier: Optional[str] = knob("pdafd_cnn", "evaluation classifier over the target labels, trained on their private images apart from the federated models (top-1/top-5 of reconstructions); a classifier registry name, or null for none")
+    classifier: Optional[str] = knob("pdafd_cnn", "evaluation classifier of reconstructions (their eval_top1/eval_top5), trained apart from the federated models on the targets' private images, their public (insensitive) looks and the non-target public labels, so that a copy of the public look is a miss (eval_top1_public_look: the targets' public means scored by it); a classifier registry name, or null for none")
     epochs: int = knob(30, "its training epochs", ge=1)
     lr: float = knob(1e-3, "its Adam learning rate", gt=0)
     max_candidates: Optional[int] = knob(None, "membership attacks: how many candidate samples the attacker tests, drawn at random from every client's private samples and the test samples; null = all of them", ge=2)
