@@ -13,6 +13,7 @@ from fdattack.evaluation.oracle import Oracle
 from fdattack.evaluation.protocol_metrics import protocol_metrics
 from fdattack.evaluation.reconstruction import ReconstructionScorer
 from fdattack.evaluation.report import Report
+from fdattack.functional.intervals import HIGH, LOW
 
 #: the prior's scores worth a line of their own (Table S-3 and what an inversion must beat)
 PRIOR_METRICS = ("ssim", "accuracy", "eval_top1")
@@ -122,7 +123,8 @@ class Evaluator:
         self.check_labels(attack, result)
         scores, grid = scorer(result.images, result.labels)
         if result.role == "prior":
-            return Report(metrics={f"attack/{attack}/prior_{k}": scores[k] for k in PRIOR_METRICS if k in scores},
+            kept = [k + end for k in PRIOR_METRICS for end in ("", LOW, HIGH)]  # each with its interval
+            return Report(metrics={f"attack/{attack}/prior_{k}": scores[k] for k in kept if k in scores},
                           images={f"attack/{attack}/prior": grid},
                           artifacts={f"{attack}_prior": {"images": result.images, "labels": result.labels}})
         return Report(
