@@ -123,3 +123,10 @@ def test_the_summary_prints_each_interval_after_its_value() -> None:
     assert format_score(final, "attack/pli/chance", "{:.2f}") == "0.20"  # no width: no interval
     assert format_score(final, "attack/pli/ssim", "{:.3f}") == "-"
     assert "0.40 [0.12, 0.77]" in attack_summary(final)
+
+
+def test_an_attack_is_listed_in_one_table_only() -> None:
+    """VMI logs a ``kl`` detail (its flows' KL term): it stays in the inversion table, not in LDIA's."""
+    final = {"attack/vmi/top1": 0.5, "attack/vmi/kl": 3.0, "attack/ldia/kl": 0.2}
+    tables = attack_summary(final).split("\n\n")
+    assert len(tables) == 2 and "vmi" in tables[0] and "ldia" not in tables[0] and "vmi" not in tables[1] and "ldia" in tables[1]
