@@ -130,3 +130,27 @@ def test_an_attack_is_listed_in_one_table_only() -> None:
     final = {"attack/vmi/top1": 0.5, "attack/vmi/kl": 3.0, "attack/ldia/kl": 0.2}
     tables = attack_summary(final).split("\n\n")
     assert len(tables) == 2 and "vmi" in tables[0] and "ldia" not in tables[0] and "vmi" not in tables[1] and "ldia" in tables[1]
+
+
+@pytest.mark.parametrize(("n", "d"), [(40, 128), (300, 16)])
+def test_frechet_to_a_fixed_reference_equals_torchmetrics_fid(n: int, d: int) -> None:
+    """The bootstrap's Fréchet distance (Σ_r^{1/2} taken once, the sample's eigenvalues in the smaller of n × n and D × D)
+    is torchmetrics' FID of the same features, with fewer samples than dimensions and with more."""
+    from torch import nn
+    from torchmetrics.image.fid import FrechetInceptionDistance
+
+    from fdattack.functional.frechet import FrechetToReference
+
+    class Given(nn.Module):
+        num_features = d
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return x
+
+    g = torch.Generator().manual_seed(0)
+    real = torch.randn(500, d, generator=g, dtype=torch.float64) @ torch.randn(d, d, generator=g, dtype=torch.float64) * 0.3
+    fake = torch.randn(n, d, generator=g, dtype=torch.float64) + 0.5
+    metric = FrechetInceptionDistance(feature=Given())
+    metric.update(real, real=True)
+    metric.update(fake, real=False)
+    assert FrechetToReference(real)(fake) == pytest.approx(float(metric.compute()), rel=1e-6)

@@ -28,7 +28,7 @@ Metrics, under ``attack/<name>/``:
 * ``eval_classifier_accuracy``: the classifier's own held-out top-1 (A26); and the attack's ``details`` as they are.
 * 95 % intervals (``<metric>_ci_low`` / ``_ci_high``, :mod:`fdattack.functional.intervals`): Wilson over the S·T
   inversions for ``top1`` and ``top5``; the percentile bootstrap over the inversions for ``knn_dist``, ``fid`` (the
-  private images fixed; ``FID_RESAMPLES`` resamples) and the centred feature cosines (the noise images for
+  private images fixed; each replicate by :class:`~fdattack.functional.frechet.FrechetToReference`) and the centred feature cosines (the noise images for
   ``feature_cosine_noise``), pooled over the labels.
 
 The grid (a row per target label, a column per sample) is logged as ``attack/<name>/inversions``; the images
@@ -51,6 +51,7 @@ from fdattack.evaluation.inception import load_inception
 from fdattack.evaluation.inversion_classifier import EvaluationClassifier, inversion_classifier
 from fdattack.evaluation.report import Report
 from fdattack.fd.engine import LocalTrainer
+from fdattack.functional.frechet import FrechetToReference
 from fdattack.functional.intervals import NO_INTERVAL, bootstrap_interval, bootstrap_mean_interval, interval_keys, wilson_interval
 from fdattack.metrics.inversion import feature_cosine_samples, feature_diversity, inversion_grid, knn_distances, mean_and_std, topk_per_sample
 
@@ -58,8 +59,6 @@ from fdattack.metrics.inversion import feature_cosine_samples, feature_diversity
 REAL_DIVERSITY_IMAGES = 1000
 #: seed of the uniform-noise images of ``feature_cosine_noise`` (the same noise every round)
 NOISE_SEED = 0
-#: bootstrap resamples of the FID's interval (each one a Fréchet distance)
-FID_RESAMPLES = 200
 
 
 def _with_interval(key: str, value: float, interval: tuple[float, float]) -> dict[str, float]:
@@ -113,7 +112,7 @@ class InversionScorer:
         self.grid_samples = grid_samples
         self.inception = inception
         self._real_features: tuple[Tensor, Tensor] | None = None
-        self._fid: dict[tuple[str, tuple[int, ...]], FrechetInceptionDistance] = {}
+        self._fid: dict[tuple[str, tuple[int, ...]], tuple[FrechetInceptionDistance, FrechetToReference | None]] = {}
 
     def real_features(self) -> tuple[Tensor, Tensor]:
         """(N, D) penultimate and (N, D') pre-activation features of every private image (computed once)."""
@@ -121,34 +120,32 @@ class InversionScorer:
             self._real_features = self.classifier().embed(self.real_images)
         return self._real_features
 
-    def _fid_metric(self, labels: Tensor, extractor: nn.Module) -> FrechetInceptionDistance:
-        """A Fréchet distance over features, holding those of the private images of ``labels`` under ``extractor``
-        (kept per extractor and label set)."""
+    def _fid_metric(self, labels: Tensor, extractor: nn.Module) -> tuple[FrechetInceptionDistance, FrechetToReference | None]:
+        """The Fréchet distance over features holding those of the private images of ``labels`` under ``extractor``,
+        and the same reference for the bootstrap (None with fewer than two images); kept per extractor and label set."""
         key = (type(extractor).__name__, tuple(sorted(set(labels.tolist()))))
         if key not in self._fid:
             real = self.real_images[torch.isin(self.real_labels, torch.tensor(key[1]))]
             metric = FrechetInceptionDistance(feature=GivenFeatures(extractor.num_features), reset_real_features=False)
-            if len(real):
-                metric.update(extractor(real), real=True)
-            self._fid[key] = metric
+            real_features = extractor(real) if len(real) else None
+            if real_features is not None:
+                metric.update(real_features, real=True)
+            self._fid[key] = (metric, FrechetToReference(real_features) if len(real) >= 2 else None)
         return self._fid[key]
 
     def fid(self, images: Tensor, labels: Tensor, extractor: nn.Module) -> tuple[float, tuple[float, float]]:
-        """FID in ``extractor``'s features between ``images`` (N, C, H, W) and the private images of ``labels``, and its
-        percentile bootstrap interval over ``images`` resampled with replacement (the private images fixed); NaN with
-        fewer than two images on a side."""
-        metric = self._fid_metric(labels, extractor)
-        if images.shape[0] < 2 or int(metric.real_features_num_samples) < 2:
+        """FID in ``extractor``'s features between ``images`` (N, C, H, W) and the private images of ``labels`` (torchmetrics),
+        and its percentile bootstrap interval over ``images`` resampled with replacement, the private images fixed
+        (:class:`~fdattack.functional.frechet.FrechetToReference`); NaN with fewer than two images on a side."""
+        metric, reference = self._fid_metric(labels, extractor)
+        if images.shape[0] < 2 or reference is None:
             return float("nan"), NO_INTERVAL
         features = extractor(images)
-
-        def distance(rows: Tensor) -> float:
-            metric.reset()
-            metric.update(features[rows], real=False)
-            return float(metric.compute())
-
-        value = distance(torch.arange(len(features)))
-        return value, bootstrap_interval(len(features), lambda rows: distance(torch.as_tensor(rows)), resamples=FID_RESAMPLES)
+        metric.reset()
+        metric.update(features, real=False)
+        value = float(metric.compute())
+        distance = reference.of_rows(features)
+        return value, bootstrap_interval(len(features), lambda rows: distance(torch.as_tensor(rows)))
 
     def __call__(self, attack: str, result: Inversions) -> Report:
         """``attack/<name>/...`` metrics, the grid and the artifact of one attack's inversions this round."""
