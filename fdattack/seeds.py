@@ -18,6 +18,7 @@ import json
 import logging
 from pathlib import Path
 
+from lightning.fabric.utilities.rank_zero import rank_zero_only
 from omegaconf import DictConfig, OmegaConf
 
 from fdattack.errors import CheckpointError
@@ -85,6 +86,8 @@ def run_seeds(cfg: DictConfig, root: Path) -> dict[str, float]:
     group = str(cfg.logger.wandb.group or root.name)
     finals = [run_replica(cfg, seed, root, group) for seed in seeds]
     aggregate = aggregate_metrics(finals)
+    if getattr(rank_zero_only, "rank", 0) != 0:  # under DDP every rank ran the replicas; rank 0 alone writes
+        return aggregate
     rounds = aggregate_rounds([_read_rounds(root / f"{REPLICA_PREFIX}{seed}") for seed in seeds])
     root.mkdir(parents=True, exist_ok=True)
     config = OmegaConf.to_yaml(OmegaConf.create(OmegaConf.to_container(cfg, resolve=True, enum_to_str=True)))
