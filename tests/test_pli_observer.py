@@ -58,15 +58,25 @@ def test_pli_runs_every_round_and_improves(tmp_path: Path) -> None:
     assert torch.equal(prior["labels"], saved["labels"]) and prior["images"].shape == (5, 1, 8, 8)
 
 
-def test_pli_beats_tbi_on_digits_with_fedmd(tmp_path: Path) -> None:
-    """The paper's headline claim (pli.md §11.1) on the embedded data: TBI reproduces the public look."""
+def test_pli_s_learned_prior_recovers_the_targets_and_tbi_does_not_on_digits_with_fedmd(tmp_path: Path) -> None:
+    """FedMD on digits, 3 of the default 5 rounds, width 128: what holds over seeds is that PLI's learned prior (Eq. 9)
+    recovers the targets and TBI, which reproduces the public look, does not.
+
+    Measured on one AMD EPYC core, seeds 42 / 0 / 1 (5 targets, chance 0.2; nearest-mean SSIM accuracy):
+    PLI's prior 1.0 / 1.0 / 1.0 (prior SSIM 0.97-0.98), TBI 0.0 / 0.0 / 0.2, PLI 0.6 / 0.4 / 0.2. The prior-TBI gap
+    (1.0, 1.0, 0.8) has a spread of 0.2; asserting it above 0.2 leaves 0.6 at the worst seed, 3x that spread.
+    Not asserted, because it does not hold over seeds: PLI beats TBI (0.6 / 0.4 / 0.2 against 0.0 / 0.0 / 0.2: a tie
+    at chance on seed 1, where TBI's SSIM 0.44 is above PLI's 0.40 and TBI lands fewer reconstructions nearest the
+    public means, 3 against PLI's 4), nor PLI above chance (seed 1), nor PLI above its own prior (below it on all
+    three). The paper's headline claim is therefore not reproduced on 8x8 digits at this scale; seed 42 runs here.
+    """
     cfg = compose(None, [f"output_dir={tmp_path / 'run'}", "logger.wandb.mode=disabled", "logger.progress=never",
                          "attacks=[pli,tbi]", "attack.pli.max_width=128", "attack.tbi.max_width=128", "attack.pli.lr=1e-4", "attack.tbi.lr=1e-4", "observers.confidence_gap.enabled=false",
-                         "protocol.rounds=3", "evaluation.classifier=null"])  # 3 of the default 5 rounds: PLI 0.60, TBI 0.00 (chance 0.20)
+                         "protocol.rounds=3", "evaluation.classifier=null"])
     metrics = run(cfg)
-    assert metrics["attack/pli/accuracy"] > metrics["attack/tbi/accuracy"]
-    assert metrics["attack/pli/accuracy"] > metrics["attack/pli/chance"]
-    assert metrics["attack/tbi/too_close_to_public"] >= metrics["attack/pli/too_close_to_public"]
+    assert metrics["attack/pli/chance"] == 0.2
+    assert metrics["attack/pli/prior_accuracy"] > metrics["attack/tbi/accuracy"] + 0.2, metrics
+    assert 0.0 <= metrics["attack/pli/accuracy"] <= 1.0
 
 
 def _attack_setup(seed: int = 0, j: int = 6) -> tuple[AttackerView, Callable[[Tensor], RoundRecord]]:
@@ -131,7 +141,11 @@ def test_attack_resumes_exactly_from_its_state_dict(tmp_path: Path) -> None:
 
 
 def test_pli_with_the_learned_prior_on_digits(tmp_path: Path) -> None:
-    """FedMD on digits with the learned (restorer) prior: Table S-3's prior SSIM is logged and beats the naive prior's."""
+    """FedMD on digits with the learned (restorer) prior: Table S-3's prior SSIM is logged and beats the naive prior's.
+
+    Measured (prior SSIM, learned / naive), seeds 42 / 0 / 1: 0.957 / 0.747, 0.965 / 0.749, 0.959 / 0.729; the gap
+    (0.210, 0.216, 0.229) has a spread of 0.02, and the bound 0.05 leaves 0.16 at the worst seed, 8x that spread.
+    The default seed 42 runs here."""
     common = ["attacks=[pli]", "protocol.rounds=1", "attack.pli.max_width=32", "attack.tbi.max_width=32", "attack.pli.epochs_per_round=1", "attack.tbi.epochs_per_round=1",
               "observers.confidence_gap.enabled=false", "attack.pli.prior.epochs=5", "attack.pli.prior.width=16"]
     learned = run(compose(None, tiny(tmp_path / "l", *common, "attack.pli.prior.kind=learned")))
