@@ -1,6 +1,7 @@
 """Pure math shared across the attack families and protocols: information measures, distillation losses,
 top-k accuracy, LiRA scores (pdafd.md §6.1), the zeroth-order gradient estimator (lattack.md Eq. 6), LabelAvg's
-labels, smoothing and communication cost (lattack.md §3) and HSIC (fedinverse.md §5)."""
+labels, smoothing and communication cost (lattack.md §3), HSIC (fedinverse.md §5), the Fréchet distance to a fixed
+reference (``functional.frechet``) and the 95 % intervals of every metric (``functional.intervals``)."""
 
 from fdattack.functional.accuracy import topk_accuracy
 from fdattack.functional.hsic import (

@@ -5,6 +5,7 @@
   degenerate at 0 or 1 successes;
 * a mean over items (SSIM per target, feature cosines and KNN distances per sample, gradient cosines per point): the
   percentile bootstrap of the mean (``scipy.stats.bootstrap``), resampling the items;
+* any other statistic of items (the FID of inversions): the percentile bootstrap of the statistic (:func:`bootstrap_interval`);
 * a mean over a handful of units (LDIA's distance over clients, a metric over seeds): Student's t interval of the mean
   (``scipy.stats.t.interval``), the spread of the units;
 * membership metrics (TPR at a fixed FPR, AUC, balanced accuracy): a stratified percentile bootstrap that resamples
