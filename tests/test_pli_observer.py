@@ -187,30 +187,35 @@ def test_evaluation_classifier_recognises_private_means_not_the_public_mean(tmp_
 
 
 def test_pli_beats_tbi_and_the_public_mean_on_att_faces_with_fedmd(tmp_path: Path) -> None:
-    """The headline claim on real faces (pli.md §11.1 item 1) against the floors of public knowledge.
+    """Real faces (pli.md §11.1 item 1) against the floors of public knowledge: what holds over seeds is that PLI's
+    reconstructions are structurally closer to the targets' private means than the public-mean baseline is, and that
+    TBI, unlike PLI, lands reconstructions nearest the targets' public means (it reproduces the public blur).
 
-    FedMD, K = 4, AT&T with a 16-pixel box-blurred public look. TBI reproduces the public blur (its
-    reconstructions land nearest the targets' public means); PLI recovers at least 30 % of the 20
-    identities and beats TBI and the public-mean baseline (the blurred public images of each target,
-    averaged). Its learned prior (Eq. 9 from the public set alone) is scored too and is itself well
-    above chance; whether PLI beats it is a question for the full config (5 rounds, width 128: the
-    README's table), not for this 2-round, width-64 run with a 15-epoch prior (here PLI 0.45, prior 0.45,
-    TBI 0.20, public mean 0.00), where the two are within a few identities of each other from one batch
-    order to the next.
+    FedMD, K = 4, AT&T with a 16-pixel box-blurred public look, 2 rounds, width 64, a 15-epoch learned prior; 20
+    targets, chance 0.05. Measured on one AMD EPYC core (OMP_NUM_THREADS=1), seeds 42 / 0 / 1, about 2 min each:
+
+    - standard SSIM to the private mean: PLI 0.347 / 0.346 / 0.350, public mean 0.301 / 0.295 / 0.303; the gap
+      (0.046, 0.051, 0.047) has a spread of 0.005; the bound 0.03 leaves 0.016 at the worst seed, 3.2x that spread.
+    - reconstructions nearest the public means (of 20): TBI 4 / 3 / 3, PLI 0 / 0 / 0; the gap (4, 3, 3) has a spread
+      of 1; asserting TBI above PLI leaves 3 at the worst seed, 3x that spread.
+
+    Not asserted, because the margin is under 3x the spread (accuracy moves by a few identities with the seed):
+    PLI's accuracy 0.50 / 0.60 / 0.40 (above chance by 0.35 at worst, spread 0.2; the former bound 0.30 left 0.10),
+    PLI above TBI (0.20 / 0.15 / 0.05: gap 0.30 / 0.45 / 0.35, spread 0.15, worst margin 2x), PLI above the public-mean
+    baseline's accuracy (0.00 on every seed: gap 0.5 / 0.6 / 0.4), the learned prior above 4x chance
+    (0.45 / 0.65 / 0.65, margin 0.25 against a spread of 0.2), nor PLI above its prior (below it on seeds 0 and 1).
+    Seed 42 runs here.
     """
     cfg = compose(REPO / "conf" / "experiment" / "pli_fedmd_att_faces.yaml",
                   [f"output_dir={tmp_path / 'run'}", "logger.wandb.mode=disabled", "logger.progress=never", "protocol.rounds=2",
                    "attacks=[pli,tbi,public_mean]", "attack.pli.max_width=64", "attack.tbi.max_width=64", "attack.pli.prior.epochs=15",
                    "evaluation.classifier=null", "observers.confidence_gap.enabled=false"])
     metrics = run(cfg)
-    prior = json.loads((tmp_path / "run" / "rounds.jsonl").read_text().splitlines()[1])["attack/pli/prior_accuracy"]
-    chance = metrics["attack/pli/chance"]
-    assert chance == 1 / 20
-    assert prior > 4 * chance
-    assert metrics["attack/pli/accuracy"] >= 6 * chance  # at least 30% of 20 identities
-    assert metrics["attack/pli/accuracy"] > metrics["attack/tbi/accuracy"]
-    assert metrics["attack/pli/accuracy"] > metrics["attack/public_mean/accuracy"] + 4 * chance
-    assert metrics["attack/tbi/too_close_to_public"] > metrics["attack/pli/too_close_to_public"]
+    assert metrics["attack/pli/chance"] == 1 / 20
+    assert 0.0 <= metrics["attack/pli/accuracy"] <= 1.0
+    assert 0.0 <= json.loads((tmp_path / "run" / "rounds.jsonl").read_text().splitlines()[1])["attack/pli/prior_accuracy"] <= 1.0
+    assert metrics["attack/pli/ssim_standard"] > metrics["attack/public_mean/ssim_standard"] + 0.03, metrics
+    assert metrics["attack/tbi/too_close_to_public"] > metrics["attack/pli/too_close_to_public"], metrics
 
 
 def test_attacks_are_passive(tmp_path: Path) -> None:
