@@ -216,13 +216,24 @@ def test_bad_evasion_settings_stop_with_one_line(tmp_path: Path, capsys: pytest.
 
 
 def test_evasion_costs_co_op_lira_its_signal_and_neighbours_recover_it_on_digits(tmp_path: Path) -> None:
-    """DS-FL on scikit-learn digits, 5 clients, Dirichlet(10), 60 warm-up epochs, seed 42; co-op LiRA (all other
-    clients) at round 1 on every private and test sample.
+    """DS-FL on scikit-learn digits, 5 clients, Dirichlet(10), 60 warm-up epochs; co-op LiRA (all other clients) at
+    round 1 on every private and test sample (about 230 members per client).
 
-    Measured (TPR at 1 % FPR, AUC): no evasion 2.3 %, 0.596; evasion with no countermeasure 0 %, 0.086 (every member is
-    withheld, so scored lowest, tied with the decoys); neighbours 2.9 %, 0.587; shadow target 1.8 %, 0.488 (its shadow,
-    distilled from 200 public rows of 8x8 digits, keeps no membership signal here; on MNIST it does, see README). Seeds
-    1-4 give the same picture. With about 230 members per client, a mean AUC above 0.55 is some 4 null sd from chance.
+    Measured on one AMD EPYC core, seeds 42 / 0 / 1, about 25 s each (AUC over all clients; TPR at 1 % FPR beside it):
+
+    - no evasion: AUC 0.596 / 0.627 / 0.596 (TPR 2.3 / 2.1 / 2.4 %); evasion with no countermeasure: 0.086 / 0.083 /
+      0.093, TPR 0 on every seed (every member is withheld, so scored lowest, tied with the decoys); neighbours:
+      0.587 / 0.620 / 0.586 (TPR 2.9 / 2.0 / 3.5 %). The withheld fraction is 0.32 on every seed.
+    - evasion's cost, clean minus evaded AUC: 0.510 / 0.544 / 0.503, spread 0.041; the bound 0.35 leaves 0.153 at the
+      worst seed, 3.7x that spread.
+    - the neighbours' recovery, neighbours minus evaded: 0.501 / 0.537 / 0.493, spread 0.044; the bound 0.35 leaves
+      0.143, 3.2x. Neighbours minus clean: -0.009 / -0.007 / -0.010, spread 0.003; the bound -0.03 leaves 0.020, 6.7x.
+    - clean AUC above chance 0.5: worst margin 0.096, 3.1x its spread 0.031 (the former bound 0.55 left 0.046, 1.5x,
+      and 0.55 is not asserted for the neighbours either: 0.036 against a spread of 0.034).
+    - evaded AUC under 0.2: worst margin 0.107, 10x its spread 0.010.
+
+    Not run here: the shadow-target countermeasure (seed 42: TPR 1.8 %, AUC 0.488; its shadow, distilled from 200 public
+    rows of 8x8 digits, keeps no membership signal here; on MNIST it does, see README). Seed 42 runs here.
     """
     base = ["protocol=dsfl_pdafd", "data.split=random", "data.partition=dirichlet", "data.dirichlet_alpha=10", "data.min_client_size=32",
             "protocol.num_clients=5", "protocol.rounds=1", "protocol.warmup_private_epochs=60", "protocol.private_epochs=1",
@@ -231,6 +242,7 @@ def test_evasion_costs_co_op_lira_its_signal_and_neighbours_recover_it_on_digits
             "neighbours": ["protocol.evasive_clients=all", "attack.lira_coop.countermeasure=neighbours"]}
     m = {name: Experiment(compose(None, [*tiny(tmp_path / name), *base, *extra])).run() for name, extra in runs.items()}
     auc = {name: m[name]["attack/lira_coop_all/auc"] for name in runs}
-    assert auc["clean"] > 0.55 and auc["neighbours"] > 0.55  # a membership signal, without evasion and through the neighbours
+    assert auc["clean"] > 0.5 and auc["clean"] > auc["evaded"] + 0.35, auc  # a membership signal, which evasion takes away
+    assert auc["neighbours"] > auc["evaded"] + 0.35 and auc["neighbours"] > auc["clean"] - 0.03, auc  # the neighbours recover it
     assert auc["evaded"] < 0.2 and m["evaded"]["attack/lira_coop_all/tpr_at_1pct_fpr"] == 0.0  # evasion with no countermeasure: none left
     assert m["evaded"]["attack/lira_coop/withheld_fraction"] > 0.2 and m["clean"]["attack/lira_coop/withheld_fraction"] == 0.0
