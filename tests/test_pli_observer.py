@@ -40,16 +40,19 @@ def test_selection_picks_the_distinct_clean_candidate() -> None:
 
 
 def test_pli_runs_every_round(tmp_path: Path) -> None:
-    """FedMD on digits (tiny: 2 clients), 3 rounds, width 64: PLI is scored, and saves its reconstructions, every round.
+    """FedMD on digits (tiny: 2 clients), 3 rounds, every knob small: PLI is scored, and saves its reconstructions,
+    every round.
 
-    It used to assert that SSIM improves from round 1 to round 3; that does not hold with a margin. Measured on one AMD
-    EPYC core, seeds 42 / 0 / 1 (about 50 s each), SSIM per round: 0.358, 0.353, 0.367 / 0.356, 0.362, 0.387 / 0.413,
-    0.444, 0.449; the gain from round 1 to 3 (0.009, 0.031, 0.037) has a spread of 0.028, more than the smallest gain
-    (0.3x); standard SSIM's gain (0.010, 0.043, 0.049) likewise (spread 0.039). Accuracy 0.2 / 0.4 / 0.2 at round 3, at
-    or above chance 0.2. So only the run's mechanics and the metrics' ranges are asserted; seed 42 runs here.
+    It used to assert that SSIM improves from round 1 to round 3 (at width 64, 2 epochs a round, lr 1e-4); that does
+    not hold with a margin. Measured there on one AMD EPYC core, seeds 42 / 0 / 1 (about 45 s each), SSIM per round:
+    0.358, 0.353, 0.367 / 0.356, 0.362, 0.387 / 0.413, 0.444, 0.449; the gain from round 1 to 3 (0.009, 0.031, 0.037)
+    has a spread of 0.028, more than the smallest gain (0.3x); standard SSIM's gain (0.010, 0.043, 0.049) likewise
+    (spread 0.039). Accuracy at round 3 was 0.2 / 0.4 / 0.2, chance 0.2. So only the run's mechanics and the metrics'
+    ranges are asserted, and the run is shrunk to them (width 16, 1 epoch a round, a 2-epoch prior, a 2-epoch
+    evaluation classifier: about 7 s instead of 42 s). Seed 42 runs here.
     """
-    cfg = compose(None, tiny(tmp_path, "attacks=[pli]", "protocol.rounds=3", "attack.pli.max_width=64", "attack.tbi.max_width=64", "attack.pli.lr=1e-4", "attack.tbi.lr=1e-4",
-                             "attack.pli.epochs_per_round=2", "attack.tbi.epochs_per_round=2", "observers.confidence_gap.enabled=false"))
+    cfg = compose(None, tiny(tmp_path, "attacks=[pli]", "protocol.rounds=3", "attack.pli.max_width=16", "attack.pli.epochs_per_round=1",
+                             "attack.pli.prior.epochs=2", "attack.pli.prior.width=8", "evaluation.epochs=2", "observers.confidence_gap.enabled=false"))
     metrics = run(cfg)
     rows = [json.loads(line) for line in (tmp_path / "run" / "rounds.jsonl").read_text().splitlines()]
     ssim = [r["attack/pli/ssim"] for r in rows[1:]]
