@@ -146,20 +146,23 @@ def _identity(run: Run) -> str:
 
 
 def group_seeds(runs: list[Run]) -> list[Run]:
-    """Runs whose configs differ only by ``seed`` become one run, in the place of the first: its rounds and final
+    """Runs whose configs differ only by ``seed`` (each seed once) become one run, in the place of the first: its rounds and final
     metrics are the mean over the seeds, each with ``_seed_std`` and its 95 % interval across the seeds
     (:mod:`fdattack.tracking.seed_aggregate`), its ``seed`` the list of seeds, its grids the first seed's."""
+    keys = [_identity(run) if run.config else f"#{i}" for i, run in enumerate(runs)]
     groups: dict[str, list[Run]] = {}
-    for i, run in enumerate(runs):
-        groups.setdefault(_identity(run) if run.config else f"#{i}", []).append(run)
-    out = []
-    for members in groups.values():
-        if len(members) == 1:
-            out.append(members[0])
-            continue
-        config = {**members[0].config, "seed": [m.config.get("seed") for m in members]}
-        out.append(Run(members[0].path, config, aggregate_rounds([m.rounds for m in members]), aggregate_metrics([m.final for m in members]),
-                       replicas=[m.path for m in members]))
+    for key, run in zip(keys, runs):
+        groups.setdefault(key, []).append(run)
+    out: list[Run] = []
+    for key, run in zip(keys, runs):
+        members = groups[key]
+        seeds = [m.config.get("seed") for m in members]
+        if len(members) == 1 or None in seeds or len(set(seeds)) < len(seeds):  # alone, or twins: not seed replicas
+            out.append(run)
+        elif run is members[0]:
+            config = {**run.config, "seed": seeds}
+            out.append(Run(run.path, config, aggregate_rounds([m.rounds for m in members]), aggregate_metrics([m.final for m in members]),
+                           replicas=[m.path for m in members]))
     return out
 
 
