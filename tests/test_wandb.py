@@ -54,12 +54,21 @@ def wandb_records(path: Path) -> list:
 
 
 def finished_records(run_dir: Path) -> list:
-    """The records of the one W&B run under ``run_dir``, once wandb-core has written its exit record."""
+    """The records of the one W&B run under ``run_dir``, once wandb-core has written its exit record (polled: a read that
+    catches a record half-written is read again)."""
     files = list(run_dir.glob("wandb/*-run-*/*.wandb"))
     assert len(files) == 1, files
+    from google.protobuf.message import DecodeError
+
     deadline = time.perf_counter() + 60.0
     while True:
-        records = wandb_records(files[0])
+        try:
+            records = wandb_records(files[0])
+        except DecodeError:  # a record wandb-core is still writing: read again
+            if time.perf_counter() > deadline:
+                raise
+            time.sleep(0.1)
+            continue
         if any(r.WhichOneof("record_type") == "exit" for r in records) or time.perf_counter() > deadline:
             return records
 
