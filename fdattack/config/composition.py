@@ -19,6 +19,7 @@ naming the key; a key of the old flat ``attack:`` layout names its new place.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 from pathlib import Path
 from typing import Any
@@ -58,18 +59,28 @@ def settings_node(kind: str, entries: list[tuple[str, type]]) -> Any:
 
 
 def schema_for(protocol_name: str) -> DictConfig:
-    """The struct-mode schema of a run of ``protocol_name``, with every registered attack's and defense's settings."""
+    """The struct-mode schema of a run of ``protocol_name``, with every registered attack's and defense's settings.
+
+    Building it from the dataclasses is most of a composition's time, so each schema is built once per protocol and
+    set of registered components, and every call returns a copy of it.
+    """
     protocols, attacks, defenses = registries()
     if protocol_name not in protocols:
         raise ConfigError(f"protocol.name={protocol_name!r} is not a known protocol; choose one of: {', '.join(protocols.names())}")
-    root = ExperimentConfig(
-        protocol=protocols.get(protocol_name).Config(),
-        attack=settings_node("attack", [(n, c.Settings) for n, c in attacks.items()]),
-        defense=settings_node("defense", [(n, c.Settings) for n, c in defenses.items()]),
-    )
-    schema = OmegaConf.structured(root)
-    OmegaConf.set_struct(schema, True)
-    return schema
+    components = (protocols.get(protocol_name).Config, tuple((n, c.Settings) for n, c in attacks.items()),
+                  tuple((n, c.Settings) for n, c in defenses.items()))
+    key = (protocol_name, components)
+    if key not in _SCHEMAS:
+        root = ExperimentConfig(protocol=components[0](), attack=settings_node("attack", list(components[1])),
+                                defense=settings_node("defense", list(components[2])))
+        schema = OmegaConf.structured(root)
+        OmegaConf.set_struct(schema, True)
+        _SCHEMAS[key] = schema
+    return copy.deepcopy(_SCHEMAS[key])
+
+
+#: the schemas built so far, by protocol name and registered components (see :func:`schema_for`)
+_SCHEMAS: dict[tuple[str, tuple[Any, ...]], DictConfig] = {}
 
 
 def _omegaconf_error(err: OmegaConfBaseException, source: str, protocol_name: str) -> ConfigError:
