@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import copy
+from types import SimpleNamespace
 
+import pytest
 import torch
 
-from fdattack.fd.engine import TensorRows, default_engine, derive_seed
+from fdattack.fd.engine import LocalTrainer, TensorRows, default_engine, derive_seed
 from fdattack.lit import InversionLitModule, RestorerLitModule
 from fdattack.models import InversionDecoder
 
@@ -66,3 +68,18 @@ def test_released_modules_are_not_kept_by_fabric() -> None:
         engine.fit_module(handle, _rows(4), epochs=1, seed=0, batch_size=4)
         engine.release(handle)
     assert not [c for c in engine.fabric._callbacks if isinstance(c, InversionLitModule)]
+
+
+@pytest.mark.parametrize("n", [41, 40, 39, 21, 3])
+def test_ddp_shards_take_equal_steps_and_never_a_lone_batch_norm_row(n: int) -> None:
+    """Padded to equal shards first, then the lone row dropped per shard: ranks never wait on each other's extra step.
+    (The drop used to come first, and the padding counted the rows before it: 41 rows, B = 10 on 2 ranks gave rank 0
+    three steps, the last of one row, and rank 1 two.)"""
+    shards = []
+    for rank in (0, 1):
+        engine = LocalTrainer(SimpleNamespace(world_size=2, global_rank=rank), batch_size=10)  # type: ignore[arg-type]
+        shards.append(engine._batches(n, seed=3, batch_size=10, lone_row=False))
+    assert len(shards[0]) == len(shards[1])
+    assert all(len(batch) > 1 for shard in shards for batch in shard)
+    seen = torch.cat([batch for shard in shards for batch in shard])
+    assert len(set(seen.tolist())) >= n - 2  # every row but at most one per rank's lone batch

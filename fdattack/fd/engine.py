@@ -241,17 +241,18 @@ class LocalTrainer:
     def _batches(self, n: int, seed: int, batch_size: int, shuffle: bool = True, lone_row: bool = True) -> list[Tensor]:
         """This rank's mini-batch index lists for one epoch: a seeded permutation (or 0..n-1), sharded by rank.
 
-        ``lone_row=False`` drops a last batch of one row (:func:`without_lone_row`). Under DDP the order is padded to
-        a multiple of the world size, so every rank takes the same number of steps.
+        Under DDP the order is padded to a multiple of the world size, so that every rank's shard has the same length
+        and every rank takes the same number of steps. ``lone_row=False`` then drops a last batch of one row from the
+        shard (:func:`without_lone_row`; equal shards drop alike).
         """
         order = epoch_order(n, seed, shuffle)
-        if not lone_row:
-            order = without_lone_row(order, batch_size)
         world, rank = self.fabric.world_size, self.fabric.global_rank
         if world > 1:
             per_rank = -(-n // world)
             order = torch.cat([order, order[: per_rank * world - n]]) if per_rank * world > n else order
             order = order[rank::world]
+        if not lone_row:
+            order = without_lone_row(order, batch_size)
         return list(torch.split(order, batch_size))
 
     def fit_module(self, handle: ModelHandle, data: Batchable, epochs: int, seed: int, batch_size: int | None = None,
