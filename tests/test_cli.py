@@ -124,13 +124,13 @@ def test_default_name_is_derived_from_protocol_data_and_attacks(capsys: pytest.C
     from fdattack.experiment import default_output_dir
 
     cfg = compose(None, ["protocol=dsfl", "data=att_faces"])
-    assert cfg.name == "dsfl_att_faces_pli-tbi"
-    assert default_output_dir(cfg).parent.name == "runs" and default_output_dir(cfg).name.startswith("dsfl_att_faces_pli-tbi-")
+    assert cfg.name == "dsfl_att_faces_pli-tbi-ldia"
+    assert default_output_dir(cfg).parent.name == "runs" and default_output_dir(cfg).name.startswith("dsfl_att_faces_pli-tbi-ldia-")
     assert compose(None, ["protocol=cronus", "attacks=[]"]).name == "cronus_digits"
     assert compose(None, ["name=mine"]).name == "mine"
     assert compose("conf/experiment/pli_dsfl_att_faces.yaml", ["protocol=fedmd"]).name == "pli_dsfl_att_faces"  # the file's own name wins
     assert main(["run", "protocol=dsfl", "data=att_faces", "--print-config"]) == 0
-    assert "name: dsfl_att_faces_pli-tbi" in capsys.readouterr().out
+    assert "name: dsfl_att_faces_pli-tbi-ldia" in capsys.readouterr().out
 
 
 def test_group_token_replaces_the_experiments_default(capsys: pytest.CaptureFixture[str]) -> None:

@@ -118,9 +118,11 @@ def test_label_distribution_intervals_are_the_spread_over_clients() -> None:
 # ------------------------------------------------------------------------------------------------ the summary
 def test_the_summary_prints_each_interval_after_its_value() -> None:
     final = {"attack/pli/accuracy": 0.4, "attack/pli/accuracy_ci_low": 0.118, "attack/pli/accuracy_ci_high": 0.769,
-             "attack/pli/chance": 0.2, "attack/pli/chance_ci_low": 0.2, "attack/pli/chance_ci_high": 0.2}
+             "attack/pli/chance": 0.2, "attack/pli/chance_ci_low": 0.2, "attack/pli/chance_ci_high": 0.2,
+             "attack/ldia/uniform_kl": 2.1293, "attack/ldia/uniform_kl_ci_low": 2.12926, "attack/ldia/uniform_kl_ci_high": 2.12934}
     assert format_score(final, "attack/pli/accuracy", "{:.2f}") == "0.40 [0.12, 0.77]"
     assert format_score(final, "attack/pli/chance", "{:.2f}") == "0.20"  # no width: no interval
+    assert format_score(final, "attack/ldia/uniform_kl", "{:.3f}") == "2.129"  # float noise across seeds: none either
     assert format_score(final, "attack/pli/ssim", "{:.3f}") == "-"
     assert "0.40 [0.12, 0.77]" in attack_summary(final)
 

@@ -209,7 +209,7 @@ class EvaluationConfig:
 class ExperimentConfig:
     """The whole run. ``protocol``, ``attack`` and ``defense`` are filled from the registries (see compose)."""
 
-    name: Optional[str] = knob(None, "experiment name (run directory prefix, W&B run name), a plain name without path separators; null = <protocol>_<data>_<attacks>, e.g. dsfl_att_faces_pli-tbi")
+    name: Optional[str] = knob(None, "experiment name (run directory prefix, W&B run name), a plain name without path separators; null = <protocol>_<data>_<attacks>, e.g. dsfl_att_faces_pli-tbi-ldia")
     seed: int = knob(42, "seed of everything (model init, shuffling, splits unless data.seed is set)", ge=0, le=SEED_MAX)
     seeds: Optional[list[int]] = knob(None, "run one replica per seed (e.g. seeds=[0,1,2]) in output_dir/seed_<s>/ and write their aggregate (mean, std and 95 % interval across the seeds of every metric) in output_dir; running it again continues; null = one run at seed")
     output_dir: Optional[str] = knob(None, "run directory, locked while a run uses it; null = runs/<name>-<timestamp>")
@@ -222,7 +222,7 @@ class ExperimentConfig:
     trainer: TrainerConfig = knob(TrainerConfig(), "where every phase trains")
     logger: LoggerConfig = knob(LoggerConfig(), "logging")
     observers: ObserversConfig = knob(ObserversConfig(), "diagnostics")
-    attacks: list[str] = knob(["pli", "tbi"], "attacks run every round, by registry name (attacks=[] for none); each has its knobs under attack.<name>")
+    attacks: list[str] = knob(["pli", "tbi", "ldia"], "attacks run every round, by registry name (attacks=[] for none); each has its knobs under attack.<name>")
     attack: Any = None  # attack.<name>: each registered attack's settings dataclass
     defenses: list[str] = knob([], "defenses applied, in order, by registry name (e.g. defenses=[laplace]); each has its knobs under defense.<name>")
     defense: Any = None  # defense.<name>: each registered defense's settings dataclass

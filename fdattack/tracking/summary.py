@@ -28,13 +28,13 @@ CHANCE = {"accuracy": "chance", "eval_top1": "chance", "top1": "chance", "top5":
 
 
 def format_score(final: dict[str, float], key: str, fmt: str) -> str:
-    """``final[key]`` in ``fmt``, followed by its interval ``[low, high]`` where ``final`` holds a finite one of some width;
-    ``-`` if absent."""
+    """``final[key]`` in ``fmt``, followed by its interval ``[low, high]`` where ``final`` holds a finite one whose ends
+    differ in ``fmt`` (a figure equal at every seed, such as chance, shows none); ``-`` if absent."""
     if key not in final:
         return "-"
     text = fmt.format(final[key])
     low, high = final.get(key + LOW), final.get(key + HIGH)
-    if low is not None and high is not None and math.isfinite(low) and math.isfinite(high) and low < high:
+    if low is not None and high is not None and math.isfinite(low) and math.isfinite(high) and fmt.format(low) != fmt.format(high):
         text += f" [{fmt.format(low)}, {fmt.format(high)}]"
     return text
 
