@@ -5,7 +5,9 @@ figures differ beyond noise when their intervals across the seeds do not overlap
 
 Rows run one after the other, each replica with one thread; the output root keeps every run, so the script can be
 stopped and started again: finished replicas are read, a cut one resumes. A row takes 2 (the default run) to 12
-(PDA-FD's MNIST) minutes per seed on a 2-core CPU.
+(PDA-FD's MNIST) minutes per seed on a 2-core CPU (AT&T faces: about 7). The defense table's undefended row is the
+PLI table's AT&T FedMD row, read from there (run last, so that two copies of the script, one per table, can share a
+root: ``--tables pli`` beside ``--tables defenses``).
 
 Usage: ``python benchmarks/headline_tables.py [--tables default pli defenses pdafd] [--seeds 0 1 2] [--root runs/headline]``
 (``pli``, ``defenses`` and ``pdafd`` read AT&T faces and MNIST where their experiment files say: ``../shared/data``).
@@ -28,26 +30,29 @@ REPO = Path(__file__).resolve().parents[1]
 
 @dataclass(frozen=True)
 class Row:
-    """One row: a name, the experiment file (None: the embedded default) and its overrides."""
+    """One row: a name, the experiment file (None: the embedded default), its overrides and, for a row that another
+    table runs too, that table's folder of it (``table/row``; its runs are read there, not run twice)."""
 
     name: str
     experiment: str | None
     overrides: tuple[str, ...] = ()
+    home: str | None = None
 
 
 #: per table: its rows and the metrics shown (metric key, column title)
 TABLES: dict[str, tuple[list[Row], list[tuple[str, str]]]] = {
-    "default": ([Row("fedmd_digits (the default run)", None, ("attacks=[pli,tbi,public_mean]",))],
+    "default": ([Row("fedmd_digits (the default run, with the public mean)", None, ("attacks=[pli,tbi,ldia,public_mean]",))],
                 [("attack/pli/accuracy", "PLI acc."), ("attack/pli/eval_top1", "PLI eval top-1"), ("attack/tbi/accuracy", "TBI acc."),
-                 ("attack/public_mean/accuracy", "public mean acc."), ("attack/pli/chance", "chance"), ("protocol/client_acc_mean", "client acc.")]),
+                 ("attack/public_mean/accuracy", "public mean acc."), ("attack/pli/chance", "chance"), ("attack/ldia/kl", "LDIA KL"),
+                 ("attack/ldia/uniform_kl", "uniform KL"), ("protocol/client_acc_mean", "client acc.")]),
     "pli": ([Row(f"{data} {protocol}", f"conf/experiment/pli_{protocol}_{data}.yaml") for data in ("att_faces", "mnist")
              for protocol in ("fedmd", "fedgems", "dsfl")],
             [("attack/pli/accuracy", "PLI acc."), ("attack/pli/ssim", "PLI SSIM"), ("attack/pli/prior_accuracy", "prior acc."),
              ("attack/tbi/accuracy", "TBI acc."), ("attack/pli/eval_top1", "PLI eval top-1"), ("protocol/client_acc_mean", "client acc.")]),
-    "defenses": ([Row("none", "conf/experiment/pli_fedmd_att_faces.yaml")]
-                 + [Row(f"Laplace b = {b}", "conf/experiment/pli_fedmd_att_faces.yaml", ("defenses=[laplace]", f"defense.laplace.scale={b}"))
-                    for b in (0.5, 1.0, 2.0)]
-                 + [Row(f"top-{k}", "conf/experiment/pli_fedmd_att_faces.yaml", ("defenses=[topk]", f"defense.topk.k={k}")) for k in (1, 3)],
+    "defenses": ([Row(f"Laplace b = {b}", "conf/experiment/pli_fedmd_att_faces.yaml", ("defenses=[laplace]", f"defense.laplace.scale={b}"))
+                  for b in (1.0, 2.0, 0.5)]
+                 + [Row(f"top-{k}", "conf/experiment/pli_fedmd_att_faces.yaml", ("defenses=[topk]", f"defense.topk.k={k}")) for k in (1, 3)]
+                 + [Row("none", "conf/experiment/pli_fedmd_att_faces.yaml", home="pli/att_faces_fedmd")],
                  [("attack/pli/accuracy", "PLI acc."), ("attack/pli/ssim", "PLI SSIM"), ("attack/tbi/accuracy", "TBI acc."),
                   ("protocol/client_acc_mean", "client acc.")]),
     "pdafd": ([Row(protocol, f"conf/experiment/ldia_lira_{protocol}_mnist.yaml", ("protocol.rounds=5", "data.dirichlet_alpha=1"))
@@ -61,9 +66,9 @@ def folder_name(row: Row) -> str:
     return "".join(c if c.isalnum() else "_" for c in row.name).strip("_")
 
 
-def run_row(row: Row, seeds: list[int], root: Path) -> dict:
-    """Run (or continue) the row's replicas; returns its aggregate metrics."""
-    out = root / folder_name(row)
+def run_row(row: Row, seeds: list[int], root: Path, table: str) -> dict:
+    """Run (or continue) the row's replicas under ``root`` (in its table's folder, or its home); returns their aggregate."""
+    out = root / (row.home or f"{table}/{folder_name(row)}")
     cmd = [sys.executable, "-m", "fdattack", "run", *([row.experiment] if row.experiment else []), *row.overrides,
            f"seeds=[{','.join(map(str, seeds))}]", f"output_dir={out}", "logger.wandb.mode=disabled", "logger.progress=never"]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
@@ -79,7 +84,7 @@ def cell(metrics: dict, key: str) -> str:
     value, low, high = metrics.get(key), metrics.get(key + "_ci_low"), metrics.get(key + "_ci_high")
     if value is None or not math.isfinite(value):
         return "–"
-    interval = f" [{low:.3g}, {high:.3g}]" if low is not None and high is not None and math.isfinite(low) and low < high else ""
+    interval = f" [{low:.3g}, {high:.3g}]" if low is not None and high is not None and math.isfinite(low) and f"{low:.3g}" != f"{high:.3g}" else ""
     return f"{value:.3g}{interval}"
 
 
@@ -100,7 +105,7 @@ def main() -> None:
     for table in args.tables:
         rows, columns = TABLES[table]
         print(f"running table {table} ({len(rows)} rows x {len(args.seeds)} seeds)", file=sys.stderr)
-        results = [(row, run_row(row, args.seeds, args.root / table)) for row in rows]
+        results = [(row, run_row(row, args.seeds, args.root, table)) for row in rows]
         print(f"\n### {table}: mean over seeds {', '.join(map(str, args.seeds))} [95 % t interval across the seeds]\n")
         print("| row | " + " | ".join(title for _, title in columns) + " |")
         print("|---|" + "---|" * len(columns))
