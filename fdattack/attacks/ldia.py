@@ -17,12 +17,10 @@ from torch import Tensor
 from fdattack.attacks.base import ATTACKS, Attack, AttackContext
 from fdattack.attacks.results import AttackResult, LabelDistributions
 from fdattack.config.knobs import knob
-from fdattack.fd.record import RoundRecord
+from fdattack.fd.record import UPLOAD_PHASE, RoundRecord
 from fdattack.fd.threat import AttackerView, Capability
 from fdattack.functional.label_distribution import estimate_from_outputs
 
-#: the phase whose record carries the round's uploads (the communication phase, after LU and before KD)
-UPLOAD_PHASE = "upload"
 
 
 @dataclass

@@ -107,3 +107,5 @@ class GradientProbe:
 
 #: every result type an attack may return
 AttackResult = Union[Reconstructions, LabelDistributions, MembershipScores, Inversions, GradientProbe]
+#: the result types, exactly (the evaluation side takes no subclass: see :func:`fdattack.fd.boundary.plain_result`)
+RESULT_TYPES: tuple[type, ...] = (Reconstructions, LabelDistributions, MembershipScores, Inversions, GradientProbe)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Optional, Protocol, Sequence, TypeVar
 
-from fdattack.attacks.results import AttackResult, GradientProbe, Inversions, LabelDistributions, MembershipScores, Reconstructions
+from fdattack.attacks.results import RESULT_TYPES, AttackResult, GradientProbe, Inversions, LabelDistributions, MembershipScores, Reconstructions
 from fdattack.evaluation.gradient_check import GradientCheck
 from fdattack.evaluation.inversion import InversionScorer
 from fdattack.evaluation.label_distribution import LabelDistributionScorer
@@ -13,6 +13,7 @@ from fdattack.evaluation.oracle import Oracle
 from fdattack.evaluation.protocol_metrics import protocol_metrics
 from fdattack.evaluation.reconstruction import ReconstructionScorer
 from fdattack.evaluation.report import Report
+from fdattack.fd.boundary import plain_result
 from fdattack.functional.intervals import HIGH, LOW
 
 #: the prior's scores worth a line of their own (Table S-3 and what an inversion must beat)
@@ -74,9 +75,10 @@ class Evaluator:
         return report
 
     def score(self, attack: str, results: Sequence[AttackResult]) -> Report:
-        """``attack/<attack>/...`` metrics, images and artifacts of an attack's results this round."""
+        """``attack/<attack>/...`` metrics, images and artifacts of an attack's results this round, each result taken as
+        plain copies of its tensors (:func:`~fdattack.fd.boundary.plain_result`: no attack code runs beside the ground truth)."""
         report = Report()
-        for result in results:
+        for result in (plain_result(r, RESULT_TYPES, attack) for r in results):
             if isinstance(result, Reconstructions):
                 report.update(self._score_reconstructions(attack, result))
             elif isinstance(result, LabelDistributions) and self.label_distributions is not None:

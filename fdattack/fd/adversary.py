@@ -13,6 +13,10 @@ A protocol's :class:`~fdattack.fd.threat.ThreatModel` lists the powers its serve
 The adversary holds only what the attack queued and, during a phase, the phase-bound answerer of
 the protocol's queries (the queried networks, never the protocol or its data). Every use is
 counted; the counts are logged per round under ``adversary/<attack>/...``.
+
+The checks here tell an attack early what it may not do; the protocol does not rely on them. It keeps its own record
+of each grant and checks what it takes from an adversary again (:func:`checked_rows`, :func:`checked_images`,
+:func:`checked_aggregate`), so an attack that widens ``powers`` or writes a queue directly gains nothing.
 """
 
 from __future__ import annotations
@@ -23,12 +27,34 @@ from typing import Callable, Optional
 import torch
 from torch import Tensor
 
+from fdattack.fd.boundary import plain_tensor
 from fdattack.fd.record import QueryRefusedError, Reply, StaleQueryError
 from fdattack.fd.threat import Capability
 
 #: ``(client, images (M, C, H, W))`` -> the outputs (M, J) as the client would send them with the images it answered,
 #: and their size on the wire in bytes (the upload defenses' encoding, as the uploads count it)
 ImageAnswer = Callable[[int, Tensor], tuple[Reply, int]]
+
+
+def checked_rows(rows: object, num_public: int) -> Tensor:
+    """Chosen public rows as a plain (N,) long tensor, each in 0..num_public - 1 (ValueError otherwise)."""
+    rows = plain_tensor(rows, "chosen public rows").to(torch.long).flatten().cpu()
+    if rows.numel() == 0 or int(rows.min()) < 0 or int(rows.max()) >= num_public:
+        raise ValueError(f"chosen public rows must be a non-empty subset of 0..{num_public - 1}")
+    return rows
+
+
+def checked_images(images: object, image_shape: tuple[int, ...]) -> Tensor:
+    """Attacker-made images as a plain float (M, C, H, W) CPU tensor of ``image_shape`` (ValueError otherwise)."""
+    images = plain_tensor(images, "the attack's images").float().cpu()
+    if images.dim() != 4 or tuple(images.shape[1:]) != tuple(image_shape):
+        raise ValueError(f"images must be (M, {', '.join(map(str, image_shape))}); got {tuple(images.shape)}")
+    return images
+
+
+def checked_aggregate(aggregate: object) -> Tensor:
+    """A chosen aggregate as a plain float CPU tensor (its shape is checked against the real one where it is sent)."""
+    return plain_tensor(aggregate, "a chosen aggregate").float().cpu()
 
 
 class Adversary:
@@ -55,32 +81,24 @@ class Adversary:
         if power not in self.powers:
             raise QueryRefusedError(f"this attack was not granted {power.value}; it has: {', '.join(sorted(p.value for p in self.powers)) or 'nothing'}")
 
-    def _check_images(self, images: Tensor) -> Tensor:
-        if images.dim() != 4 or tuple(images.shape[1:]) != self.image_shape:
-            raise ValueError(f"images must be (M, {', '.join(map(str, self.image_shape))}); got {tuple(images.shape)}")
-        return images.detach().float().cpu()
-
     # ------------------------------------------------------------ the attack's side
     def choose_public_rows(self, rows: Tensor) -> None:
         """The public rows of the next round's batch, in place of the protocol's draw."""
         self._require(Capability.choose_public_batch)
-        rows = torch.as_tensor(rows, dtype=torch.long).flatten()
-        if rows.numel() == 0 or int(rows.min()) < 0 or int(rows.max()) >= self.num_public:
-            raise ValueError(f"chosen public rows must be a non-empty subset of 0..{self.num_public - 1}")
-        self._rows = rows.clone()
-        self.usage["chosen_rows"] += rows.numel()
+        self._rows = checked_rows(rows, self.num_public)
+        self.usage["chosen_rows"] += self._rows.numel()
 
     def add_public_samples(self, images: Tensor) -> None:
         """Images (unlabeled) appended to the next round's public batch: every client uploads its outputs on them."""
         self._require(Capability.add_public_samples)
-        images = self._check_images(images)
-        self._added.append(images.clone())
+        images = checked_images(images, self.image_shape)
+        self._added.append(images)
         self.usage["added_samples"] += len(images)
 
     def send_aggregate(self, client: int, aggregate: Tensor) -> None:
         """What ``client`` receives in place of this round's aggregate (same shape as the real one)."""
         self._require(Capability.send_aggregate)
-        self._aggregates[int(client)] = aggregate.detach().float().cpu().clone()
+        self._aggregates[int(client)] = checked_aggregate(aggregate)
         self.usage["sent_aggregates"] += 1
 
     def query(self, client: int, images: Tensor) -> Reply:
@@ -93,7 +111,7 @@ class Adversary:
         round, phase, clients = self._phase
         if int(client) not in clients:
             raise QueryRefusedError(f"no client {client!r} in round {round}; the round's clients are {clients}")
-        images = self._check_images(images)
+        images = checked_images(images, self.image_shape)
         answer, size = self._answer(int(client), images)
         self.usage["queries"] += 1
         self.usage["query_samples"] += len(images)

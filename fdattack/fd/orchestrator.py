@@ -18,7 +18,7 @@ from fdattack.errors import UploadError
 from fdattack.fd.engine import derive_seed
 from fdattack.fd.observer import Observer
 from fdattack.fd.protocols.base import Phase, Protocol, RoundContext
-from fdattack.fd.record import RoundRecord
+from fdattack.fd.record import UPLOAD_PHASE, RoundRecord
 
 log = logging.getLogger(__name__)
 
@@ -107,5 +107,5 @@ class RoundOrchestrator:
             global_state=None if ctx.global_state is None else MappingProxyType({k: v.clone() for k, v in ctx.global_state.items()}),
             server_outputs=None if ctx.server_outputs is None else ctx.server_outputs.detach().clone(),
             attack_point=phase.attack_point,
-            query=self.protocol.open_phase(ctx, phase.name),
+            query=self.protocol.open_phase(ctx, phase.name) if phase.attack_point or phase.name == UPLOAD_PHASE else None,
         )

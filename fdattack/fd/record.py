@@ -14,12 +14,17 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Callable, Literal, Mapping
 
+import numpy as np
 import torch
 from torch import Tensor
 
 from fdattack.data.imageset import UNLABELED
+from fdattack.fd.boundary import plain_tensor
 
 PayloadKind = Literal["logits", "probs", "weights"]
+#: the phase after which the round's uploads have crossed the wire; with the attack point, the only phase whose record
+#: opens queries (after the others a query would read model states that never cross the wire)
+UPLOAD_PHASE = "upload"
 
 
 @dataclass(frozen=True)
@@ -135,6 +140,19 @@ class QueryRefusedError(PermissionError):
 Answer = Callable[[int | str, Tensor], Tensor]
 
 
+def checked_model(model: object) -> int | str:
+    """A queried model as a plain ``int`` client index or the string ``"server"``. Checked by exact type: an attack's
+    object, whose ``__eq__`` or ``__index__`` would run its code inside the protocol, is refused."""
+    if type(model) is str and model == "server":
+        return "server"
+    if type(model) is int or type(model) in _NUMPY_INTEGERS:
+        return int(model)  # type: ignore[call-overload]
+    raise QueryRefusedError(f"a queried model must be a client index (an int) or 'server', not a {type(model).__qualname__}")
+
+
+_NUMPY_INTEGERS = frozenset({np.int8, np.int16, np.int32, np.int64, np.uint8, np.uint16, np.uint32, np.uint64})
+
+
 class PublicQuery:
     """Black-box access to the models on public samples, for one phase of one round.
 
@@ -183,7 +201,8 @@ class PublicQuery:
         if self._answer is None:
             raise StaleQueryError(f"the query handle of round {self.round}, phase {self.phase!r} was used after that phase ended; "
                                   "collect the outputs in on_record, when the record arrives")
-        idx = torch.as_tensor(public_indices, dtype=torch.long)
+        model = checked_model(model)
+        idx = plain_tensor(public_indices, "queried public rows").to(torch.long).flatten().cpu()
         if model == "server" and not self.has_server:
             raise QueryRefusedError("this protocol has no server model")
         if model != "server" and model not in self.clients:

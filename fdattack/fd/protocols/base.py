@@ -23,10 +23,11 @@ from fdattack.data.federated import FederatedSplit
 from fdattack.data.imageset import UNLABELED, ImageSet
 from fdattack.defenses.base import Defense, NetworkChange, Release, TrainingDefense, UploadDefense, dense_bytes
 from fdattack.errors import ConfigError
-from fdattack.fd.adversary import Adversary
+from fdattack.fd.adversary import Adversary, checked_aggregate, checked_images, checked_rows
+from fdattack.fd.boundary import plain_tensor
 from fdattack.fd.engine import FitJob, LocalTrainer, ModelHandle, derive_seed, predict_logits
 from fdattack.fd.evasion import Evasion, evasive_clients, image_digests
-from fdattack.fd.record import PayloadKind, PublicBatch, PublicQuery, QueryRefusedError, Reply, Upload
+from fdattack.fd.record import PayloadKind, PublicBatch, PublicQuery, QueryRefusedError, Reply, Upload, checked_model
 from fdattack.fd.threat import Capability, ServerAggregation, ThreatModel
 from fdattack.lit.classifier import ClassifierLitModule, Objective
 from fdattack.models import build_classifier
@@ -115,8 +116,10 @@ class Protocol(ABC):
         #: defense name -> its change of the architecture (MID's VIB head), applied to every client's network
         self.network_changes: dict[str, NetworkChange] = {
             d.name: change for d in self.training_defenses if (change := d.network_change()) is not None}
-        #: the active powers granted to attacks (:meth:`grant_adversary`)
+        #: the active powers granted to attacks (:meth:`grant_adversary`), and the protocol's own record of each grant
+        #: (what it takes from an adversary is checked against this, not against the adversary's ``powers``)
         self.adversaries: list[Adversary] = []
+        self.grants: list[frozenset[Capability]] = []
         archs = list(model_cfg.clients) or [model_cfg.name]
         self.client_archs = [archs[k % len(archs)] for k in range(self.num_clients)]
         self.clients = [self._make_model(f"client{k}", self.client_archs[k], client=k) for k in range(self.num_clients)]
@@ -147,7 +150,14 @@ class Protocol(ABC):
             raise ConfigError(f"protocol.name={self.name} gives the server no {', '.join(sorted(p.value for p in refused))}")
         adversary = Adversary(frozenset(powers), len(self.split.public), self.split.image_shape)
         self.adversaries.append(adversary)
+        self.grants.append(frozenset(powers))
         return adversary
+
+    def _granted(self, index: int, power: Capability) -> None:
+        """Refuse what adversary ``index`` queued without the power (checked on the protocol's side)."""
+        if power not in self.grants[index]:
+            raise QueryRefusedError(f"an attack used {power.value}, which it was not granted (it has: "
+                                    f"{', '.join(sorted(p.value for p in self.grants[index])) or 'nothing'})")
 
     # ------------------------------------------------------------------ construction
     def _make_model(self, name: str, arch: str, client: int | None = None) -> ModelHandle:
@@ -218,11 +228,14 @@ class Protocol(ABC):
     def public_batch(self, round: int) -> PublicBatch | None:
         """The round's public samples: the protocol's draw, or the rows an adversary chose, plus any images it added."""
         rows, added = self.public_rows(round), []
-        for adversary in self.adversaries:
+        for index, adversary in enumerate(self.adversaries):
             chosen, extra = adversary.take_public_choice()
-            rows = chosen if chosen is not None else rows
+            if chosen is not None:
+                self._granted(index, Capability.choose_public_batch)
+                rows = checked_rows(chosen, len(self.split.public))
             if extra is not None:
-                added.append(extra)
+                self._granted(index, Capability.add_public_samples)
+                added.append(checked_images(extra, self.split.image_shape))
         return PublicBatch(rows, torch.cat(added) if added else None)
 
     # ------------------------------------------------------------------ helpers for phases
@@ -274,7 +287,13 @@ class Protocol(ABC):
         aggregate = ctx.aggregate
 
         def received(k: int) -> Tensor:
-            chosen = next((c for c in (a.aggregate_for(k) for a in self.adversaries) if c is not None), None)
+            chosen = None
+            for index, adversary in enumerate(self.adversaries):
+                queued = adversary.aggregate_for(k)
+                if queued is not None:
+                    self._granted(index, Capability.send_aggregate)
+                    chosen = checked_aggregate(queued)
+                    break
             if chosen is not None and chosen.shape != aggregate.shape:
                 raise ValueError(f"round {ctx.round}: the aggregate chosen for client {k} has shape {tuple(chosen.shape)}, "
                                  f"the protocol's has {tuple(aggregate.shape)}")
@@ -369,8 +388,9 @@ class Protocol(ABC):
             self.split.public.images, self.upload_defenses, kind, temperature, ctx.round, phase,
             self.engine.fabric.device, self.engine.predict_batch_size, self.evasion,
         )
-        for adversary in self.adversaries:
-            adversary.open_phase(answer.on_images, ctx.round, phase, tuple(ctx.participants))
+        for adversary, grant in zip(self.adversaries, self.grants):
+            if Capability.query_chosen_batch in grant:
+                adversary.open_phase(answer.on_images, ctx.round, phase, tuple(ctx.participants))
         return PublicQuery(answer, ctx.round, phase, rows, tuple(ctx.participants), self.server is not None, kind, temperature)
 
     def close_phase(self, query: PublicQuery | None) -> None:
@@ -478,6 +498,8 @@ class _QueryAnswerer:
 
     def __call__(self, model: int | str, rows: Tensor) -> Tensor:
         """Outputs on public ``rows``: the server's logits, or a client's payload (refused where it withholds a row)."""
+        model = checked_model(model)
+        rows = plain_tensor(rows, "queried public rows").to(torch.long).cpu()
         images = self.public_images[rows]
         if model == "server":
             assert self.server is not None
@@ -490,7 +512,8 @@ class _QueryAnswerer:
     def on_images(self, client: int, images: Tensor) -> tuple[Reply, int]:
         """A client's payload on attacker-chosen images (:meth:`Adversary.query`), with the images it answered, and its size
         on the wire in bytes."""
-        return self._client_payload(client, images, b"images" + Release.key_of(images))
+        images = checked_images(images, tuple(self.public_images.shape[1:]))
+        return self._client_payload(checked_model(client), images, b"images" + Release.key_of(images))
 
     def _client_payload(self, client: int, images: Tensor, key: bytes) -> tuple[Reply, int]:
         withheld = self.evasion.withheld(client, image_digests(images)) if self.evasion is not None else torch.zeros(len(images), dtype=torch.bool)
