@@ -72,6 +72,14 @@ def without_lone_row(order: Tensor, batch_size: int) -> Tensor:
     return order[:-1] if len(order) > 1 and len(order) % batch_size == 1 else order
 
 
+def clear_gradients(handle: "ModelHandle") -> None:
+    """Drop what the last step left behind: every parameter's ``.grad`` and the optimizers' state of that step (DP-SGD's
+    per-sample gradients). A trained network then carries no trace of its last private mini-batch to whoever holds it."""
+    for optimizer in handle.optimizers:
+        optimizer.zero_grad(set_to_none=True)
+    handle.module.zero_grad(set_to_none=True)
+
+
 class Batchable(Protocol):
     """Rows that an epoch draws mini-batches from: :class:`~fdattack.data.imageset.ImageSet`, :class:`TensorRows`."""
 
@@ -287,6 +295,7 @@ class LocalTrainer:
                     total += loss.detach()
                     losses += 1
                 result.steps += 1
+        clear_gradients(handle)
         self._share_buffers(module)
         result.mean_loss = float(total) / losses if losses else float("nan")
         return result
