@@ -85,8 +85,9 @@ def build_defenses(cfg: DictConfig) -> list[Defense]:
 
 def build_attacks(cfg: DictConfig, view: AttackerView, protocol: Protocol, engine: LocalTrainer | None = None,
                   state_root: Path | None = None) -> list[Attack]:
-    """The attacks of ``cfg.attacks``, each built from the attacker's view, its own ``attack.<name>`` settings and
-    a context; an attack that needs server powers gets an :class:`~fdattack.fd.adversary.Adversary` with exactly those.
+    """The attacks of ``cfg.attacks``, each built from its own copy of the attacker's view
+    (:meth:`~fdattack.fd.threat.AttackerView.for_attack`), its own ``attack.<name>`` settings and a context; an attack
+    that needs server powers gets an :class:`~fdattack.fd.adversary.Adversary` with exactly those.
 
     Args:
         protocol: grants the adversaries (the attacks never receive it).
@@ -106,7 +107,7 @@ def build_attacks(cfg: DictConfig, view: AttackerView, protocol: Protocol, engin
             engine=engine,
             adversary=protocol.grant_adversary(powers) if powers else None,
         )
-        attacks.append(cls(view, settings, context))
+        attacks.append(cls(view.for_attack(cls.wants_candidates), settings, context))
     return attacks
 
 

@@ -63,6 +63,10 @@ class ImageSet:
     def image_shape(self) -> tuple[int, int, int]:
         return tuple(self.images.shape[1:])  # type: ignore[return-value]
 
+    def copy(self) -> "ImageSet":
+        """A copy that shares no tensor with this set."""
+        return ImageSet(self.images.clone(), self.labels.clone(), self.domain.clone(), self.source.clone())
+
     def subset(self, indices: Tensor | list[int]) -> "ImageSet":
         idx = torch.as_tensor(indices, dtype=torch.long)
         return ImageSet(self.images[idx], self.labels[idx], self.domain[idx], self.source[idx])

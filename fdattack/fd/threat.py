@@ -12,6 +12,7 @@ to prove it. Model access reaches attacks only through the round records: a phas
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from enum import Enum
 from typing import Callable, Literal, Optional
@@ -195,6 +196,15 @@ class AttackerView:
                 net = change(net)
         return net
 
+    def for_attack(self, wants_candidates: bool) -> "AttackerView":
+        """One attack's own view: copies of the public, prior and candidate sets, so that no attack writes into
+        another's, and the membership candidates (copies of private samples) only for an attack that scores them."""
+        def own(images: Optional[ImageSet]) -> Optional[ImageSet]:
+            return None if images is None else images.copy()
+
+        return dataclasses.replace(self, public=own(self.public), prior_data=own(self.prior_data),
+                                   candidates=own(self.candidates) if wants_candidates else None)
+
     @property
     def public_labels_known(self) -> bool:
         return self.threat.public_labels_known
@@ -209,11 +219,12 @@ class AttackerView:
 
 
 def _public_as_known(public: ImageSet, threat: ThreatModel) -> ImageSet:
-    """The public set with what the attacker does not know removed (labels, provenance rows)."""
+    """A copy of the public set with what the attacker does not know removed (labels, provenance rows): the attacker's
+    own copy, so that writing into it changes nothing the clients train on."""
     n = len(public)
     labels = public.labels.clone() if threat.public_labels_known else torch.full((n,), UNLABELED, dtype=torch.long)
     domain = public.domain.clone() if threat.public_domains_known else torch.zeros(n, dtype=torch.long)
-    return ImageSet(public.images, labels, domain, torch.arange(n))
+    return ImageSet(public.images.clone(), labels, domain, torch.arange(n))
 
 
 def attacker_view(split: FederatedSplit, threat: ThreatModel, protocol: str, has_server_model: bool,
@@ -237,7 +248,7 @@ def attacker_view(split: FederatedSplit, threat: ThreatModel, protocol: str, has
     public = None if threat.query_rows == "none" else _public_as_known(split.public, threat)
     prior = None
     if split.attacker is not None:
-        prior = ImageSet(split.attacker.images, split.attacker.labels.clone(), split.attacker.domain.clone(), torch.arange(len(split.attacker)))
+        prior = ImageSet(split.attacker.images.clone(), split.attacker.labels.clone(), split.attacker.domain.clone(), torch.arange(len(split.attacker)))
     return AttackerView(
         threat=threat,
         protocol=protocol,
