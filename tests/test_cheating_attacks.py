@@ -1,0 +1,235 @@
+"""Attacks that try to cheat, and fail (issue 28): each test runs a deliberately dishonest attack through a real FedMD
+run and asserts that the attempt ends in an error or gains nothing.
+
+Closed so far: attacker-made tensor subclasses (handed to queries, the adversary's powers, the answerer or the
+evaluator, their ``__torch_function__`` would see the clients' weights or the ground truth), powers widened or queues
+written past the adversary's checks (the protocol checks its own record of the grant), writing into the public images
+of the view (each attack's own copy), the membership candidates in every attack's view (only a membership attack holds
+them), and the ``.grad`` of the last private mini-batch left on trained networks. Still open (issue 28): the master
+seed in ``AttackContext``, the live answerer behind a query, queries after every phase, and the FedAvg, prior-data and
+state-folder items.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from fdattack.attacks import ATTACKS, Attack
+from fdattack.attacks.results import Reconstructions
+from fdattack.config import compose
+from fdattack.experiment import Experiment
+from fdattack.fd.boundary import BoundaryError
+from fdattack.fd.record import QueryRefusedError, RoundRecord, StaleQueryError
+from fdattack.fd.threat import SERVER_POWERS, Capability
+from tests.conftest import tiny
+
+
+class Spy(torch.Tensor):
+    """A tensor that records every other tensor a torch call made with it receives."""
+
+    seen: list[torch.Tensor] = []
+
+    @classmethod
+    def __torch_function__(cls, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        kwargs = kwargs or {}
+        Spy.seen.extend(a for a in [*args, *kwargs.values()] if isinstance(a, torch.Tensor) and not isinstance(a, Spy))
+        return super().__torch_function__(func, types, args, kwargs)
+
+
+def spy(shape: tuple[int, ...]) -> Spy:
+    made = torch.zeros(shape).as_subclass(Spy)
+    Spy.seen = []
+    return made  # type: ignore[return-value]
+
+
+@dataclass
+class CheatSettings:
+    pass
+
+
+class CheatingAttack(Attack):
+    """Runs ``cheat(self, record)`` on every record, and ``result(self)`` (if set) at the end of every round."""
+
+    name = "cheat"
+    Settings = CheatSettings
+    needs: frozenset[Capability] = frozenset()
+    produces = frozenset({Reconstructions})
+    cheat: Callable[["CheatingAttack", RoundRecord], None] = staticmethod(lambda attack, record: None)  # type: ignore[assignment]
+    result: Callable[["CheatingAttack"], Any] | None = None
+    outcome: dict[str, object] = {}
+
+    def on_record(self, record: RoundRecord) -> None:
+        type(self).cheat(self, record)
+
+    def on_round_end(self, round: int) -> list:
+        return [] if type(self).result is None else [type(self).result(self)]  # type: ignore[misc]
+
+
+def _cheater(monkeypatch: pytest.MonkeyPatch, cheat: Callable[[CheatingAttack, RoundRecord], None],
+             needs: frozenset[Capability] = frozenset(), result: Callable[[CheatingAttack], Any] | None = None) -> type[CheatingAttack]:
+    cls = type("Cheater", (CheatingAttack,), {"cheat": staticmethod(cheat), "needs": needs, "result": staticmethod(result) if result else None})
+    cls.outcome = {}
+    monkeypatch.setattr(ATTACKS, "_items", {**ATTACKS._items, "cheat": cls})
+    return cls  # type: ignore[return-value]
+
+
+def _experiment(tmp_path: Path, *extra: str) -> Experiment:
+    return Experiment(compose(None, tiny(tmp_path, "attacks=[cheat]", "observers.confidence_gap.enabled=false", "evaluation.classifier=null", *extra)))
+
+
+def _parameters(exp: Experiment) -> set[int]:
+    return {p.untyped_storage().data_ptr() for c in exp.protocol.clients for p in c.module.parameters()}
+
+
+def _tries(outcome: dict[str, object], key: str, attempt: Callable[[], object]) -> None:
+    """Record the exception type an attempt raised (or "accepted")."""
+    try:
+        attempt()
+        outcome[key] = "accepted"
+    except Exception as err:  # the test asserts which one
+        outcome[key] = type(err)
+
+
+def test_a_tensor_subclass_is_refused_wherever_an_attack_hands_one_to_the_protocol(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Through the adversary's query and its other powers, the public query and the answerer itself: refused by type,
+    before any torch call could hand the spy a client's weights."""
+    def cheat(attack: CheatingAttack, record: RoundRecord) -> None:
+        adversary, out = attack.context.adversary, attack.outcome
+        if record.round != 1 or record.phase != "upload" or adversary is None:
+            return
+        shape = (2, *attack.view.image_shape)
+        _tries(out, "query", lambda: adversary.query(0, spy(shape)))
+        _tries(out, "add", lambda: adversary.add_public_samples(spy(shape)))
+        _tries(out, "rows", lambda: adversary.choose_public_rows(torch.arange(3).as_subclass(Spy)))
+        _tries(out, "aggregate", lambda: adversary.send_aggregate(0, spy((4, attack.view.num_classes))))
+        _tries(out, "answerer", lambda: adversary._answer(0, spy(shape)))  # type: ignore[misc]
+        assert record.query is not None
+        _tries(out, "public_query", lambda: record.query(0, torch.arange(3).as_subclass(Spy)))  # type: ignore[misc]
+        _tries(out, "public_answerer", lambda: record.query._answer(0, torch.arange(3).as_subclass(Spy)))  # type: ignore[union-attr, misc]
+        out["seen"] = list(Spy.seen)
+
+    cheater = _cheater(monkeypatch, cheat, frozenset(SERVER_POWERS))
+    exp = _experiment(tmp_path)
+    exp.run()
+    seen = cheater.outcome.pop("seen")
+    assert cheater.outcome == {key: BoundaryError for key in
+                               ("query", "add", "rows", "aggregate", "answerer", "public_query", "public_answerer")}
+    weights = _parameters(exp)
+    assert not [t for t in seen if t.untyped_storage().data_ptr() in weights]  # type: ignore[union-attr]
+
+
+def test_widened_powers_and_queues_written_directly_are_refused_by_the_protocol(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Granted only queries on chosen images, the attack widens its ``powers`` and queues rows: the protocol, which keeps
+    its own record of the grant, stops the run at the next draw and names the power."""
+    def cheat(attack: CheatingAttack, record: RoundRecord) -> None:
+        adversary = attack.context.adversary
+        if record.round == 1 and record.phase == "upload" and adversary is not None:
+            adversary.powers = frozenset(SERVER_POWERS)
+            adversary.choose_public_rows(torch.arange(4))
+
+    _cheater(monkeypatch, cheat, frozenset({Capability.query_chosen_batch}))
+    with pytest.raises(QueryRefusedError, match="choose_public_batch, which it was not granted"):
+        _experiment(tmp_path).run()
+
+
+def test_an_aggregate_queued_past_the_checks_is_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    def cheat(attack: CheatingAttack, record: RoundRecord) -> None:
+        adversary = attack.context.adversary
+        if record.round == 1 and record.phase == "upload" and adversary is not None:
+            adversary._aggregates[0] = torch.zeros(1)  # written directly: no power, no check on this side
+
+    _cheater(monkeypatch, cheat, frozenset({Capability.query_chosen_batch}))
+    with pytest.raises(QueryRefusedError, match="send_aggregate, which it was not granted"):
+        _experiment(tmp_path).run()
+
+
+def test_an_attack_without_the_query_power_gets_no_answerer_even_when_it_widens_its_powers(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    def cheat(attack: CheatingAttack, record: RoundRecord) -> None:
+        adversary = attack.context.adversary
+        if record.round == 1 and record.phase == "upload" and adversary is not None:
+            adversary.powers = frozenset(SERVER_POWERS)
+            attack.outcome["answerer"] = adversary._answer
+            _tries(attack.outcome, "query", lambda: adversary.query(0, torch.zeros(1, *attack.view.image_shape)))
+
+    cheater = _cheater(monkeypatch, cheat, frozenset({Capability.choose_public_batch}))
+    _experiment(tmp_path).run()
+    assert cheater.outcome == {"answerer": None, "query": StaleQueryError}
+
+
+def test_writing_into_the_views_public_images_changes_nothing_the_clients_train_on(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """FedGEMS withholds the power to change the public set: the view's images are the attacker's own copy."""
+    def cheat(attack: CheatingAttack, record: RoundRecord) -> None:
+        assert attack.view.public is not None
+        attack.view.public.images.fill_(1.0)
+        if attack.view.prior_data is not None:
+            attack.view.prior_data.images.fill_(1.0)
+
+    _cheater(monkeypatch, cheat)
+    exp = _experiment(tmp_path, "protocol=fedgems")
+    public = exp.protocol.split.public.images.clone()
+    exp.run()
+    assert torch.equal(exp.protocol.split.public.images, public)
+    assert not torch.equal(public, torch.ones_like(public))
+
+
+def test_a_result_holding_a_spy_or_of_a_result_subclass_never_meets_the_ground_truth(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    def result(attack: CheatingAttack) -> Reconstructions:
+        targets = torch.tensor(attack.view.target_labels)
+        return Reconstructions(spy((len(targets), *attack.view.image_shape)), targets)
+
+    _cheater(monkeypatch, lambda attack, record: None, result=result)
+    with pytest.raises(BoundaryError, match=r"attack cheat's Reconstructions.images must be a plain torch.Tensor"):
+        _experiment(tmp_path, "protocol.rounds=1").run()
+    assert Spy.seen == []
+
+    class Sly(Reconstructions):
+        pass
+
+    _cheater(monkeypatch, lambda attack, record: None,
+             result=lambda attack: Sly(torch.zeros(len(attack.view.target_labels), *attack.view.image_shape), torch.tensor(attack.view.target_labels)))
+    with pytest.raises(BoundaryError, match="results must be exactly one of"):
+        _experiment(tmp_path / "sly", "protocol.rounds=1").run()
+
+
+def test_trained_networks_keep_no_gradient_of_their_last_private_batch(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Per-model loop and vectorised path alike: what an attack could reach of a client network holds no ``.grad``."""
+    for vectorise in ("false", "true"):
+        _cheater(monkeypatch, lambda attack, record: None)
+        exp = _experiment(tmp_path / vectorise, f"trainer.vectorise={vectorise}", "protocol.rounds=1")
+        exp.run()
+        assert all(p.grad is None for c in exp.protocol.clients for p in c.module.parameters()), vectorise
+
+
+def test_only_an_attack_that_scores_membership_holds_the_candidates_and_no_two_attacks_share_an_image(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Beside a membership attack, another attack (PLI, say) would otherwise hold every client's private samples with
+    their labels, the candidates; and the attacks' public images would be one tensor, which one could write for all."""
+    cheater = _cheater(monkeypatch, lambda attack, record: None)
+    member = type("Member", (cheater,), {"wants_candidates": True})
+    monkeypatch.setattr(ATTACKS, "_items", {**ATTACKS._items, "member": member})
+    exp = _experiment(tmp_path, "attacks=[cheat,member]", "protocol.rounds=1")
+    exp.run()
+    cheat_view, member_view = exp.attacks[0].view, exp.attacks[1].view
+    assert cheat_view.candidates is None and member_view.candidates is not None and len(member_view.candidates) > 0
+    assert cheat_view.public is not None and member_view.public is not None
+    pointers = {v.public.images.untyped_storage().data_ptr() for v in (cheat_view, member_view, exp.view)}  # type: ignore[union-attr]
+    assert len(pointers) == 3 and exp.protocol.split.public.images.untyped_storage().data_ptr() not in pointers
+
+
+@pytest.mark.parametrize("protocol", ["dsfl", "fedmd"])
+def test_queries_open_only_after_the_upload_and_at_the_attack_point(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, protocol: str) -> None:
+    """A passive attack querying after DS-FL's distillation would read client states that never cross the wire."""
+    def cheat(attack: CheatingAttack, record: RoundRecord) -> None:
+        attack.outcome.setdefault(record.round, []).append((record.phase, record.attack_point, record.query is not None))  # type: ignore[union-attr]
+
+    cheater = _cheater(monkeypatch, cheat)
+    _experiment(tmp_path, f"protocol={protocol}", "protocol.rounds=1").run()
+    phases = cheater.outcome[1]
+    assert {phase for phase, _, _ in phases} > {"upload"} | {phase for phase, point, _ in phases if point}  # other phases ran
+    assert [(phase, opened) for phase, point, opened in phases] == [(phase, phase == "upload" or point) for phase, point, _ in phases]
