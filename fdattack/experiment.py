@@ -83,6 +83,12 @@ def build_defenses(cfg: DictConfig) -> list[Defense]:
     return [DEFENSES.get(name)(OmegaConf.to_object(cfg.defense[name]), cfg.seed) for name in cfg.defenses]
 
 
+def attacker_seed(run_seed: int) -> int:
+    """The attacker's seed: derived from the run seed, never the run seed itself, from which the run's secrets derive
+    (the candidates' order, the non-member draws, the defenses' noise, the evasive clients' salts, the data split)."""
+    return derive_seed(run_seed, "attacker")
+
+
 def build_attacks(cfg: DictConfig, view: AttackerView, protocol: Protocol, engine: LocalTrainer | None = None,
                   state_root: Path | None = None) -> list[Attack]:
     """The attacks of ``cfg.attacks``, each built from its own copy of the attacker's view
@@ -101,7 +107,7 @@ def build_attacks(cfg: DictConfig, view: AttackerView, protocol: Protocol, engin
         settings = OmegaConf.to_object(cfg.attack[name])
         powers = cls.adversary_powers(settings)
         context = AttackContext(
-            seed=cfg.seed,
+            seed=attacker_seed(cfg.seed),
             store=ClientStateStore(state_root / name if state_root is not None else None, keep=cfg.keep_checkpoints),
             progress=str(cfg.logger.progress),
             engine=engine,

@@ -5,13 +5,15 @@ Closed so far: attacker-made tensor subclasses (handed to queries, the adversary
 evaluator, their ``__torch_function__`` would see the clients' weights or the ground truth), powers widened or queues
 written past the adversary's checks (the protocol checks its own record of the grant), writing into the public images
 of the view (each attack's own copy), the membership candidates in every attack's view (only a membership attack holds
-them), and the ``.grad`` of the last private mini-batch left on trained networks. Still open (issue 28): the master
-seed in ``AttackContext``, the live answerer behind a query, queries after every phase, and the FedAvg, prior-data and
-state-folder items.
+them), queries after phases whose states never cross the wire, the run seed (the attacker's is derived from it; none
+in the environment), and the ``.grad`` of the last private mini-batch left on trained networks. Still open (issue 28):
+``torch.initial_seed()`` answers the run seed, the live answerer behind a query, grants by declared needs, and the
+FedAvg, prior-data and state-folder items.
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,7 +25,9 @@ import torch
 from fdattack.attacks import ATTACKS, Attack
 from fdattack.attacks.results import Reconstructions
 from fdattack.config import compose
-from fdattack.experiment import Experiment
+from fdattack.evaluation.membership import candidate_pool
+from fdattack.experiment import Experiment, membership_candidates
+from fdattack.fd.engine import derive_seed
 from fdattack.fd.boundary import BoundaryError
 from fdattack.fd.record import QueryRefusedError, RoundRecord, StaleQueryError
 from fdattack.fd.threat import SERVER_POWERS, Capability
@@ -233,3 +237,24 @@ def test_queries_open_only_after_the_upload_and_at_the_attack_point(tmp_path: Pa
     phases = cheater.outcome[1]
     assert {phase for phase, _, _ in phases} > {"upload"} | {phase for phase, point, _ in phases if point}  # other phases ran
     assert [(phase, opened) for phase, point, opened in phases] == [(phase, phase == "upload" or point) for phase, point, _ in phases]
+
+
+def test_the_attack_holds_no_run_seed_to_rebuild_the_runs_secrets_from(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """With the run seed, an attack would rebuild the membership candidates' order (which are whose, which are test
+    samples: AUC 1) and the defenses' noise. It gets the attacker's seed, derived from it, and finds the run seed in
+    no environment variable (Lightning's ``seed_everything`` writes ``PL_GLOBAL_SEED``)."""
+    def cheat(attack: CheatingAttack, record: RoundRecord) -> None:
+        attack.outcome.update(seed=attack.context.seed, environment=dict(os.environ))
+
+    cheater = _cheater(monkeypatch, cheat)
+    member = type("Member", (cheater,), {"wants_candidates": True})
+    monkeypatch.setattr(ATTACKS, "_items", {**ATTACKS._items, "cheat": member})
+    exp = _experiment(tmp_path, "seed=1234", "protocol.rounds=1")
+    exp.run()
+    held = int(cheater.outcome["seed"])  # type: ignore[call-overload]
+    assert held != 1234 and "1234" not in cheater.outcome["environment"].values()  # type: ignore[union-attr]
+    real = membership_candidates(exp.cfg, exp.data)
+    assert real is not None
+    rebuilt = {seed: candidate_pool(exp.data.split, None, derive_seed(seed, "membership_candidates")).origin for seed in (1234, held)}
+    assert torch.equal(rebuilt[1234], real.origin)  # the rebuilding works, given the run seed
+    assert not torch.equal(rebuilt[held], real.origin)

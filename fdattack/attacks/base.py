@@ -25,7 +25,9 @@ class AttackContext:
     """What the run lends an attack besides its view and settings.
 
     Attributes:
-        seed: the run seed (attacks derive their own streams from it).
+        seed: the attacker's seed (:func:`fdattack.experiment.attacker_seed`: derived from the run seed, never the run
+            seed, from which the run's secrets derive); each attack derives its own streams from it and its name, and
+            attacks that share a network (VMI mines GMI's prior) find it under the same seed.
         store: where per-client training state waits between rounds (memory by default).
         progress: progress bars over the attack's training: auto | always | never.
         engine: the run's engine (``trainer.accelerator``/``precision``/DDP); None = a single CPU process.

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import random
 from collections import Counter, defaultdict
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
@@ -33,6 +34,7 @@ from types import ModuleType
 from typing import Callable, Mapping, Protocol, Sequence
 
 import lightning as L
+import numpy as np
 import torch
 from lightning.fabric import Fabric
 from lightning.fabric.plugins.precision import Precision
@@ -436,5 +438,9 @@ def default_engine(batch_size: int = 64, vectorise: str | bool = "auto") -> Loca
 
 
 def seed_everything_quietly(seed: int) -> None:
-    """Seed python, numpy and torch without Lightning's log line."""
-    L.seed_everything(seed, workers=False, verbose=False)
+    """Seed python, numpy and torch (every device) with ``seed``, as Lightning's ``seed_everything`` does, without its log
+    line and without writing the seed into the environment (``PL_GLOBAL_SEED``), where any code of the process (an
+    attack) could read the run seed, from which the run's secrets derive."""
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
