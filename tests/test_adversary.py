@@ -99,9 +99,10 @@ def test_every_power_acts_and_is_counted(tmp_path: Path, active: type[ActiveAtta
         "adversary/active/query_bytes": 3 * exp.data.split.num_classes * 4.0, "adversary/active/query_samples": 3.0,
         "adversary/active/sent_aggregates": 1.0}
     assert not any(k.startswith("adversary/") for k in rounds[2])
-    # while open, the adversary reaches the queried networks but never the protocol, its data or a module
+    # while open, the adversary reaches no network (it holds its answerer's token), the protocol, its data or a module
     private = {p.images.untyped_storage().data_ptr() for p in exp.data.split.private}
     for obj in seen["open_walk"]:  # type: ignore[union-attr]
+        assert not isinstance(obj, torch.nn.Module)
         assert type(obj).__name__ not in ("Protocol", "FederatedSplit", "LocalTrainer", "Fabric", "ClassifierLitModule", "ModelHandle")
         assert not (torch.is_tensor(obj) and obj.numel() and obj.untyped_storage().data_ptr() in private)
 

@@ -32,6 +32,7 @@ from fdattack.fd.boundary import BoundaryError
 from fdattack.fd.record import QueryRefusedError, RoundRecord, StaleQueryError
 from fdattack.fd.threat import SERVER_POWERS, Capability
 from tests.conftest import tiny
+from tests.object_graph import reachable
 
 
 class Spy(torch.Tensor):
@@ -101,8 +102,8 @@ def _tries(outcome: dict[str, object], key: str, attempt: Callable[[], object]) 
 
 
 def test_a_tensor_subclass_is_refused_wherever_an_attack_hands_one_to_the_protocol(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Through the adversary's query and its other powers, the public query and the answerer itself: refused by type,
-    before any torch call could hand the spy a client's weights."""
+    """Through the adversary's query and its other powers and the public query: refused by type, before any torch call
+    could hand the spy a client's weights."""
     def cheat(attack: CheatingAttack, record: RoundRecord) -> None:
         adversary, out = attack.context.adversary, attack.outcome
         if record.round != 1 or record.phase != "upload" or adversary is None:
@@ -112,10 +113,8 @@ def test_a_tensor_subclass_is_refused_wherever_an_attack_hands_one_to_the_protoc
         _tries(out, "add", lambda: adversary.add_public_samples(spy(shape)))
         _tries(out, "rows", lambda: adversary.choose_public_rows(torch.arange(3).as_subclass(Spy)))
         _tries(out, "aggregate", lambda: adversary.send_aggregate(0, spy((4, attack.view.num_classes))))
-        _tries(out, "answerer", lambda: adversary._answer(0, spy(shape)))  # type: ignore[misc]
         assert record.query is not None
         _tries(out, "public_query", lambda: record.query(0, torch.arange(3).as_subclass(Spy)))  # type: ignore[misc]
-        _tries(out, "public_answerer", lambda: record.query._answer(0, torch.arange(3).as_subclass(Spy)))  # type: ignore[union-attr, misc]
         out["seen"] = list(Spy.seen)
 
     cheater = _cheater(monkeypatch, cheat, frozenset(SERVER_POWERS))
@@ -123,7 +122,7 @@ def test_a_tensor_subclass_is_refused_wherever_an_attack_hands_one_to_the_protoc
     exp.run()
     seen = cheater.outcome.pop("seen")
     assert cheater.outcome == {key: BoundaryError for key in
-                               ("query", "add", "rows", "aggregate", "answerer", "public_query", "public_answerer")}
+                               ("query", "add", "rows", "aggregate", "public_query")}
     weights = _parameters(exp)
     assert not [t for t in seen if t.untyped_storage().data_ptr() in weights]  # type: ignore[union-attr]
 
@@ -158,7 +157,7 @@ def test_an_attack_without_the_query_power_gets_no_answerer_even_when_it_widens_
         adversary = attack.context.adversary
         if record.round == 1 and record.phase == "upload" and adversary is not None:
             adversary.powers = frozenset(SERVER_POWERS)
-            attack.outcome["answerer"] = adversary._answer
+            attack.outcome["answerer"] = adversary._answerer
             _tries(attack.outcome, "query", lambda: adversary.query(0, torch.zeros(1, *attack.view.image_shape)))
 
     cheater = _cheater(monkeypatch, cheat, frozenset({Capability.choose_public_batch}))
@@ -258,3 +257,23 @@ def test_the_attack_holds_no_run_seed_to_rebuild_the_runs_secrets_from(tmp_path:
     rebuilt = {seed: candidate_pool(exp.data.split, None, derive_seed(seed, "membership_candidates")).origin for seed in (1234, held)}
     assert torch.equal(rebuilt[1234], real.origin)  # the rebuilding works, given the run seed
     assert not torch.equal(rebuilt[held], real.origin)
+
+
+def test_no_object_an_attack_holds_leads_to_a_network_even_while_its_phase_is_open(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The answerer behind a query (live networks, upload defenses, the evasive clients' digests) stays protocol-side:
+    the query handle and the adversary hold its token, which answers nothing once the phase closes."""
+    def cheat(attack: CheatingAttack, record: RoundRecord) -> None:
+        if record.query is not None:
+            attack.outcome.setdefault("walks", []).append(list(reachable(attack, record)))  # type: ignore[union-attr]
+            attack.outcome["kept"] = (record.query, attack.context.adversary)
+
+    cheater = _cheater(monkeypatch, cheat, frozenset({Capability.query_chosen_batch}))
+    exp = _experiment(tmp_path, "protocol.rounds=1", "protocol.evasive_clients=[0]")
+    exp.run()
+    walks = cheater.outcome["walks"]
+    assert walks and not [o for walk in walks for o in walk if isinstance(o, torch.nn.Module)]  # type: ignore[union-attr]
+    query, adversary = cheater.outcome["kept"]  # type: ignore[misc]
+    with pytest.raises(StaleQueryError):
+        query(0, torch.arange(2))
+    with pytest.raises(StaleQueryError):
+        adversary.query(0, torch.zeros(1, *exp.view.image_shape))

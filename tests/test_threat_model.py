@@ -146,10 +146,11 @@ def test_attacks_see_exactly_their_threat_model(tmp_path: Path, protocol: str) -
     with pytest.raises(StaleQueryError, match=attack_point.phase):
         attack_point.query(attack_point.query.clients[0], attack_point.query.rows[:1])
 
-    # (b) nothing private, no client module, no ground truth: while the query is open it reaches the queried networks only
+    # (b) nothing private, no network, no ground truth, even while the query is open (its answerer stays protocol-side)
     _assert_nothing_private(probe.open_walk, split)
     nets = {id(h.module.net) for h in exp.protocol.clients} | ({id(exp.protocol.server.module.net)} if exp.protocol.server else set())
-    assert {id(o) for o in probe.open_walk} & nets
+    assert probe.open_walk and not {id(o) for o in probe.open_walk} & nets
+    assert not [o for o in probe.open_walk if isinstance(o, torch.nn.Module)]
     assert not {id(o) for o in reachable(*probe.records)} & nets
     attacks = [a for a in exp.attacks if a is not probe]
     _assert_nothing_private(list(reachable(*attacks, *probe.records)), split, exp.engine)

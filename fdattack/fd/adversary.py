@@ -10,8 +10,8 @@ A protocol's :class:`~fdattack.fd.threat.ThreatModel` lists the powers its serve
 - ask a client for its outputs on chosen images while a phase is open (``query_chosen_batch``); the answer is a
   :class:`~fdattack.fd.record.Reply` that says which images the client answered (an evasive client withholds some).
 
-The adversary holds only what the attack queued and, during a phase, the phase-bound answerer of
-the protocol's queries (the queried networks, never the protocol or its data). Every use is
+The adversary holds only what the attack queued and, during a phase, the token of the protocol's answerer
+(:mod:`fdattack.fd.answering`: the answerer itself, with the queried networks, stays protocol-side). Every use is
 counted; the counts are logged per round under ``adversary/<attack>/...``.
 
 The checks here tell an attack early what it may not do; the protocol does not rely on them. It keeps its own record
@@ -27,6 +27,7 @@ from typing import Callable, Optional
 import torch
 from torch import Tensor
 
+from fdattack.fd import answering
 from fdattack.fd.boundary import plain_tensor
 from fdattack.fd.record import QueryRefusedError, Reply, StaleQueryError
 from fdattack.fd.threat import Capability
@@ -73,7 +74,7 @@ class Adversary:
         self._rows: Optional[Tensor] = None
         self._added: list[Tensor] = []
         self._aggregates: dict[int, Tensor] = {}
-        self._answer: Optional[ImageAnswer] = None
+        self._answerer: Optional[int] = None  # the token of the phase's answerer (fdattack.fd.answering), never the answerer
         self._phase: Optional[tuple[int, str, tuple[int, ...]]] = None
         self.usage: Counter[str] = Counter()
 
@@ -106,17 +107,18 @@ class Adversary:
         answered (``Reply.answered``; zeros stand for the others); open phases only. Only answered images cost bytes, as
         many as the defenses' encoding takes (LabelAvg: K labels and K weights per image)."""
         self._require(Capability.query_chosen_batch)
-        if self._answer is None or self._phase is None:
+        answer = answering.lookup(self._answerer)
+        if answer is None or self._phase is None:
             raise StaleQueryError("the adversary can query clients only while a phase is open (from on_record)")
         round, phase, clients = self._phase
         if int(client) not in clients:
             raise QueryRefusedError(f"no client {client!r} in round {round}; the round's clients are {clients}")
         images = checked_images(images, self.image_shape)
-        answer, size = self._answer(int(client), images)
+        reply, size = answer(int(client), images)
         self.usage["queries"] += 1
         self.usage["query_samples"] += len(images)
         self.usage["query_bytes"] += size
-        return answer
+        return reply
 
     # ------------------------------------------------------------ the protocol's side
     def take_public_choice(self) -> tuple[Optional[Tensor], Optional[Tensor]]:
@@ -130,11 +132,12 @@ class Adversary:
         return self._aggregates.get(int(client))
 
     def open_phase(self, answer: ImageAnswer, round: int, phase: str, clients: tuple[int, ...]) -> None:
-        self._answer, self._phase = answer, (round, phase, clients)
+        self._answerer, self._phase = answering.register(answer), (round, phase, clients)
 
     def close_phase(self) -> None:
         """Drop the phase's answerer (and with it the queried networks)."""
-        self._answer, self._phase = None, None
+        answering.release(self._answerer)
+        self._answerer, self._phase = None, None
 
     def state_dict(self) -> dict:
         """What is queued for the next round (checkpointed with the run)."""

@@ -10,6 +10,7 @@ to the data module, and once its phase is over nothing in it reaches a model:
 
 from __future__ import annotations
 
+import weakref
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Callable, Literal, Mapping
@@ -19,6 +20,7 @@ import torch
 from torch import Tensor
 
 from fdattack.data.imageset import UNLABELED
+from fdattack.fd import answering
 from fdattack.fd.boundary import plain_tensor
 
 PayloadKind = Literal["logits", "probs", "weights"]
@@ -159,7 +161,8 @@ class PublicQuery:
     The handle answers only while its phase is open: the orchestrator closes it once every observer
     has seen the record, and a later call raises :class:`StaleQueryError` naming the phase. So an
     attack gets the clients' outputs *at its attack point* (pli.md §5, §13.9) and must collect them
-    when the record arrives. Closing drops the handle's only reference to the models.
+    when the record arrives. The handle holds only a token of the protocol's answerer
+    (:mod:`fdattack.fd.answering`), never the answerer or its models; closing the phase drops the answerer.
 
     Client answers are what the client would upload on those rows (``kind``, ``temperature``), through
     the same upload transforms, so querying bypasses no defense; ``"server"`` answers are the
@@ -178,7 +181,8 @@ class PublicQuery:
 
     def __init__(self, answer: Answer, round: int, phase: str, rows: Tensor, clients: tuple[int, ...], has_server: bool,
                  kind: PayloadKind = "logits", temperature: float = 1.0) -> None:
-        self._answer: Answer | None = answer
+        self._token: int | None = answering.register(answer)  # the answerer stays protocol-side (fdattack.fd.answering)
+        weakref.finalize(self, answering.release, self._token)
         self.round = round
         self.phase = phase
         self.rows = rows.clone()
@@ -191,14 +195,16 @@ class PublicQuery:
 
     @property
     def is_open(self) -> bool:
-        return self._answer is not None
+        return answering.lookup(self._token) is not None
 
     def close(self) -> None:
         """End the phase: later calls raise :class:`StaleQueryError`; the models are no longer referenced."""
-        self._answer = None
+        answering.release(self._token)
+        self._token = None
 
     def __call__(self, model: int | str, public_indices: Tensor) -> Tensor:
-        if self._answer is None:
+        answer = answering.lookup(self._token)
+        if answer is None:
             raise StaleQueryError(f"the query handle of round {self.round}, phase {self.phase!r} was used after that phase ended; "
                                   "collect the outputs in on_record, when the record arrives")
         model = checked_model(model)
@@ -211,7 +217,7 @@ class PublicQuery:
         if bool(outside.any()) or not bool(self._granted[idx[~outside]].all()):
             raise QueryRefusedError(f"round {self.round}, phase {self.phase!r}: public rows outside the {len(self.rows)} rows this "
                                     "threat model grants (query.rows)")
-        return self._answer(model, idx)
+        return answer(model, idx)
 
 
 @dataclass(frozen=True)
