@@ -31,7 +31,7 @@ from fdattack.fd.engine import derive_seed
 from fdattack.fd.boundary import BoundaryError
 from fdattack.fd.record import QueryRefusedError, RoundRecord, StaleQueryError
 from fdattack.fd.threat import SERVER_POWERS, Capability
-from tests.conftest import tiny
+from tests.conftest import REPO, tiny
 from tests.object_graph import reachable
 
 
@@ -277,3 +277,16 @@ def test_no_object_an_attack_holds_leads_to_a_network_even_while_its_phase_is_op
         query(0, torch.arange(2))
     with pytest.raises(StaleQueryError):
         adversary.query(0, torch.zeros(1, *exp.view.image_shape))
+
+
+def test_fedavgs_participating_client_sees_the_global_model_and_no_ones_upload(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A participant receives the aggregate; every client's weights and private-set size went to the server only."""
+    def cheat(attack: CheatingAttack, record: RoundRecord) -> None:
+        attack.outcome.setdefault("uploads", []).append(dict(record.uploads))  # type: ignore[union-attr]
+        attack.outcome["global"] = attack.outcome.get("global") or record.global_state is not None
+
+    cheater = _cheater(monkeypatch, cheat)
+    Experiment(compose(REPO / "conf" / "experiment" / "fedavg_digits.yaml",
+                       tiny(tmp_path, "attacks=[cheat]", "protocol.rounds=1", "evaluation.classifier=null"))).run()
+    assert cheater.outcome["global"] is True
+    assert cheater.outcome["uploads"] and not any(cheater.outcome["uploads"])  # type: ignore[union-attr]

@@ -101,7 +101,7 @@ class RoundOrchestrator:
             participants=tuple(ctx.participants),
             dropped=tuple(ctx.dropped),
             batch=None if ctx.batch is None else ctx.batch.clone(),
-            uploads=MappingProxyType({k: u.frozen_copy() for k, u in ctx.uploads.items()}),
+            uploads=MappingProxyType({k: u.frozen_copy() for k, u in ctx.uploads.items()} if self.protocol.threat_model.sees_uploads else {}),
             aggregate=None if ctx.aggregate is None else ctx.aggregate.detach().clone(),
             aggregate_kind=ctx.aggregate_kind,
             global_state=None if ctx.global_state is None else MappingProxyType({k: v.clone() for k, v in ctx.global_state.items()}),

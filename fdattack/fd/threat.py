@@ -89,6 +89,8 @@ class ThreatModel:
             pli.md §13.9), ``round`` (the round's rows: what the clients were asked for) or ``none``.
         white_box_global: whether the attacker holds the global model's weights (FedAvg's participating client).
         adversary: the active powers the server has in this protocol (granted to attacks that declare them).
+        sees_uploads: whether the records carry the clients' uploads: the server receives them; a participating client
+            (FedAvg's attacker) sees only what comes back, never the others' weights or private-set sizes.
     """
 
     attacker: str
@@ -98,6 +100,7 @@ class ThreatModel:
     query_rows: QueryRows = "round"
     white_box_global: bool = False
     adversary: frozenset[Capability] = frozenset()
+    sees_uploads: bool = True
 
     def offers(self, has_server_model: bool) -> frozenset[Capability]:
         """The capabilities an attack can be granted under this threat model."""
@@ -120,6 +123,7 @@ class ThreatModel:
             "public_labels": "known" if self.public_labels_known else "unknown",
             "query_rows": self.query_rows,
             "white_box_global": self.white_box_global,
+            "sees_uploads": self.sees_uploads,
             "adversary": ",".join(sorted(c.value for c in self.adversary)) or "none",
         }
 

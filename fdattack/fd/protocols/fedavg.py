@@ -53,6 +53,7 @@ class FedAvgProtocol(Protocol):
         public_labels_known=False,  # no public set: the attacker has its own prior data
         query_rows="none",
         white_box_global=True,
+        sees_uploads=False,
     )
 
     def __init__(self, *args, **kwargs) -> None:  # type: ignore[no-untyped-def]
