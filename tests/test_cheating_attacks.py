@@ -290,3 +290,15 @@ def test_fedavgs_participating_client_sees_the_global_model_and_no_ones_upload(t
                        tiny(tmp_path, "attacks=[cheat]", "protocol.rounds=1", "evaluation.classifier=null"))).run()
     assert cheater.outcome["global"] is True
     assert cheater.outcome["uploads"] and not any(cheater.outcome["uploads"])  # type: ignore[union-attr]
+
+
+@pytest.mark.parametrize(("protocol", "labels_known"), [("dsfl", False), ("cronus", False), ("fedmd", True)])
+def test_the_prior_data_brings_no_public_label_the_threat_model_withholds(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                         protocol: str, labels_known: bool) -> None:
+    """With data.split=classes the prior data is the labelled public set: DS-FL's and Cronus's server, which does not
+    know the public labels, gets no prior; FedMD's, which knows them, keeps it."""
+    _cheater(monkeypatch, lambda attack, record: None)
+    exp = _experiment(tmp_path, f"protocol={protocol}", "data.split=classes", "data.public_classes=[5,6,7,8,9]", "data.partition=iid", "protocol.rounds=1")
+    view = exp.attacks[0].view
+    assert view.public is not None and bool((view.public.labels >= 0).any()) == labels_known
+    assert (view.prior_data is not None) == labels_known

@@ -251,7 +251,10 @@ def attacker_view(split: FederatedSplit, threat: ThreatModel, protocol: str, has
     """
     public = None if threat.query_rows == "none" else _public_as_known(split.public, threat)
     prior = None
-    if split.attacker is not None:
+    # with data.split=classes the prior data is the public set with its labels: a protocol whose attacker knows the
+    # public set but not its labels (DS-FL, Cronus) gives no prior, or the labels would come in through it
+    labels_through_prior = split.attacker is split.public and public is not None and not threat.public_labels_known
+    if split.attacker is not None and not labels_through_prior:
         prior = ImageSet(split.attacker.images.clone(), split.attacker.labels.clone(), split.attacker.domain.clone(), torch.arange(len(split.attacker)))
     return AttackerView(
         threat=threat,
