@@ -52,13 +52,19 @@ def _children(obj: object) -> Iterator[object]:
                 yield getattr(obj, slot)
 
 
-def reachable(*roots: object, limit: int = 500_000) -> Iterator[object]:
-    """Every object reachable from ``roots`` (each once), breadth first."""
+def reachable(*roots: object, limit: int = 500_000, atoms: bool = False) -> Iterator[object]:
+    """Every object reachable from ``roots`` (each once), breadth first; with ``atoms``, the numbers, strings and bytes
+    met on the way too (a secret can be an int, such as a seed, or bytes, such as a digest)."""
     seen: set[int] = set()
     queue = deque(roots)
     while queue:
         obj = queue.popleft()
-        if id(obj) in seen or isinstance(obj, _ATOMS) or isinstance(obj, (type, types.ModuleType, types.BuiltinFunctionType)):
+        if id(obj) in seen or isinstance(obj, (type, types.ModuleType, types.BuiltinFunctionType)):
+            continue
+        if isinstance(obj, _ATOMS):
+            if atoms:
+                seen.add(id(obj))
+                yield obj
             continue
         seen.add(id(obj))
         if len(seen) > limit:

@@ -77,9 +77,13 @@ class Probe(Attack):
         return []
 
 
+#: a run seed no attack may hold (from it the run's secrets derive); distinctive, so that no other int equals it by chance
+RUN_SEED = 3_735_928_559
+
+
 def _run(tmp_path: Path, protocol: str) -> tuple[Experiment, Probe]:
     cfg = compose(REPO / "conf" / "experiment" / f"{EXPERIMENTS[protocol]}.yaml",
-                  tiny(tmp_path, "protocol.rounds=1", f"attacks=[{','.join(ATTACKS[protocol])}]", *SMALL))
+                  tiny(tmp_path, "protocol.rounds=1", f"attacks=[{','.join(ATTACKS[protocol])}]", f"seed={RUN_SEED}", *SMALL))
     exp = Experiment(cfg)
     probe = Probe(exp)
     exp.attacks.append(probe)
@@ -154,6 +158,10 @@ def test_attacks_see_exactly_their_threat_model(tmp_path: Path, protocol: str) -
     assert not {id(o) for o in reachable(*probe.records)} & nets
     attacks = [a for a in exp.attacks if a is not probe]
     _assert_nothing_private(list(reachable(*attacks, *probe.records)), split, exp.engine)
+    # nor the run seed, nor a gradient of a private batch, anywhere an attack or a record leads
+    held = list(reachable(*attacks, *probe.records, atoms=True))
+    assert RUN_SEED not in [o for o in held if type(o) is int], "an attack holds the run seed"
+    assert not [o for o in held if torch.is_tensor(o) and o.grad is not None], "an attack holds a tensor with a gradient"
 
     # (c) without public labels the attacker holds none
     if protocol in ("dsfl", "cronus"):
