@@ -55,7 +55,8 @@ def run(defense: str, seed: int, root: Path) -> dict:
 
 def mean_and_interval(values: list[float]) -> str:
     low, high = t_interval(np.asarray(values))
-    return f"{np.mean(values):.3g} [{low:.3g}, {high:.3g}]" if math.isfinite(low) else f"{np.mean(values):.3g}"
+    same = not math.isfinite(low) or f"{low:.3g}" == f"{high:.3g}"  # one value at every seed: no interval to show
+    return f"{np.mean(values):.3g}" if same else f"{np.mean(values):.3g} [{low:.3g}, {high:.3g}]"
 
 
 def main() -> None:
