@@ -6,9 +6,9 @@ evaluator, their ``__torch_function__`` would see the clients' weights or the gr
 written past the adversary's checks (the protocol checks its own record of the grant), writing into the public images
 of the view (each attack's own copy), the membership candidates in every attack's view (only a membership attack holds
 them), queries after phases whose states never cross the wire, the run seed (the attacker's is derived from it; none
-in the environment), and the ``.grad`` of the last private mini-batch left on trained networks. Still open (issue 28):
-``torch.initial_seed()`` answers the run seed, the live answerer behind a query, grants by declared needs, and the
-FedAvg, prior-data and state-folder items.
+in the environment or ``torch.initial_seed()``), the live answerer behind a query, FedAvg's uploads in a participant's
+records, the labelled public set as DS-FL's and Cronus's prior data, and the ``.grad`` of the last private mini-batch
+left on trained networks. Still open (issue 28): grants by every declared need, and the attack-state folder.
 """
 
 from __future__ import annotations
@@ -241,9 +241,9 @@ def test_queries_open_only_after_the_upload_and_at_the_attack_point(tmp_path: Pa
 def test_the_attack_holds_no_run_seed_to_rebuild_the_runs_secrets_from(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """With the run seed, an attack would rebuild the membership candidates' order (which are whose, which are test
     samples: AUC 1) and the defenses' noise. It gets the attacker's seed, derived from it, and finds the run seed in
-    no environment variable (Lightning's ``seed_everything`` writes ``PL_GLOBAL_SEED``)."""
+    no environment variable (Lightning's ``seed_everything`` writes ``PL_GLOBAL_SEED``) and not in ``torch.initial_seed()``."""
     def cheat(attack: CheatingAttack, record: RoundRecord) -> None:
-        attack.outcome.update(seed=attack.context.seed, environment=dict(os.environ))
+        attack.outcome.update(seed=attack.context.seed, environment=dict(os.environ), initial=torch.initial_seed())
 
     cheater = _cheater(monkeypatch, cheat)
     member = type("Member", (cheater,), {"wants_candidates": True})
@@ -252,6 +252,7 @@ def test_the_attack_holds_no_run_seed_to_rebuild_the_runs_secrets_from(tmp_path:
     exp.run()
     held = int(cheater.outcome["seed"])  # type: ignore[call-overload]
     assert held != 1234 and "1234" not in cheater.outcome["environment"].values()  # type: ignore[union-attr]
+    assert cheater.outcome["initial"] != 1234
     real = membership_candidates(exp.cfg, exp.data)
     assert real is not None
     rebuilt = {seed: candidate_pool(exp.data.split, None, derive_seed(seed, "membership_candidates")).origin for seed in (1234, held)}

@@ -8,7 +8,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from fdattack.fd.engine import LocalTrainer, TensorRows, default_engine, derive_seed
+from fdattack.fd.engine import LocalTrainer, TensorRows, default_engine, derive_seed, seed_everything_quietly
 from fdattack.lit import InversionLitModule, RestorerLitModule
 from fdattack.models import InversionDecoder
 
@@ -83,3 +83,13 @@ def test_ddp_shards_take_equal_steps_and_never_a_lone_batch_norm_row(n: int) -> 
     assert all(len(batch) > 1 for shard in shards for batch in shard)
     seen = torch.cat([batch for shard in shards for batch in shard])
     assert len(set(seen.tolist())) >= n - 2  # every row but at most one per rank's lone batch
+
+
+def test_seeding_draws_the_run_seeds_stream_but_reports_another_seed() -> None:
+    """``torch.initial_seed()`` must not hand an attack the run seed; the CPU stream must stay the run seed's exactly."""
+    torch.manual_seed(42)
+    expected = (torch.rand(5), torch.randn(3), torch.randperm(10))
+    seed_everything_quietly(42)
+    assert torch.initial_seed() not in (42, 0)
+    drawn = (torch.rand(5), torch.randn(3), torch.randperm(10))
+    assert all(torch.equal(a, b) for a, b in zip(expected, drawn))

@@ -438,9 +438,21 @@ def default_engine(batch_size: int = 64, vectorise: str | bool = "auto") -> Loca
 
 
 def seed_everything_quietly(seed: int) -> None:
-    """Seed python, numpy and torch (every device) with ``seed``, as Lightning's ``seed_everything`` does, without its log
-    line and without writing the seed into the environment (``PL_GLOBAL_SEED``), where any code of the process (an
-    attack) could read the run seed, from which the run's secrets derive."""
+    """Seed python, numpy and torch with ``seed`` (Lightning's ``seed_everything`` without its log line), so that nothing
+    in the process reports the run seed back, from which the run's secrets derive: no environment variable holds it
+    (Lightning's writes ``PL_GLOBAL_SEED``), and ``torch.initial_seed()`` answers a seed derived from it while the CPU
+    generator draws exactly the run seed's stream (:func:`report_initial_seed`). GPUs draw from a derived seed."""
     random.seed(seed)
     np.random.seed(seed)
     torch.manual_seed(seed)
+    if torch.cuda.is_available():
+        torch.cuda.manual_seed_all(derive_seed(seed, "cuda"))
+    report_initial_seed(derive_seed(seed, "reported"))
+
+
+def report_initial_seed(reported: int) -> None:
+    """Make ``torch.initial_seed()`` answer ``reported`` without changing the CPU generator's stream: the seed is the
+    first 8 bytes (little-endian) of the generator's state, which the stream does not read."""
+    state = torch.get_rng_state()
+    state[:8] = torch.tensor(list(reported.to_bytes(8, "little")), dtype=torch.uint8)
+    torch.set_rng_state(state)
