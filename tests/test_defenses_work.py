@@ -13,8 +13,10 @@ Two families have no such test, because no statistic of theirs clears 3x its spr
   2 rounds, seeds 42 / 0 / 1, about 2 minutes a run): PLI's accuracy falls from 0.50 / 0.60 / 0.40 to 0.25 / 0.10 /
   0.10 (chance 0.05) at every seed, but the per-seed drop (0.25 / 0.50 / 0.30) has a spread as large as its smallest
   value; its SSIM to the private means does not fall (0.347 / 0.346 / 0.350 without, 0.354 / 0.329 / 0.329 with: the
-  learned prior, fed by the public look, draws the faces). ``benchmarks/headline_tables.py --tables defenses`` measures
-  b ∈ {0.5, 1, 2} over 5 rounds with intervals.
+  learned prior, fed by the public look, draws the faces). Over the experiment's 5 rounds the drop is clear
+  (``benchmarks/headline_tables.py --tables defenses``, seeds 0 / 1 / 2: 0.65 / 0.55 / 0.60 to 0.15 / 0.10 / 0.05,
+  a drop of 0.45-0.55 against a spread of 0.10, client accuracy 0.41 vs 0.40), but two such runs take about
+  14 minutes, more than the whole suite may.
 - MID and BiDO against GMI and KED-MI, on MNIST (``benchmarks/inversion_defenses.py``: 16 px, one FedAvg round, seeds
   0 / 1 / 2, 3 minutes a run): the undefended attacks themselves recover the private digits on some seeds only
   (SCNN top-1 KED-MI 0.81 / 0.51 / 0.44, GMI 0.94 / 0.04 / 0.36, chance 0.20), so a drop cannot be told from that
