@@ -7,8 +7,9 @@ data depend on the seed alone, so a defense and the undefended run at the same s
 and compared pairwise: the table gives, per metric, the mean over the seeds with its t interval, then the mean of
 the per-seed differences to the undefended run with theirs (a difference survives when its interval excludes 0).
 
-Runs are kept under ``--root`` (a folder per defense and seed), so the script can be stopped and started again. A
-run takes about 3 minutes on one core of a 2-core CPU.
+Runs are kept under ``--root`` (a folder per defense and seed), so the script can be stopped and started again; a
+kept run is never re-run, so give a new root after changing the attacks' or defenses' code, or the pairs would mix
+two versions. A run takes about 3 minutes on one core of a 2-core CPU.
 
 Usage: ``python benchmarks/inversion_defenses.py [--defenses none mid bido] [--seeds 0 1 2] [--root runs/inversion_defenses]``
 (reads MNIST from ``../shared/data/mnist_t10k``).
