@@ -36,7 +36,7 @@ from fdattack.fd.engine import LocalTrainer, derive_seed, make_fabric, seed_ever
 from fdattack.fd.orchestrator import RoundOrchestrator
 from fdattack.fd.protocols import PROTOCOLS
 from fdattack.fd.protocols.base import Protocol
-from fdattack.fd.threat import AttackerView, Degradation, attacker_view
+from fdattack.fd.threat import AttackerView, Degradation, ViewPart, attacker_view
 from fdattack.tracking import (Progress, RunDirectory, WandbRun, attack_summary, load_checkpoint, resolve_mode, rng_state, save_checkpoint,
                                set_rng_state)
 from fdattack.tracking.exit_record import exit_record
@@ -64,7 +64,7 @@ def attack_classes(cfg: DictConfig) -> list[type[Attack]]:
 
 def membership_candidates(cfg: DictConfig, data: FederatedData) -> CandidatePool | None:
     """The candidate samples of the membership attacks (None when none runs), drawn with the run seed."""
-    if not any(cls.wants_candidates for cls in attack_classes(cfg)):
+    if not any(ViewPart.candidates in cls.reads for cls in attack_classes(cfg)):
         return None
     return candidate_pool(data.split, cfg.evaluation.max_candidates, derive_seed(cfg.seed, "membership_candidates"))
 
@@ -113,7 +113,7 @@ def build_attacks(cfg: DictConfig, view: AttackerView, protocol: Protocol, engin
             engine=engine,
             adversary=protocol.grant_adversary(powers) if powers else None,
         )
-        attacks.append(cls(view.for_attack(cls.wants_candidates), settings, context))
+        attacks.append(cls(view.for_attack(name, cls.reads), settings, context))
     return attacks
 
 

@@ -1,14 +1,14 @@
 """Attacks that try to cheat, and fail (issue 28): each test runs a deliberately dishonest attack through a real FedMD
 run and asserts that the attempt ends in an error or gains nothing.
 
-Closed so far: attacker-made tensor subclasses (handed to queries, the adversary's powers, the answerer or the
-evaluator, their ``__torch_function__`` would see the clients' weights or the ground truth), powers widened or queues
-written past the adversary's checks (the protocol checks its own record of the grant), writing into the public images
-of the view (each attack's own copy), the membership candidates in every attack's view (only a membership attack holds
-them), queries after phases whose states never cross the wire, the run seed (the attacker's is derived from it; none
-in the environment or ``torch.initial_seed()``), the live answerer behind a query, FedAvg's uploads in a participant's
-records, the labelled public set as DS-FL's and Cronus's prior data, and the ``.grad`` of the last private mini-batch
-left on trained networks. Still open (issue 28): grants by every declared need, and the attack-state folder.
+Closed: attacker-made tensor subclasses (handed to queries, the adversary's powers, the answerer or the evaluator,
+their ``__torch_function__`` would see the clients' weights or the ground truth), powers widened or queues written past
+the adversary's checks (the protocol checks its own record of the grant), writing into the public images of the view
+(each attack's own copy), view parts an attack did not declare (the membership candidates, the prior data, the public
+set, the server's rule), queries after phases whose states never cross the wire, the run seed (the attacker's is
+derived from it; none in the environment or ``torch.initial_seed()``), the live answerer behind a query, FedAvg's
+uploads in a participant's records, the labelled public set as DS-FL's and Cronus's prior data, the ``.grad`` of the
+last private mini-batch left on trained networks, and a path from the attack-state store to the run directory.
 """
 
 from __future__ import annotations
@@ -30,7 +30,8 @@ from fdattack.experiment import Experiment, membership_candidates
 from fdattack.fd.engine import derive_seed
 from fdattack.fd.boundary import BoundaryError
 from fdattack.fd.record import QueryRefusedError, RoundRecord, StaleQueryError
-from fdattack.fd.threat import SERVER_POWERS, Capability
+from fdattack.data.imageset import ImageSet
+from fdattack.fd.threat import SERVER_POWERS, Capability, Undeclared, UndeclaredPartError, ViewPart
 from tests.conftest import REPO, tiny
 from tests.object_graph import reachable
 
@@ -77,8 +78,10 @@ class CheatingAttack(Attack):
 
 
 def _cheater(monkeypatch: pytest.MonkeyPatch, cheat: Callable[[CheatingAttack, RoundRecord], None],
-             needs: frozenset[Capability] = frozenset(), result: Callable[[CheatingAttack], Any] | None = None) -> type[CheatingAttack]:
-    cls = type("Cheater", (CheatingAttack,), {"cheat": staticmethod(cheat), "needs": needs, "result": staticmethod(result) if result else None})
+             needs: frozenset[Capability] = frozenset(), result: Callable[[CheatingAttack], Any] | None = None,
+             reads: frozenset[ViewPart] = frozenset({ViewPart.public})) -> type[CheatingAttack]:
+    cls = type("Cheater", (CheatingAttack,), {"cheat": staticmethod(cheat), "needs": needs, "reads": reads,
+                                              "result": staticmethod(result) if result else None})
     cls.outcome = {}
     monkeypatch.setattr(ATTACKS, "_items", {**ATTACKS._items, "cheat": cls})
     return cls  # type: ignore[return-value]
@@ -173,7 +176,7 @@ def test_writing_into_the_views_public_images_changes_nothing_the_clients_train_
         if attack.view.prior_data is not None:
             attack.view.prior_data.images.fill_(1.0)
 
-    _cheater(monkeypatch, cheat)
+    _cheater(monkeypatch, cheat, reads=frozenset({ViewPart.public, ViewPart.prior_data}))
     exp = _experiment(tmp_path, "protocol=fedgems")
     public = exp.protocol.split.public.images.clone()
     exp.run()
@@ -209,17 +212,27 @@ def test_trained_networks_keep_no_gradient_of_their_last_private_batch(tmp_path:
         assert all(p.grad is None for c in exp.protocol.clients for p in c.module.parameters()), vectorise
 
 
-def test_only_an_attack_that_scores_membership_holds_the_candidates_and_no_two_attacks_share_an_image(
+def test_each_attack_holds_only_the_view_parts_it_declares_and_no_two_attacks_share_an_image(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Beside a membership attack, another attack (PLI, say) would otherwise hold every client's private samples with
-    their labels, the candidates; and the attacks' public images would be one tensor, which one could write for all."""
+    their labels, the candidates; LDIA would hold the public set and the server's aggregation rule it never uses. And
+    the attacks' public images would be one tensor, which one could write for all."""
     cheater = _cheater(monkeypatch, lambda attack, record: None)
-    member = type("Member", (cheater,), {"wants_candidates": True})
+    member = type("Member", (cheater,), {"reads": frozenset({ViewPart.candidates, ViewPart.public})})
     monkeypatch.setattr(ATTACKS, "_items", {**ATTACKS._items, "member": member})
-    exp = _experiment(tmp_path, "attacks=[cheat,member]", "protocol.rounds=1")
+    exp = _experiment(tmp_path, "attacks=[cheat,member,ldia]", "protocol.rounds=1", "data.split=classes", "data.public_classes=[5,6,7,8,9]",
+                      "data.partition=iid")
     exp.run()
-    cheat_view, member_view = exp.attacks[0].view, exp.attacks[1].view
-    assert cheat_view.candidates is None and member_view.candidates is not None and len(member_view.candidates) > 0
+    cheat_view, member_view, ldia_view = (attack.view for attack in exp.attacks)
+    assert exp.view.prior_data is not None and exp.view.aggregation is not None  # FedMD's server grants both
+    undeclared = [cheat_view.candidates, cheat_view.prior_data, cheat_view.aggregation,
+                  ldia_view.public, ldia_view.candidates, ldia_view.prior_data, ldia_view.aggregation, member_view.prior_data]
+    assert all(isinstance(part, Undeclared) for part in undeclared)
+    for use in (lambda part: part.images, lambda part: len(part), lambda part: part[0], lambda part: bool(part)):
+        for part in undeclared:
+            with pytest.raises(UndeclaredPartError, match="without declaring it"):
+                use(part)
+    assert isinstance(member_view.candidates, ImageSet) and len(member_view.candidates) > 0
     assert cheat_view.public is not None and member_view.public is not None
     pointers = {v.public.images.untyped_storage().data_ptr() for v in (cheat_view, member_view, exp.view)}  # type: ignore[union-attr]
     assert len(pointers) == 3 and exp.protocol.split.public.images.untyped_storage().data_ptr() not in pointers
@@ -246,7 +259,7 @@ def test_the_attack_holds_no_run_seed_to_rebuild_the_runs_secrets_from(tmp_path:
         attack.outcome.update(seed=attack.context.seed, environment=dict(os.environ), initial=torch.initial_seed())
 
     cheater = _cheater(monkeypatch, cheat)
-    member = type("Member", (cheater,), {"wants_candidates": True})
+    member = type("Member", (cheater,), {"reads": frozenset({ViewPart.candidates})})
     monkeypatch.setattr(ATTACKS, "_items", {**ATTACKS._items, "cheat": member})
     exp = _experiment(tmp_path, "seed=1234", "protocol.rounds=1")
     exp.run()
@@ -298,8 +311,34 @@ def test_the_prior_data_brings_no_public_label_the_threat_model_withholds(tmp_pa
                                                                          protocol: str, labels_known: bool) -> None:
     """With data.split=classes the prior data is the labelled public set: DS-FL's and Cronus's server, which does not
     know the public labels, gets no prior; FedMD's, which knows them, keeps it."""
-    _cheater(monkeypatch, lambda attack, record: None)
+    _cheater(monkeypatch, lambda attack, record: None, reads=frozenset({ViewPart.public, ViewPart.prior_data}))
     exp = _experiment(tmp_path, f"protocol={protocol}", "data.split=classes", "data.public_classes=[5,6,7,8,9]", "data.partition=iid", "protocol.rounds=1")
     view = exp.attacks[0].view
     assert view.public is not None and bool((view.public.labels >= 0).any()) == labels_known
     assert (view.prior_data is not None) == labels_known
+
+
+def test_the_attack_state_store_holds_no_path_to_the_run_directory_and_its_keys_cannot_climb_out(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The attacks' state folder sits inside the run directory, beside ``partition.json`` (membership and label
+    truth), the checkpoints and the evaluation classifier: a path to it would reach them by ``..``. The store keeps its
+    folder behind a token; nothing an attack holds names the run directory, and a key that climbs is refused."""
+    def cheat(attack: CheatingAttack, record: RoundRecord) -> None:
+        store = attack.context.store
+        attack.outcome["names"] = [o for o in reachable(attack, record, atoms=True) if isinstance(o, (str, bytes, os.PathLike))]
+        for key in ("../../partition", "../cheat/x", "/etc/passwd", ".hidden", "a//b", "a/../b"):
+            _tries(attack.outcome, key, lambda: store.load_artifact(key))
+            _tries(attack.outcome, key + " (saved)", lambda: store.save_artifact(key, torch.ones(1)))
+        store.save_artifact("kept/state", {"w": torch.arange(3)})
+        attack.outcome["read back"] = store.load_artifact("kept/state")
+
+    cheater = _cheater(monkeypatch, cheat)
+    exp = _experiment(tmp_path, "protocol.rounds=1")
+    exp.run()
+    run_dir = str(exp.output_dir.resolve())
+    assert not [name for name in cheater.outcome["names"] if run_dir in os.fsdecode(name) or isinstance(name, os.PathLike)]  # type: ignore[union-attr]
+    assert (exp.output_dir / "partition.json").is_file()
+    refused = {k: v for k, v in cheater.outcome.items() if k not in ("names", "read back")}
+    assert len(refused) == 12 and set(refused.values()) == {ValueError}, refused
+    assert torch.equal(cheater.outcome["read back"]["w"], torch.arange(3))  # type: ignore[index]
+    assert (exp.output_dir / "attack_state" / "cheat" / "kept" / "state.pt").is_file()

@@ -245,7 +245,7 @@ def test_attacks_return_inversions_and_reuse_their_cached_gans_on_resume(tmp_pat
         top1.append(result.details["target_top1"])
     # the attacks' own check: the target model puts their inversions in their labels far above chance (1/10), on average
     assert sum(top1) / len(top1) >= 0.3, top1
-    cached = tmp_path / "run" / "attack_state"
+    cached = tmp_path / "run" / "attack_state" / "shared"
     assert len(list((cached / "gan").glob("wgangp_*.pt"))) == 1 and len(list((cached / "gan").glob("kplusonegan_*.pt"))) == 2
 
     reference = [r.images for _, r in inversions[3:]]

@@ -32,7 +32,7 @@ from fdattack.evaluation.inversion_classifier import EvaluationClassifier, inver
 from fdattack.experiment import Experiment
 from fdattack.fd.engine import LocalTrainer, ModelHandle, default_engine
 from fdattack.fd.record import RoundRecord
-from fdattack.fd.threat import Capability
+from fdattack.fd.threat import Capability, ViewPart
 from fdattack.metrics.inversion import feature_cosine, feature_diversity, inversion_grid, topk_per_sample
 from fdattack.tracking.report import write_report
 from fdattack.tracking.summary import attack_summary
@@ -50,6 +50,7 @@ class PriorInversion(Attack):
     name = "prior_inversion"
     Settings = PriorSettings
     needs = frozenset({Capability.white_box})
+    reads = frozenset({ViewPart.prior_data})
     produces = frozenset({Inversions})
 
     def on_round_end(self, round: RoundRecord) -> list[Inversions]:

@@ -16,7 +16,7 @@ from fdattack.attacks.state_store import ClientStateStore
 from fdattack.fd.adversary import Adversary
 from fdattack.fd.engine import LocalTrainer
 from fdattack.fd.observer import Observer
-from fdattack.fd.threat import SERVER_POWERS, AttackerView, Capability
+from fdattack.fd.threat import SERVER_POWERS, AttackerView, Capability, ViewPart
 from fdattack.registry import Registry
 
 
@@ -60,8 +60,9 @@ class Attack(Observer):
     needs: ClassVar[frozenset[Capability]] = frozenset()
     #: the result types it returns (the run builds the evaluation side's scorers for them)
     produces: ClassVar[frozenset[type]] = frozenset()
-    #: whether it scores candidate samples for membership (the run then gives the view a candidate set)
-    wants_candidates: ClassVar[bool] = False
+    #: the parts of the attacker's view it reads (its own view holds no other; :meth:`~fdattack.fd.threat.AttackerView.for_attack`);
+    #: ``ViewPart.candidates`` also makes the run draw membership candidates
+    reads: ClassVar[frozenset[ViewPart]] = frozenset()
 
     def __init__(self, view: AttackerView, settings: Any, context: AttackContext) -> None:
         self.view = view

@@ -13,12 +13,10 @@ from __future__ import annotations
 
 import hashlib
 import logging
-import os
 from abc import abstractmethod
 from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import partial
-from pathlib import Path
 from typing import Callable, Iterable, Iterator, Optional
 
 import torch
@@ -30,7 +28,7 @@ from fdattack.config.knobs import Choice, knob
 from fdattack.errors import ConfigError
 from fdattack.fd.engine import Batchable, TensorRows, default_engine, derive_seed, epoch_order
 from fdattack.fd.record import RoundRecord
-from fdattack.fd.threat import AttackerView, Capability
+from fdattack.fd.threat import AttackerView, Capability, ViewPart
 from fdattack.functional.hsic import HSICOptions, hsic_loss_term
 from fdattack.lit.gan import WGANGP, ManualGAN
 from fdattack.models.gan import SIZES, to_signed, valid_size
@@ -161,6 +159,7 @@ class GANInversionAttack(Attack):
     """
 
     needs = frozenset({Capability.white_box})
+    reads = frozenset({ViewPart.prior_data})
     produces = frozenset({Inversions})
 
     def __init__(self, view: AttackerView, settings: GANInversionSettings, context: AttackContext) -> None:
@@ -266,30 +265,24 @@ class GANInversionAttack(Attack):
     def cached_gan(self, module: ManualGAN, rows: Callable[[int], Batchable], seed: int, what: str, *keys: object) -> ManualGAN:
         """``module`` trained (:meth:`train_gan`) or, when the attack's state directory holds it (resume), restored.
 
-        The file, ``attack_state/gan/<module class>_<digest>.pt`` (beside the attacks' own folders: the GAN attacks share
+        The file, ``attack_state/shared/gan/<module class>_<digest>.pt`` (beside the attacks' own folders: the GAN attacks share
         it, so that VMI mines the prior GMI trained), is named by everything the GAN depends on: the run seed, the GAN
         settings, the prior data and ``keys``.
         """
-        path = self._cache_path(type(module).__name__.lower(), *keys)
-        if path is not None and path.is_file():
-            module.load_networks(torch.load(path, map_location="cpu", weights_only=True))
-            log.info("%s: %s restored from %s", self.name, what, path)
+        key = self._cache_key(type(module).__name__.lower(), *keys)
+        saved = self.context.store.load_artifact(key, shared=True)
+        if saved is not None:
+            module.load_networks(saved)
+            log.info("%s: %s restored from the attack state (%s)", self.name, what, key)
             return module.requires_grad_(False).eval().to(self.device)
         log.info("%s: training the %s (%d epochs on %d prior images)", self.name, what, self.settings.gan_epochs, len(self.view.prior_data))  # type: ignore[arg-type]
         self.train_gan(module, rows, seed, what)
-        if path is not None:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = path.with_suffix(".tmp")
-            torch.save(module.networks(), tmp)
-            os.replace(tmp, path)
+        self.context.store.save_artifact(key, module.networks(), shared=True)
         return module
 
-    def _cache_path(self, stem: str, *keys: object) -> Optional[Path]:
-        directory = self.context.store.directory
-        if directory is None:
-            return None
+    def _cache_key(self, stem: str, *keys: object) -> str:
         if self._prior_digest is None:
             self._prior_digest = state_digest(self.view.prior_data.images)  # type: ignore[union-attr]
         s = self.settings
         gan = (s.z_dim, s.gan_width, s.gan_epochs, s.gan_batch_size, s.gan_lr, s.n_critic, self.view.image_shape)
-        return directory.parent / "gan" / f"{stem}_{state_digest(self.context.seed, gan, self._prior_digest, *keys)}.pt"
+        return f"gan/{stem}_{state_digest(self.context.seed, gan, self._prior_digest, *keys)}"

@@ -14,7 +14,7 @@ from fdattack.config.knobs import knob
 from fdattack.errors import ConfigError
 from fdattack.fd.engine import ModelHandle, default_engine
 from fdattack.fd.record import PublicQuery
-from fdattack.fd.threat import AttackerView, Capability
+from fdattack.fd.threat import AttackerView, Capability, ViewPart
 from fdattack.lit.inversion import InversionLitModule
 from fdattack.models.inversion import InversionDecoder
 
@@ -39,6 +39,7 @@ class InversionAttack(Attack):
     """
 
     needs = frozenset({Capability.public_data, Capability.public_outputs})
+    reads = frozenset({ViewPart.public})
     produces = frozenset({Reconstructions})
 
     def __init__(self, view: AttackerView, settings: InversionSettings, context: AttackContext) -> None:

@@ -49,7 +49,7 @@ from fdattack.errors import ConfigError
 from fdattack.fd.adversary import Adversary
 from fdattack.fd.engine import default_engine, derive_seed
 from fdattack.fd.record import RoundRecord
-from fdattack.fd.threat import AttackerView, Capability, ServerAggregation
+from fdattack.fd.threat import AttackerView, Capability, ServerAggregation, ViewPart
 from fdattack.functional.losses import target_class_loss
 from fdattack.functional.zeroth_order import forward_difference_gradient
 from fdattack.lit.lattack import LAttackGenerator
@@ -127,6 +127,7 @@ class LAttack(Attack):
     name = "lattack"
     Settings = LAttackSettings
     needs = frozenset({Capability.query_chosen_batch})
+    reads = frozenset({ViewPart.public, ViewPart.aggregation})  # the public labels and the rule the server aggregates with
     produces = frozenset({Inversions, GradientProbe})
 
     @classmethod

@@ -25,7 +25,6 @@ import hashlib
 from abc import ABC, abstractmethod
 import logging
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Optional
 
 import numpy as np
@@ -39,7 +38,7 @@ from fdattack.config.knobs import Choice, knob
 from fdattack.errors import ConfigError
 from fdattack.fd.engine import FitJob, LocalTrainer, ModelHandle, default_engine, derive_seed
 from fdattack.fd.record import PayloadKind, Reply, RoundRecord
-from fdattack.fd.threat import AttackerView, Capability
+from fdattack.fd.threat import AttackerView, Capability, ViewPart
 from fdattack.functional.information import kl_divergence
 from fdattack.functional.label_distribution import estimate_from_outputs
 from fdattack.functional.lira import offline_lira, offline_lira_float32_lambda, scaled_confidence, scaled_confidence_from_probs
@@ -91,7 +90,7 @@ class LiRAAttack(Attack, ABC):
     Settings = LiRASettings
     needs = frozenset({Capability.output_uploads})
     produces = frozenset({MembershipScores})
-    wants_candidates = True
+    reads = frozenset({ViewPart.candidates, ViewPart.public})  # the public rows: the students' and shadow targets' training data
 
     @classmethod
     def required(cls, settings: LiRASettings) -> frozenset[Capability]:
@@ -382,12 +381,12 @@ class DistillLiRAAttack(LiRAAttack):
         assert view.public is not None and self.architecture is not None
         students: dict[int, list[ModelHandle]] = {}
         jobs: list[FitJob] = []
-        fresh: dict[int, Path | None] = {}
+        fresh: dict[int, str] = {}
         for n, reply in sorted(collected.public.items()):
             rows, teacher = collected.rows[reply.answered], reply.outputs[reply.answered]
             loss, targets = student_targets(collected.kind, s.logprob_matching, teacher)
-            cache = self._cache_path(round, n, rows, teacher, loss)
-            saved = torch.load(cache, map_location="cpu", weights_only=True) if cache is not None and cache.is_file() else None
+            cache = self._cache_key(round, n, rows, teacher, loss)
+            saved = self.context.store.load_artifact(cache)
             students[n] = []
             for k in range(s.students):
                 handle = new_student(self.engine, f"{self.name}_client{n}_student{k}", self.architecture, view, loss, s.lr,
@@ -404,20 +403,15 @@ class DistillLiRAAttack(LiRAAttack):
             log.info("%s: distilling %d students for each of %d clients (round %d)", self.name, s.students, len(fresh), round)
             self.engine.fit_many(jobs)
         for n, cache in fresh.items():
-            if cache is not None:
-                cache.parent.mkdir(parents=True, exist_ok=True)
-                torch.save([h.module.state_dict() for h in students[n]], cache)
+            self.context.store.save_artifact(cache, [h.module.state_dict() for h in students[n]])
         return students
 
-    def _cache_path(self, round: int, client: int, rows: Tensor, teacher: Tensor, loss: str) -> Path | None:
-        """Where client's students of ``round`` are kept, named by everything they depend on; None without a run directory."""
-        directory = self.context.store.directory
-        if directory is None:
-            return None
+    def _cache_key(self, round: int, client: int, rows: Tensor, teacher: Tensor, loss: str) -> str:
+        """The store key of client's students of ``round``, named by everything they depend on."""
         digest = hashlib.blake2b(repr((self.context.seed, self.settings, self.architecture, loss)).encode(), digest_size=8)
         digest.update(rows.numpy().tobytes())
         digest.update(teacher.float().contiguous().numpy().tobytes())
-        return directory / "students" / f"round_{round:04d}_client_{client}_{digest.hexdigest()}.pt"
+        return f"students/round_{round:04d}_client_{client}_{digest.hexdigest()}"
 
 
 def _scores(clients: tuple[int, ...], per_client: list[tuple[Tensor, Tensor]], name: str | None = None,

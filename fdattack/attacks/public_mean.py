@@ -18,7 +18,7 @@ from fdattack.attacks.results import AttackResult, Reconstructions
 from fdattack.config.knobs import knob
 from fdattack.data.imageset import SENSITIVE
 from fdattack.errors import ConfigError
-from fdattack.fd.threat import AttackerView, Capability
+from fdattack.fd.threat import AttackerView, Capability, ViewPart
 
 
 @dataclass
@@ -46,6 +46,7 @@ class PublicMeanAttack(Attack):
     name = "public_mean"
     Settings = PublicMeanSettings
     needs = frozenset({Capability.public_data})
+    reads = frozenset({ViewPart.public})
     produces = frozenset({Reconstructions})
 
     def __init__(self, view: AttackerView, settings: PublicMeanSettings, context: AttackContext) -> None:

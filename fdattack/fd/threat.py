@@ -15,7 +15,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 from enum import Enum
-from typing import Callable, Literal, Optional
+from typing import Any, Callable, Literal, Optional
 
 import torch
 from torch import Tensor, nn
@@ -32,6 +32,49 @@ Degradation = Callable[[Tensor], Tensor]
 #: ``(uploads (N, M, J), labels (M,)) -> (M, J)``: a server's aggregate of N clients' uploads on M samples whose public
 #: labels are ``labels`` (UNLABELED for an unlabeled row or an attacker's image)
 ServerRule = Callable[[Tensor, Tensor], Tensor]
+
+
+class ViewPart(str, Enum):
+    """The parts of an :class:`AttackerView` that hold data (the rest is the protocol's metadata): an attack's own
+    view holds only the parts it declares in ``Attack.reads``, and of those only what the threat model grants."""
+
+    public = "public"  #: the public set as the attacker knows it
+    prior_data = "prior_data"  #: the attacker's own labeled data
+    candidates = "candidates"  #: the membership candidates (copies of private samples)
+    aggregation = "aggregation"  #: the server's own aggregation rule
+
+    def __str__(self) -> str:
+        return self.value
+
+
+class UndeclaredPartError(AttributeError):
+    """An attack used a part of its view it did not declare in ``Attack.reads``."""
+
+
+@dataclass(frozen=True)
+class Undeclared:
+    """Stands in for a view part an attack did not declare: any use of it raises :class:`UndeclaredPartError`, naming
+    the attack and the part (None would read as "the protocol gives none")."""
+
+    attack: str
+    part: ViewPart
+
+    def _refuse(self) -> UndeclaredPartError:
+        return UndeclaredPartError(f"attack {self.attack} reads the view's {self.part} without declaring it: add ViewPart.{self.part} to its `reads`")
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("__"):  # copy, pickle and friends probe for optional hooks
+            raise AttributeError(name)
+        raise self._refuse()
+
+    def __bool__(self) -> bool:
+        raise self._refuse()
+
+    def __len__(self) -> int:
+        raise self._refuse()
+
+    def __getitem__(self, item: Any) -> Any:
+        raise self._refuse()
 
 
 class Capability(str, Enum):
@@ -147,6 +190,10 @@ class ServerAggregation:
 class AttackerView:
     """Everything an attack is constructed from; nothing in it reaches private data or a client model.
 
+    The run's view holds what the threat model grants; each attack gets its own (:meth:`for_attack`), in which the
+    parts that hold data (:class:`ViewPart`: ``public``, ``prior_data``, ``candidates``, ``aggregation``) are there
+    only when the attack declares them in ``Attack.reads``.
+
     Attributes:
         threat: the protocol's declared threat model.
         protocol: protocol name.
@@ -200,14 +247,17 @@ class AttackerView:
                 net = change(net)
         return net
 
-    def for_attack(self, wants_candidates: bool) -> "AttackerView":
-        """One attack's own view: copies of the public, prior and candidate sets, so that no attack writes into
-        another's, and the membership candidates (copies of private samples) only for an attack that scores them."""
-        def own(images: Optional[ImageSet]) -> Optional[ImageSet]:
-            return None if images is None else images.copy()
+    def for_attack(self, name: str, reads: frozenset[ViewPart]) -> "AttackerView":
+        """Attack ``name``'s own view: of the parts that hold data, only those in ``reads`` (each other part is an
+        :class:`Undeclared` that refuses any use), and of the public, prior and candidate sets copies, so that no
+        attack writes into another's."""
+        def own(part: ViewPart) -> Any:
+            if part not in reads:
+                return Undeclared(name, part)
+            value = getattr(self, part.value)
+            return value.copy() if isinstance(value, ImageSet) else value
 
-        return dataclasses.replace(self, public=own(self.public), prior_data=own(self.prior_data),
-                                   candidates=own(self.candidates) if wants_candidates else None)
+        return dataclasses.replace(self, **{part.value: own(part) for part in ViewPart})
 
     @property
     def public_labels_known(self) -> bool:
