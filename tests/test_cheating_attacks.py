@@ -342,3 +342,58 @@ def test_the_attack_state_store_holds_no_path_to_the_run_directory_and_its_keys_
     assert len(refused) == 12 and set(refused.values()) == {ValueError}, refused
     assert torch.equal(cheater.outcome["read back"]["w"], torch.arange(3))  # type: ignore[index]
     assert (exp.output_dir / "attack_state" / "cheat" / "kept" / "state.pt").is_file()
+
+
+GAUNTLET = {  # protocol: its experiment (None: the embedded default) and what is switched on
+    "fedmd": (None, ("defenses=[laplace]", "protocol.evasive_clients=[0]")),
+    "dsfl": (None, ("protocol=dsfl", "defenses=[laplace]", "protocol.evasive_clients=[0]")),
+    "labelavg": (None, ("protocol=labelavg", "protocol.evasive_clients=[0]")),
+    "fedavg": ("fedavg_digits", ("defenses=[dpsgd]", "protocol.num_clients=3", "protocol.fraction=1.0")),
+}
+
+
+@pytest.mark.parametrize("protocol", list(GAUNTLET))
+def test_every_passive_cheat_at_once_gains_nothing_under_each_protocol_with_defenses_and_evasive_clients(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, protocol: str) -> None:
+    """One attack tries, on every record of a run: walking to anything private (a network, a private image, the split,
+    the oracle, a gradient, the run seed, a path to the run directory); handing a query a tensor subclass; keeping a
+    query past its phase; writing into the public images; reading a view part it did not declare."""
+    from tests.test_threat_model import RUN_SEED, _assert_nothing_private
+
+    def cheat(attack: CheatingAttack, record: RoundRecord) -> None:
+        out = attack.outcome
+        held = list(reachable(attack, record, atoms=True))
+        out.setdefault("walks", []).append(held)  # type: ignore[union-attr]
+        if record.query is not None:
+            _tries(out, "spy query", lambda: record.query(0, torch.arange(2).as_subclass(Spy)))  # type: ignore[misc]
+            out["kept query"] = record.query
+        if attack.view.public is not None:
+            attack.view.public.images.add_(1.0)
+        _tries(out, "prior", lambda: attack.view.prior_data.images)
+        _tries(out, "candidates", lambda: len(attack.view.candidates))
+
+    cheater = _cheater(monkeypatch, cheat)
+    experiment, switched_on = GAUNTLET[protocol]
+    exp = Experiment(compose(None if experiment is None else REPO / "conf" / "experiment" / f"{experiment}.yaml",
+                             tiny(tmp_path, "attacks=[cheat]", "observers.confidence_gap.enabled=false", "evaluation.classifier=null",
+                                  "protocol.rounds=1", f"seed={RUN_SEED}", *switched_on)))
+    public = None if exp.protocol.split.public is None else exp.protocol.split.public.images.clone()
+    exp.run()
+    out, run_dir = cheater.outcome, str(exp.output_dir.resolve())
+    walks = out.pop("walks")
+    assert walks  # type: ignore[arg-type]
+    for held in walks:  # type: ignore[union-attr]
+        _assert_nothing_private(held, exp.data.split, exp.engine)
+        assert not [o for o in held if isinstance(o, torch.nn.Module) or (torch.is_tensor(o) and o.grad is not None)]
+        assert RUN_SEED not in [o for o in held if type(o) is int]
+        assert not [o for o in held if isinstance(o, os.PathLike) or (isinstance(o, str) and run_dir in o)]
+    assert out.pop("prior") is UndeclaredPartError and out.pop("candidates") is UndeclaredPartError
+    if protocol == "fedavg":  # no public query: a participant gets the global model
+        assert "kept query" not in out
+    else:
+        assert out.pop("spy query") is BoundaryError
+        with pytest.raises(StaleQueryError):
+            out.pop("kept query")(0, torch.arange(2))  # type: ignore[operator]
+    assert not out, out
+    if public is not None:
+        assert torch.equal(exp.protocol.split.public.images, public)
