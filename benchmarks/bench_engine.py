@@ -3,7 +3,7 @@ client at a time, against a plain loop.
 
 For each K the script builds the real FedMD protocol (``split=random, partition=iid`` so any K works
 with the same total data) and times its communication rounds, twice: with ``trainer.vectorise=true``
-(the clients train and predict as one ``torch.func.vmap`` batch, :mod:`fdattack.fd.vectorised`) and with
+(the clients train and predict as one ``torch.func.vmap`` batch, :mod:`fdattack.engine.vectorised`) and with
 ``trainer.vectorise=false`` (the per-client loop). The baseline is a plain PyTorch loop, written below,
 that does the same optimizer steps on the same networks and batch sizes: per round, every client
 predicts the public set, the logits are averaged, every client takes one L1 epoch on the public set and
@@ -40,7 +40,7 @@ sys.path.insert(0, str(REPO))
 
 from fdattack.config import compose  # noqa: E402
 from fdattack.experiment import Experiment  # noqa: E402
-from fdattack.fd.malloc import keep_freed_memory  # noqa: E402
+from fdattack.engine.malloc import keep_freed_memory  # noqa: E402
 from fdattack.fd.orchestrator import RoundOrchestrator  # noqa: E402
 
 torch.set_num_threads(1)

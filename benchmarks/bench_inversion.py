@@ -109,7 +109,7 @@ def decoder(args: argparse.Namespace) -> InversionDecoder:
 
 def fdattack_training(args: argparse.Namespace) -> Train:
     """What ``PLIAttack`` does per epoch: one engine call over the rows, the module's own ``training_step``."""
-    from fdattack.fd.engine import TensorRows, default_engine
+    from fdattack.engine import TensorRows, default_engine
     from fdattack.lit.inversion import InversionLitModule
 
     engine = default_engine(args.batch_size)
@@ -393,7 +393,7 @@ def training_setup(args: argparse.Namespace) -> Timed:
         return lambda: train(nets, images, args.epochs, b, args.n_critic)
     from fdattack.attacks.gan_inversion import full_batches, seeded
     from fdattack.attacks.kedmi import PriorViews
-    from fdattack.fd.engine import LocalTrainer, TensorRows, make_fabric
+    from fdattack.engine import LocalTrainer, TensorRows, make_fabric
     from fdattack.lit.gan import WGANGP, KPlusOneGAN
 
     torch.manual_seed(0)

@@ -31,8 +31,9 @@ sys.path.insert(0, str(REPO))
 
 from fdattack.config import compose  # noqa: E402
 from fdattack.data.federated import build_split  # noqa: E402
-from fdattack.fd.engine import FitJob, LocalTrainer, derive_seed, make_fabric  # noqa: E402
-from fdattack.fd.malloc import keep_freed_memory  # noqa: E402
+from fdattack.engine import FitJob, LocalTrainer, make_fabric  # noqa: E402
+from fdattack.randomness import derive_seed  # noqa: E402
+from fdattack.engine.malloc import keep_freed_memory  # noqa: E402
 from fdattack.lit.student import DistillationStudent  # noqa: E402
 from fdattack.models import build_classifier  # noqa: E402
 

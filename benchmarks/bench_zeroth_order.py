@@ -10,7 +10,7 @@ is a client classifier (``--model``, default ``pdafd_cnn``) on 1×28×28 images 
 queried without gradients; the loss is the spec's targeted cross-entropy to c* = 0 on its logits (``logits``) or
 −log(q_c* + 1e-8) on what a LabelAvg client sends instead, its top-K labels with β weights through LabelAvg's upload
 transform (``labelavg``, the attack's strong mode, §2.6). The process keeps freed memory for reuse as ``fdattack
-run`` does (:func:`fdattack.fd.malloc.keep_freed_memory`). Per (answer, m) the two implementations alternate
+run`` does (:func:`fdattack.engine.malloc.keep_freed_memory`). Per (answer, m) the two implementations alternate
 ``--repeats`` times in one process (one thread by default), each timing ``--steps`` estimates after ``--warmup``
 untimed ones; the table gives the medians and the ratio fdattack / plain (target: >= 0.8).
 
@@ -28,7 +28,7 @@ from typing import Callable
 
 import torch
 import torch.nn.functional as F
-from torch import Tensor, nn
+from torch import Tensor
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
@@ -37,8 +37,8 @@ from bench_inversion import machine, markdown_table  # noqa: E402  (this folder 
 
 from fdattack.defenses import Release  # noqa: E402
 from fdattack.defenses.labelavg import LabelAvgUpload, LabelAvgUploadSettings  # noqa: E402
-from fdattack.fd.engine import predict_logits  # noqa: E402
-from fdattack.fd.malloc import keep_freed_memory  # noqa: E402
+from fdattack.engine import predict_logits  # noqa: E402
+from fdattack.engine.malloc import keep_freed_memory  # noqa: E402
 from fdattack.functional.zeroth_order import forward_difference_gradient  # noqa: E402
 from fdattack.models import build_classifier  # noqa: E402
 

@@ -52,7 +52,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     elif unknown:
         parser.error(f"unrecognized arguments: {' '.join(unknown)}")
     if args.command in ("run", "sweep"):
-        from fdattack.fd.malloc import keep_freed_memory
+        from fdattack.engine.malloc import keep_freed_memory
 
         keep_freed_memory()
     try:

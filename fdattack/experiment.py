@@ -32,7 +32,8 @@ from fdattack.evaluation.gradient_check import GradientCheck
 from fdattack.evaluation.inversion import inversion_scorer
 from fdattack.evaluation.label_distribution import LabelDistributionScorer
 from fdattack.evaluation.membership import CandidatePool, MembershipScorer, candidate_pool
-from fdattack.fd.engine import LocalTrainer, derive_seed, make_fabric, seed_everything_quietly
+from fdattack.engine import LocalTrainer, make_fabric
+from fdattack.randomness import derive_seed, seed_everything_quietly
 from fdattack.fd.orchestrator import RoundOrchestrator
 from fdattack.fd.protocols import PROTOCOLS
 from fdattack.fd.protocols.base import Protocol

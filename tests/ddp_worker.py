@@ -15,7 +15,7 @@ import torch
 
 from fdattack.config import compose
 from fdattack.experiment import Experiment
-from fdattack.fd.engine import LocalTrainer
+from fdattack.engine import LocalTrainer
 
 #: one entry per fit_module call: {"model": name, "n": rows in its data, "epochs": [rows of epoch 0, ...]}
 FITS: list[dict[str, Any]] = []

@@ -13,7 +13,7 @@ from fdattack.attacks import ATTACKS, Attack
 from fdattack.config import compose
 from fdattack.errors import ConfigError
 from fdattack.experiment import Experiment
-from fdattack.fd.engine import predict_logits
+from fdattack.engine import predict_logits
 from fdattack.fd.record import QueryRefusedError, RoundRecord, StaleQueryError
 from fdattack.fd.threat import Capability
 from tests.conftest import tiny

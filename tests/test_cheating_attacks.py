@@ -27,7 +27,7 @@ from fdattack.attacks.results import Reconstructions
 from fdattack.config import compose
 from fdattack.evaluation.membership import candidate_pool
 from fdattack.experiment import Experiment, membership_candidates
-from fdattack.fd.engine import derive_seed
+from fdattack.randomness import derive_seed
 from fdattack.fd.boundary import BoundaryError
 from fdattack.fd.record import QueryRefusedError, RoundRecord, StaleQueryError
 from fdattack.data.imageset import ImageSet

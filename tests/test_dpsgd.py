@@ -19,7 +19,7 @@ from fdattack.data.imageset import ImageSet
 from fdattack.defenses.dpsgd import DPSGDDefense, DPSGDSettings, poisson_batches
 from fdattack.errors import ConfigError
 from fdattack.experiment import Experiment
-from fdattack.fd.engine import FitJob, default_engine
+from fdattack.engine import FitJob, default_engine
 from fdattack.lit.classifier import ClassifierLitModule, cross_entropy
 from tests.conftest import tiny
 

@@ -8,7 +8,8 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from fdattack.fd.engine import LocalTrainer, TensorRows, default_engine, derive_seed, seed_everything_quietly
+from fdattack.engine import LocalTrainer, TensorRows, default_engine
+from fdattack.randomness import derive_seed, seed_everything_quietly
 from fdattack.lit import InversionLitModule, RestorerLitModule
 from fdattack.models import InversionDecoder
 

@@ -25,7 +25,8 @@ from fdattack.defenses.labelavg import LabelAvgUpload, LabelAvgUploadSettings
 from fdattack.evaluation.evaluator import Evaluator
 from fdattack.evaluation.gradient_check import gradient_cosines, true_gradient
 from fdattack.experiment import Experiment
-from fdattack.fd.engine import default_engine, derive_seed
+from fdattack.engine import default_engine
+from fdattack.randomness import derive_seed
 from fdattack.fd.protocols.fedmd import consensus
 from fdattack.fd.protocols.labelavg import vote_smoothing
 from fdattack.fd.record import RoundRecord

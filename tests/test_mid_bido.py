@@ -24,7 +24,7 @@ from fdattack.defenses.base import TrainingDefense
 from fdattack.defenses.bido import BiDODefense, BiDOSettings, Capture, hidden_layers
 from fdattack.defenses.mid import MIDDefense, MIDSettings, VIBHead, output_layer, with_vib_head
 from fdattack.experiment import Experiment
-from fdattack.fd.engine import FitJob, default_engine
+from fdattack.engine import FitJob, default_engine
 from fdattack.fd.record import RoundRecord
 from fdattack.functional.hsic import HSICOptions, dependence
 from fdattack.lit.classifier import ClassifierLitModule, cross_entropy

@@ -15,7 +15,7 @@ from torch.utils.data import DataLoader
 from fdattack.cli import main
 from fdattack.config import compose
 from fdattack.experiment import Experiment
-from fdattack.fd.engine import LocalTrainer
+from fdattack.engine import LocalTrainer
 from fdattack.lit.student import DistillationStudent
 from tests.conftest import REPO, SHARED_DATA, tiny
 from tests.object_graph import reachable

@@ -16,7 +16,8 @@ from fdattack.config import compose
 from fdattack.evaluation.membership import MembershipScorer
 from fdattack.experiment import Experiment
 from fdattack.fd.aggregation import era
-from fdattack.fd.engine import LocalTrainer, derive_seed, predict_logits
+from fdattack.engine import LocalTrainer, predict_logits
+from fdattack.randomness import derive_seed
 from fdattack.fd.evasion import Evasion, image_digests
 from fdattack.fd.record import QueryRefusedError, RoundRecord
 from fdattack.fd.threat import Capability

@@ -18,7 +18,7 @@ from fdattack.attacks.priors import (
     train_learned_prior,
     translation_pairs,
 )
-from fdattack.fd.engine import default_engine
+from fdattack.engine import default_engine
 from fdattack.data.domains import box_blur
 from fdattack.data.imageset import AUXILIARY, SENSITIVE, ImageSet
 from fdattack.lit.translation import CycleGANLitModule, RestorerLitModule, lsgan_loss

@@ -30,7 +30,7 @@ from fdattack.evaluation import Evaluator, Oracle, ReconstructionScorer
 from fdattack.evaluation.inversion import InversionScorer
 from fdattack.evaluation.inversion_classifier import EvaluationClassifier
 from fdattack.experiment import Experiment
-from fdattack.fd.engine import LocalTrainer, ModelHandle, predict_logits
+from fdattack.engine import LocalTrainer, ModelHandle, predict_logits
 from fdattack.defenses import Release
 from fdattack.fd.protocols.base import Protocol, as_sent
 from fdattack.fd.record import QueryRefusedError, RoundRecord, StaleQueryError

@@ -31,9 +31,13 @@ from fdattack.config import compose
 from fdattack.data.imageset import ImageSet
 from fdattack.defenses import DEFENSES
 from fdattack.experiment import run
-from fdattack.fd import batched_linear, conv_pool, im2col, vectorised
-from fdattack.fd.engine import FitJob, LocalTrainer, ModelHandle, default_engine
-from fdattack.fd.objectives import cross_entropy, fedgems_client, kl_to_probs, l1_to_logits, mixed_ce_kl, soft_cross_entropy
+from fdattack.engine import vectorised as vectorised_api
+from fdattack.engine.vectorised import copies as vectorised
+from fdattack.engine.vectorised.optimizers import stacked_optimizer
+from fdattack.engine.vectorised.kernels import batched_linear, conv_pool, im2col
+from fdattack.engine import FitJob, LocalTrainer, ModelHandle, default_engine
+from fdattack.fd.protocols.fedgems import fedgems_client
+from fdattack.lit.objectives import cross_entropy, kl_to_probs, l1_to_logits, mixed_ce_kl, soft_cross_entropy
 from fdattack.lit import ClassifierLitModule
 from fdattack.lit.classifier import is_vmappable
 from tests.conftest import REPO, own_messages, tiny
@@ -83,7 +87,7 @@ def calls(monkeypatch: pytest.MonkeyPatch) -> list[int]:
         taken.append(len(jobs))
         return fit_copies(jobs, *args, **kwargs)
 
-    monkeypatch.setattr(vectorised, "fit_copies", spy)
+    monkeypatch.setattr(vectorised_api, "fit_copies", spy)  # where the engine calls it
     return taken
 
 
@@ -106,7 +110,7 @@ def test_one_stacked_step_equals_torch_optim(kind: type, settings: dict) -> None
             optimizers[k].step()
     names = ["w", "b"]
     stacked = {n: torch.stack([params[k][i].detach() for k in range(3)]) for i, n in enumerate(names)}
-    optimizer = vectorised.stacked_optimizer(optimizers, names, stacked)
+    optimizer = stacked_optimizer(optimizers, names, stacked)
     grads = [[torch.randn_like(p) for p in ps] for ps in params]
     optimizer.update(None, stacked, {n: torch.stack([grads[k][i] for k in range(3)]) for i, n in enumerate(names)})
     for ps, gs, opt in zip(params, grads, optimizers):
@@ -129,7 +133,7 @@ def test_a_step_of_some_models_leaves_the_others_untouched() -> None:
     optimizers = [torch.optim.Adam(p, lr=0.1) for p in params]
     stacked = {"w": torch.stack([p[0].detach() for p in params])}
     before = stacked["w"].clone()
-    optimizer = vectorised.stacked_optimizer(optimizers, ["w"], stacked)
+    optimizer = stacked_optimizer(optimizers, ["w"], stacked)
     optimizer.update(torch.tensor([1, 3]), stacked, {"w": torch.ones(2, 3)})
     assert torch.equal(stacked["w"][[0, 2]], before[[0, 2]]) and not torch.equal(stacked["w"][[1, 3]], before[[1, 3]])
     optimizer.write_back()
@@ -331,7 +335,7 @@ def test_objectives_declare_whether_they_run_under_vmap() -> None:
 
 def test_unsupported_jobs_take_the_loop_and_say_why_once(caplog: pytest.LogCaptureFixture, calls: list[int]) -> None:
     engine, handles = _clients("auto", "adam", net="pli_cnn")
-    with caplog.at_level(logging.INFO, logger="fdattack.fd.engine"):
+    with caplog.at_level(logging.INFO, logger="fdattack.engine.trainer"):
         for seed in (1, 2):
             engine.fit_many([FitJob(h, s, 1, mixed_ce_kl, seed, targets=torch.zeros(len(s), 5)) for h, s in zip(handles, _sets())])
     assert calls == []
@@ -391,7 +395,7 @@ def test_vectorise_takes_auto_true_or_false(tmp_path: Path, capsys: pytest.Captu
 def test_a_training_defense_under_auto_trains_one_at_a_time(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, calls: list[int],
                                                             caplog: pytest.LogCaptureFixture) -> None:
     monkeypatch.setattr(DEFENSES, "_items", {**DEFENSES._items, "freeze": FreezeClients})
-    with caplog.at_level(logging.INFO, logger="fdattack.fd.engine"):
+    with caplog.at_level(logging.INFO, logger="fdattack.engine.trainer"):
         assert main(["run", *tiny(tmp_path, "protocol.rounds=1", "defenses=[freeze]")]) == 0
     assert calls == []
     assert [m for m in own_messages(caplog) if "vectorise" in m] == [
@@ -399,7 +403,7 @@ def test_a_training_defense_under_auto_trains_one_at_a_time(tmp_path: Path, monk
 
 
 def test_the_command_keeps_freed_memory_with_settings_glibc_accepts() -> None:
-    from fdattack.fd import malloc
+    from fdattack.engine import malloc
 
     expected = platform.system() == "Linux" and platform.libc_ver()[0] == "glibc"
     assert malloc.keep_freed_memory() is expected  # mallopt returns 0 for a parameter number it does not know

@@ -14,10 +14,9 @@ from __future__ import annotations
 import hashlib
 import logging
 from abc import abstractmethod
-from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import partial
-from typing import Callable, Iterable, Iterator, Optional
+from typing import Callable, Iterable, Optional
 
 import torch
 from torch import Tensor, nn
@@ -26,7 +25,8 @@ from fdattack.attacks.base import Attack, AttackContext
 from fdattack.attacks.results import AttackResult, Inversions
 from fdattack.config.knobs import Choice, knob
 from fdattack.errors import ConfigError
-from fdattack.fd.engine import Batchable, TensorRows, default_engine, derive_seed, epoch_order
+from fdattack.engine import Batchable, TensorRows, default_engine, epoch_order
+from fdattack.randomness import derive_seed, seeded
 from fdattack.fd.record import RoundRecord
 from fdattack.fd.threat import AttackerView, Capability, ViewPart
 from fdattack.functional.hsic import HSICOptions, hsic_loss_term
@@ -95,7 +95,7 @@ class GANInversionSettings:
 
 def full_batches(n: int, seed: int, batch_size: int) -> list[Tensor]:
     """One epoch's seeded mini-batches without the incomplete last one (a generator's BatchNorm needs two samples);
-    all ``n`` rows in one batch when ``n < batch_size``. A :data:`~fdattack.fd.engine.BatchSampler`."""
+    all ``n`` rows in one batch when ``n < batch_size``. A :data:`~fdattack.engine.trainer.BatchSampler`."""
     order = epoch_order(n, seed)
     keep = n - n % batch_size if n >= batch_size else n
     return list(torch.split(order[:keep], batch_size))
@@ -105,15 +105,6 @@ def label_chunks(count: int, size: Optional[int]) -> list[slice]:
     """Consecutive slices of ``size`` target labels (the last may be shorter); one slice of all when ``size`` is None."""
     size = count if size is None else size
     return [slice(start, min(start + size, count)) for start in range(0, count, size)]
-
-
-@contextmanager
-def seeded(seed: int, device: torch.device) -> Iterator[None]:
-    """Seed torch's global stream (the device's too) for the block and restore the run's stream after it."""
-    devices = [device.index if device.index is not None else torch.cuda.current_device()] if device.type == "cuda" else []
-    with torch.random.fork_rng(devices=devices):
-        torch.manual_seed(seed)
-        yield
 
 
 GENERATE_BATCH = 1024  #: images per generator pass when making the results

@@ -12,7 +12,7 @@ from fdattack.attacks.pli_inputs import tempered_softmax
 from fdattack.attacks.results import Reconstructions
 from fdattack.config.knobs import knob
 from fdattack.errors import ConfigError
-from fdattack.fd.engine import ModelHandle, default_engine
+from fdattack.engine import ModelHandle, default_engine
 from fdattack.fd.record import PublicQuery
 from fdattack.fd.threat import AttackerView, Capability, ViewPart
 from fdattack.lit.inversion import InversionLitModule

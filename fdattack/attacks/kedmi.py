@@ -20,9 +20,9 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from fdattack.attacks.base import ATTACKS
-from fdattack.attacks.gan_inversion import GANInversionAttack, GANInversionSettings, HSICTerm, seeded, state_digest
+from fdattack.attacks.gan_inversion import GANInversionAttack, GANInversionSettings, HSICTerm, state_digest
 from fdattack.config.knobs import knob
-from fdattack.fd.engine import derive_seed
+from fdattack.randomness import derive_seed, seeded
 from fdattack.lit.gan import KPlusOneGAN, real_class_loss
 from fdattack.models.gan import to_signed
 
@@ -39,7 +39,7 @@ class KEDMISettings(GANInversionSettings):
 
 class PriorViews:
     """The prior images as KED-MI's three loaders read them in one epoch: ``x`` in the epoch's order, ``x_unlabeled``
-    and ``x_moment`` through two more independent shuffles (a :class:`~fdattack.fd.engine.Batchable`)."""
+    and ``x_moment`` through two more independent shuffles (a :class:`~fdattack.engine.trainer.Batchable`)."""
 
     def __init__(self, images: Tensor, generator: torch.Generator) -> None:
         self.images = images

@@ -47,7 +47,8 @@ from fdattack.config.knobs import Choice, knob
 from fdattack.data.imageset import UNLABELED
 from fdattack.errors import ConfigError
 from fdattack.fd.adversary import Adversary
-from fdattack.fd.engine import default_engine, derive_seed
+from fdattack.engine import default_engine
+from fdattack.randomness import derive_seed
 from fdattack.fd.record import RoundRecord
 from fdattack.fd.threat import AttackerView, Capability, ServerAggregation, ViewPart
 from fdattack.functional.losses import target_class_loss

@@ -36,7 +36,8 @@ from fdattack.attacks.ldia import is_communication
 from fdattack.attacks.results import AttackResult, MembershipScores
 from fdattack.config.knobs import Choice, knob
 from fdattack.errors import ConfigError
-from fdattack.fd.engine import FitJob, LocalTrainer, ModelHandle, default_engine, derive_seed
+from fdattack.engine import FitJob, LocalTrainer, ModelHandle, default_engine
+from fdattack.randomness import derive_seed
 from fdattack.fd.record import PayloadKind, Reply, RoundRecord
 from fdattack.fd.threat import AttackerView, Capability, ViewPart
 from fdattack.functional.information import kl_divergence
@@ -345,7 +346,7 @@ class DistillLiRAAttack(LiRAAttack):
     """Distillation-based LiRA (§6.4): K students distilled from each target's uploads on a random ``fraction`` of
     the round's public rows are its references.
 
-    Every student of every target trains in one :meth:`~fdattack.fd.engine.LocalTrainer.fit_many` call, so the
+    Every student of every target trains in one :meth:`~fdattack.engine.trainer.LocalTrainer.fit_many` call, so the
     engine's vectorised path trains them as one batch. With a run directory the trained students are kept under
     ``attack_state/lira_distill/students/`` and reused when the round is run again (resume).
     """

@@ -21,7 +21,8 @@ from fdattack.attacks.pli_inputs import optimal_inputs
 from fdattack.attacks.priors import PriorKind, PriorSettings, build_prior
 from fdattack.attacks.results import AttackResult, Reconstructions
 from fdattack.config.knobs import Choice, knob
-from fdattack.fd.engine import TensorRows, derive_seed
+from fdattack.engine import TensorRows
+from fdattack.randomness import derive_seed
 from fdattack.fd.record import RoundRecord
 from fdattack.fd.threat import AttackerView, Capability
 from fdattack.metrics.image import pairwise_ssim, standard_ssim, total_variation

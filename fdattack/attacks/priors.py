@@ -20,7 +20,8 @@ from torch import Tensor
 from fdattack.config.knobs import Choice, knob
 from fdattack.data.imageset import AUXILIARY, SENSITIVE, ImageSet
 from fdattack.errors import ConfigError
-from fdattack.fd.engine import LocalTrainer, TensorRows, derive_seed
+from fdattack.engine import LocalTrainer, TensorRows
+from fdattack.randomness import derive_seed
 from fdattack.fd.threat import AttackerView, Degradation
 from fdattack.lit.translation import CycleGANLitModule, RestorerLitModule, TranslationLitModule
 from fdattack.tracking.progress import progress_iter

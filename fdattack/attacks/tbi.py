@@ -17,7 +17,8 @@ from fdattack.attacks.base import ATTACKS, AttackContext
 from fdattack.attacks.inversion import InversionAttack, InversionSettings
 from fdattack.attacks.results import AttackResult, Reconstructions
 from fdattack.config.knobs import knob
-from fdattack.fd.engine import TensorRows, derive_seed
+from fdattack.engine import TensorRows
+from fdattack.randomness import derive_seed
 from fdattack.fd.record import RoundRecord
 from fdattack.fd.threat import AttackerView
 from fdattack.tracking.progress import progress_iter

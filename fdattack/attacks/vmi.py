@@ -20,10 +20,11 @@ import torch
 from torch import Tensor, nn
 
 from fdattack.attacks.base import ATTACKS, AttackContext
-from fdattack.attacks.gan_inversion import GANInversionAttack, GANInversionSettings, seeded
+from fdattack.attacks.gan_inversion import GANInversionAttack, GANInversionSettings
 from fdattack.config.knobs import knob
 from fdattack.errors import ConfigError
-from fdattack.fd.engine import ModelHandle, TensorRows, derive_seed
+from fdattack.engine import ModelHandle, TensorRows
+from fdattack.randomness import derive_seed, seeded
 from fdattack.fd.threat import AttackerView
 from fdattack.lit.gan import WGANGP
 from fdattack.lit.vmi import VMIMinerLitModule

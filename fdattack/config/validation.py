@@ -106,7 +106,7 @@ def check_trainer(trainer: DictConfig) -> None:
 
 
 def check_vectorise(cfg: DictConfig) -> None:
-    """``trainer.vectorise=true`` is refused where the vectorised path cannot apply at all (:mod:`fdattack.fd.vectorised`).
+    """``trainer.vectorise=true`` is refused where the vectorised path cannot apply at all (:mod:`fdattack.engine.vectorised`).
 
     Raises:
         ConfigError: ``trainer.vectorise=true: ... runs 2 processes (DDP) ...; use trainer.vectorise=auto or false``

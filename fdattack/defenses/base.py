@@ -27,7 +27,7 @@ from fdattack.lit.classifier import Objective
 from fdattack.registry import Registry
 
 if TYPE_CHECKING:
-    from fdattack.fd.engine import FitJob
+    from fdattack.engine import FitJob
 
 FLOAT_BYTES = 4  #: a dense payload is float32 on the wire
 

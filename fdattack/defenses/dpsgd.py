@@ -30,7 +30,8 @@ from torch import Tensor, nn
 from fdattack.config.knobs import Choice, knob
 from fdattack.defenses.base import DEFENSES, TrainingDefense
 from fdattack.errors import ConfigError
-from fdattack.fd.engine import FitJob, ModelHandle, derive_seed
+from fdattack.engine import FitJob, ModelHandle
+from fdattack.randomness import derive_seed
 from fdattack.models import CLASSIFIERS, build_classifier
 
 

@@ -37,7 +37,7 @@ from torch import Tensor
 
 from fdattack.data.federated import FederatedSplit
 from fdattack.data.imageset import AUXILIARY, UNLABELED, ImageSet, IndexedBatch
-from fdattack.fd.engine import FitJob, LocalTrainer
+from fdattack.engine import FitJob, LocalTrainer
 from fdattack.functional import topk_accuracy
 from fdattack.lit.classifier import ClassifierLitModule
 from fdattack.metrics.attack_accuracy import class_means

@@ -50,7 +50,7 @@ from fdattack.data.federated import FederatedSplit
 from fdattack.evaluation.inception import load_inception
 from fdattack.evaluation.inversion_classifier import EvaluationClassifier, inversion_classifier
 from fdattack.evaluation.report import Report
-from fdattack.fd.engine import LocalTrainer
+from fdattack.engine import LocalTrainer
 from fdattack.functional.frechet import FrechetToReference
 from fdattack.functional.intervals import NO_INTERVAL, bootstrap_interval, bootstrap_mean_interval, interval_keys, wilson_interval
 from fdattack.metrics.inversion import feature_cosine_samples, feature_diversity, inversion_grid, knn_distances, mean_and_std, topk_per_sample

@@ -27,7 +27,7 @@ from fdattack.config.schema import InversionEvaluationConfig
 from fdattack.data.federated import FederatedSplit
 from fdattack.data.imageset import ImageSet
 from fdattack.evaluation.weights import load_weights, read_state_dict
-from fdattack.fd.engine import LocalTrainer, ModelHandle, predict_logits
+from fdattack.engine import LocalTrainer, ModelHandle, predict_logits
 from fdattack.functional import topk_accuracy
 from fdattack.lit.classifier import ClassifierLitModule
 from fdattack.models.classifiers import build_classifier

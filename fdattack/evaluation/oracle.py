@@ -9,7 +9,7 @@ from torch import Tensor
 
 from fdattack.data.federated import FederatedSplit
 from fdattack.data.imageset import ImageSet
-from fdattack.fd.engine import LocalTrainer, ModelHandle
+from fdattack.engine import LocalTrainer, ModelHandle
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,7 @@ from typing import Callable, Sequence
 import torch
 
 from fdattack.errors import UploadError
-from fdattack.fd.engine import derive_seed
+from fdattack.randomness import derive_seed
 from fdattack.fd.observer import Observer
 from fdattack.fd.protocols.base import Phase, Protocol, RoundContext
 from fdattack.fd.record import UPLOAD_PHASE, RoundRecord

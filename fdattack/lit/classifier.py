@@ -21,7 +21,7 @@ Batch = IndexedBatch | Sequence[Tensor] | Tensor
 def vmappable(objective: Objective) -> Objective:
     """Declare that ``objective`` runs under ``torch.func.vmap`` exactly as on one model's batch (no branch on the
     data's values, no ``.item()``), so same-architecture models can train with it as one batch
-    (:mod:`fdattack.fd.vectorised`). Returns ``objective``."""
+    (:mod:`fdattack.engine.vectorised`). Returns ``objective``."""
     objective.vmappable = True  # type: ignore[attr-defined]
     return objective
 

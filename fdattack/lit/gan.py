@@ -7,7 +7,7 @@
 
 Both use manual optimisation as the authors' loops do: every batch is one discriminator (critic) step, and every
 ``n_critic``-th one is also a generator step; Adam with β = (0.5, 0.999) for both networks. They train under a
-``lightning.Trainer`` or fdattack's Fabric engine (:meth:`fdattack.fd.engine.LocalTrainer.fit_module`). Batches hold
+``lightning.Trainer`` or fdattack's Fabric engine (:meth:`fdattack.engine.trainer.LocalTrainer.fit_module`). Batches hold
 real images in [-1, 1] (fdattack's range) under ``"x"``; the discriminators see them, like the generators' output, in
 [0, 1] (§9 A30).
 """

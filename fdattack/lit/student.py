@@ -7,7 +7,7 @@ from typing import Literal
 
 from torch import nn
 
-from fdattack.fd.objectives import kl_to_probs, l1_to_logits
+from fdattack.lit.objectives import kl_to_probs, l1_to_logits
 from fdattack.lit.classifier import ClassifierLitModule
 
 #: the student's loss: L1 between its logits and the teacher's (the authors' ``nn.L1Loss``), or KL(p_teacher ‖ softmax)

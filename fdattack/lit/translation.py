@@ -13,7 +13,7 @@ Two LightningModules, trained on public data only:
 Batches are dicts ``{"a": insensitive (B, C, H, W), "b": sensitive (B, C, H, W)}`` in [-1, 1]. Both use
 manual optimisation: ``training_step`` takes the generator and discriminator steps itself
 (``self.optimizers()``, ``self.manual_backward``), under a ``lightning.Trainer`` or fdattack's Fabric
-engine (:meth:`fdattack.fd.engine.LocalTrainer.fit_module`).
+engine (:meth:`fdattack.engine.trainer.LocalTrainer.fit_module`).
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """The protocol contract: named phases per round, acting on a mutable :class:`RoundContext`.
 
 A protocol owns its clients (and server model, where it has one), all of them
-:class:`~fdattack.lit.ClassifierLitModule` set up by the :class:`~fdattack.fd.engine.LocalTrainer`.
+:class:`~fdattack.lit.ClassifierLitModule` set up by the :class:`~fdattack.engine.trainer.LocalTrainer`.
 It never imports an attack; the orchestrator publishes a :class:`~fdattack.fd.record.RoundRecord`
 after each phase.
 """
@@ -25,7 +25,8 @@ from fdattack.defenses.base import Defense, NetworkChange, Release, TrainingDefe
 from fdattack.errors import ConfigError
 from fdattack.fd.adversary import Adversary, checked_aggregate, checked_images, checked_rows
 from fdattack.fd.boundary import plain_tensor
-from fdattack.fd.engine import FitJob, LocalTrainer, ModelHandle, derive_seed, predict_logits
+from fdattack.engine import FitJob, LocalTrainer, ModelHandle, predict_logits
+from fdattack.randomness import derive_seed
 from fdattack.fd.evasion import Evasion, evasive_clients, image_digests
 from fdattack.fd.record import PayloadKind, PublicBatch, PublicQuery, QueryRefusedError, Reply, Upload, checked_model
 from fdattack.fd.threat import Capability, ServerAggregation, ThreatModel

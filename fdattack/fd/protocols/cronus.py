@@ -9,7 +9,7 @@ import torch
 from fdattack.config.knobs import knob
 from fdattack.config.schema import ProtocolConfig
 from fdattack.fd.aggregation import robust_mean
-from fdattack.fd.objectives import cross_entropy, kl_to_probs, mixed_ce_kl
+from fdattack.lit.objectives import cross_entropy, kl_to_probs, mixed_ce_kl
 from fdattack.fd.protocols.base import PROTOCOLS, Phase, Protocol, RoundContext
 from fdattack.fd.record import PayloadKind
 from fdattack.fd.threat import SERVER_POWERS, ThreatModel

@@ -9,7 +9,7 @@ import torch
 from fdattack.config.knobs import Choice, knob
 from fdattack.config.schema import ProtocolConfig
 from fdattack.fd.aggregation import era
-from fdattack.fd.objectives import cross_entropy, soft_cross_entropy
+from fdattack.lit.objectives import cross_entropy, soft_cross_entropy
 from fdattack.fd.protocols.base import PROTOCOLS, Phase, Protocol, RoundContext
 from fdattack.fd.record import PayloadKind
 from fdattack.fd.threat import SERVER_POWERS, Capability, ThreatModel

@@ -12,8 +12,8 @@ from fdattack.config.knobs import knob
 from fdattack.config.schema import OptimConfig, OptimizerName, ProtocolConfig
 from fdattack.errors import ConfigError
 from fdattack.fd.aggregation import fedavg
-from fdattack.fd.engine import derive_seed
-from fdattack.fd.objectives import cross_entropy
+from fdattack.randomness import derive_seed
+from fdattack.lit.objectives import cross_entropy
 from fdattack.fd.protocols.base import PROTOCOLS, Phase, Protocol, RoundContext
 from fdattack.fd.threat import ThreatModel
 

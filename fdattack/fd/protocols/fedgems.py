@@ -10,16 +10,30 @@ from torch import Tensor
 from fdattack.config.knobs import Choice, knob
 from fdattack.config.schema import ProtocolConfig
 from fdattack.data.imageset import IndexedBatch
-from fdattack.fd.aggregation import fedgems_ensemble, fedgems_fusion_loss
-from fdattack.fd.objectives import cross_entropy, fedgems_client
+from fdattack.fd.aggregation import fedgems_ensemble, fedgems_fusion_loss, fedgems_kl
 from fdattack.fd.protocols.base import PROTOCOLS, Phase, Protocol, RoundContext
 from fdattack.fd.threat import Capability, ThreatModel
-from fdattack.lit.classifier import Objective
+from fdattack.lit.classifier import Objective, cross_entropy, vmappable
 
 
 class KLMode(Choice):
     code = "code"
     standard = "standard"
+
+
+def fedgems_client(epsilon: float, kl_mode: str) -> Objective:
+    """FedGEMS client public phase: eps*CE(z, y) + (1 - eps)*KL(server logits, z) (pli.md §5.2 step c).
+
+    ``kl_mode="code"`` reproduces the authors' ``nn.KLDivLoss()(log_softmax(teacher), softmax(z))``
+    (element-wise mean, teacher in the log slot, §13.8); ``"standard"`` is batchmean KL(teacher || student).
+    """
+    @vmappable
+    def objective(logits: Tensor, batch: IndexedBatch) -> Tensor:
+        kl = fedgems_kl(logits, batch["target"], kl_mode)  # type: ignore[typeddict-item]
+        return epsilon * cross_entropy(logits, batch) + (1.0 - epsilon) * kl
+
+    return objective
+
 
 
 @dataclass

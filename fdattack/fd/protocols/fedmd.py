@@ -12,7 +12,7 @@ from fdattack.config.knobs import knob
 from fdattack.config.schema import ProtocolConfig
 from fdattack.data.imageset import UNLABELED
 from fdattack.fd.aggregation import mean_logits
-from fdattack.fd.objectives import cross_entropy, l1_to_logits
+from fdattack.lit.objectives import cross_entropy, l1_to_logits
 from fdattack.fd.protocols.base import PROTOCOLS, Phase, Protocol, RoundContext
 from fdattack.fd.threat import SERVER_POWERS, Capability, ServerAggregation, ThreatModel
 from fdattack.lit.classifier import Objective

@@ -14,8 +14,8 @@ from fdattack.data.federated import FederatedSplit
 from fdattack.defenses.base import Defense
 from fdattack.defenses.labelavg import LabelAvgUpload, LabelAvgUploadSettings
 from fdattack.errors import ConfigError
-from fdattack.fd.engine import LocalTrainer
-from fdattack.fd.objectives import soft_cross_entropy
+from fdattack.engine import LocalTrainer
+from fdattack.lit.objectives import soft_cross_entropy
 from fdattack.fd.protocols.base import PROTOCOLS
 from fdattack.fd.protocols.fedmd import FedMDConfig, FedMDProtocol
 from fdattack.fd.record import PayloadKind

@@ -1,47 +1,8 @@
-"""Many models of one architecture trained and queried as one: stacked weights under ``torch.func.vmap``.
-
-The clients of a simulation (K = 10 to 1,000) and LiRA's shadow students (8 to 32 per target client,
-issue #8) are many copies of one small network, each trained on its own data. Trained one by one, a
-round costs K times the tiny steps of one model. Here the copies' parameters, buffers and optimizer
-states are stacked along a leading model axis, and every mini-batch step is one vmapped
-``torch.func.functional_call`` of the shared network, one backward pass and one optimizer update for
-all of them.
-
-:func:`fit_copies` is the "train N copies" API: it takes the engine's :class:`~fdattack.fd.engine.FitJob`
-list (one job per model) and gives each model exactly the steps :meth:`LocalTrainer.fit
-<fdattack.fd.engine.LocalTrainer.fit>` would: the same seeded batch order (epoch e shuffles with
-``derive_seed(seed, e)``), the same batch size, no padding (models whose set sizes differ meet in
-sub-groups of equal batch size: the tail steps form small groups, so BatchNorm statistics and mean losses
-see exactly the loop's rows), Adam or SGD arithmetic as ``torch.optim`` does it, and BatchNorm running
-statistics per model. Weights, buffers and optimizer states are read from and written back into each
-model's module and ``torch.optim`` optimizer, so checkpoints, resume and later per-model phases are
-unchanged. The results equal the loop's up to float rounding: vmapped convolutions and batched matrix
-products sum in another order (``tests/test_vectorised.py`` states the tolerance). The protocols' client
-phases reach it through :meth:`LocalTrainer.fit_many <fdattack.fd.engine.LocalTrainer.fit_many>`; LiRA's
-shadow students (``lira_distill``) train through the same call. :func:`predict_copies` is the inference
-counterpart (:meth:`LocalTrainer.predict_many <fdattack.fd.engine.LocalTrainer.predict_many>`).
-
-Five things make the path fast on a CPU, each measured on one thread: the vmapped networks run their 2-D
-convolutions as im2col + matrix product with channels-last results (:class:`_CpuLayers`; without it a FedMD
-round of K = 100 digits clients takes 2.3x as long), and their linear layers as batched products in the
-orientations that are fast on a CPU (:mod:`fdattack.fd.batched_linear`; MNIST's shadow students 1.09x as fast,
-their linear weight gradient 7x); an activation directly followed by max-pooling runs after the pool
-(:func:`_pool_first`; 6 to 20% on the digits round); a convolution that takes the data and the max-pool after it
-run as one layer in cache-sized chunks where a model's batch of its outputs is large (:mod:`fdattack.fd.conv_pool`;
-MNIST's shadow students 1.65x as fast); and the activations of one call are bounded
-(:data:`CPU_ELEMENTS_PER_CALL`). The ``fdattack`` command also keeps freed memory for reuse
-(:func:`fdattack.fd.malloc.keep_freed_memory`; 18% on the digits round).
-``benchmarks/bench_engine.py`` and ``benchmarks/bench_students.py`` measure the result.
-
-:func:`unsupported` says why a job cannot take this path (a training defense, an objective not declared
-:func:`~fdattack.lit.classifier.vmappable`, dropout, an optimizer other than plain Adam or SGD, ...);
-:func:`group_key` says which jobs can share a call.
-"""
+"""Training and prediction of N copies of one network as one vmapped batch (the package docstring tells how)."""
 
 from __future__ import annotations
 
 import contextlib
-from abc import ABC, abstractmethod
 import warnings
 import weakref
 from collections import defaultdict
@@ -55,13 +16,15 @@ from torch.nn.modules.batchnorm import _BatchNorm
 from torch.nn.modules.dropout import _DropoutNd
 from torch.overrides import TorchFunctionMode
 
-from fdattack.fd.batched_linear import linear
-from fdattack.fd.conv_pool import ConvMaxPool, fuse_conv_pool
-from fdattack.fd.engine import FitJob, FitResult, ModelHandle, derive_seed, epoch_order, has_batch_norm, without_lone_row
-from fdattack.fd.im2col import conv2d
-from fdattack.fd.rewrite import rewrite_pairs
+from fdattack.engine.jobs import FitJob, FitResult, ModelHandle, epoch_order, has_batch_norm, without_lone_row
+from fdattack.engine.vectorised.kernels.batched_linear import linear
+from fdattack.engine.vectorised.kernels.conv_pool import ConvMaxPool, fuse_conv_pool
+from fdattack.engine.vectorised.kernels.im2col import conv2d
+from fdattack.engine.vectorised.kernels.rewrite import rewrite_pairs
+from fdattack.engine.vectorised.optimizers import stacked_optimizer
 from fdattack.lit.classifier import ClassifierLitModule, is_vmappable
 from fdattack.lit.modes import eval_mode
+from fdattack.randomness import derive_seed
 
 #: the largest activation of one vmapped call, in elements (models x batch rows x the network's largest layer output
 #: per row): 16 MB of float32 on a CPU (2**21 to 2**23 train FedMD's digits clients equally fast; 2**20 is 5% slower,
@@ -168,7 +131,7 @@ def _pool_first(net: nn.Module) -> nn.Module:
 class _Stack:
     """The parameters and buffers of same-architecture networks, stacked along a leading model axis; ``template``
     is the network the vmapped calls run (:func:`_pool_first` of the first, on a CPU also with
-    :func:`~fdattack.fd.conv_pool.fuse_conv_pool`)."""
+    :func:`~fdattack.engine.vectorised.kernels.conv_pool.fuse_conv_pool`)."""
 
     def __init__(self, nets: Sequence[nn.Module], device: torch.device) -> None:
         self.template = _pool_first(nets[0])
@@ -201,7 +164,7 @@ def _models_per_call(per_row: int, rows: int, device: torch.device) -> int:
 @torch.no_grad()
 def _largest_output(net: nn.Module, batch: Tensor) -> int:
     """Elements per row of the largest output of any layer of ``net`` on ``batch`` (one eval-mode pass); a
-    :class:`~fdattack.fd.conv_pool.ConvMaxPool` counts what it holds."""
+    :class:`~fdattack.engine.vectorised.kernels.conv_pool.ConvMaxPool` counts what it holds."""
     sizes = [batch[0].numel()]
 
     def record(module: nn.Module, inputs: tuple, out: object) -> None:
@@ -220,8 +183,8 @@ def _largest_output(net: nn.Module, batch: Tensor) -> int:
 
 
 class _CpuLayers(TorchFunctionMode):
-    """While active (the vmapped calls on a CPU), 2-D convolutions run as :func:`~fdattack.fd.im2col.conv2d` and
-    linear layers as :func:`~fdattack.fd.batched_linear.linear`; every other function runs as called."""
+    """While active (the vmapped calls on a CPU), 2-D convolutions run as :func:`~fdattack.engine.vectorised.kernels.im2col.conv2d` and
+    linear layers as :func:`~fdattack.engine.vectorised.kernels.batched_linear.linear`; every other function runs as called."""
 
     def __torch_function__(self, func: Callable, types: object, args: tuple = (), kwargs: dict | None = None) -> object:
         return _CPU_LAYERS.get(func, func)(*args, **(kwargs or {}))
@@ -246,129 +209,6 @@ class _Apply:
             return self.fn(*args)
 
 
-# ---------------------------------------------------------------------------------------------------- optimizers
-class _StackedOptimizer(ABC):
-    """Per-model optimizer state stacked like :class:`_Stack`; ``update`` steps the rows of some models, as torch.optim would.
-
-    Reads each model's hyper-parameters and state from its ``torch.optim`` optimizer and writes the state back
-    in ``torch.optim``'s own format, so ``state_dict()`` and a later per-model step are unchanged.
-    """
-
-    state_keys: tuple[str, ...] = ()
-
-    def __init__(self, optimizers: Sequence[torch.optim.Optimizer], names: Sequence[str], params: dict[str, Tensor]) -> None:
-        self.optimizers = list(optimizers)
-        self.names = list(names)
-        self.group = {key: value for key, value in optimizers[0].param_groups[0].items() if key != "params"}
-        states = [[opt.state.get(p, {}) for p in opt.param_groups[0]["params"]] for opt in optimizers]
-        self.state = {key: {name: torch.stack([self._initial(s[i], key, params[name][k]) for k, s in enumerate(states)])
-                            for i, name in enumerate(self.names)} for key in self.state_keys}
-        self.started = {name: torch.tensor([self._started(s[i]) for s in states], device=params[name].device)
-                        for i, name in enumerate(self.names)}
-
-    @staticmethod
-    def _initial(state: dict, key: str, param: Tensor) -> Tensor:
-        value = state.get(key)
-        return torch.zeros_like(param) if value is None else value.to(param)
-
-    @abstractmethod
-    def _started(self, state: dict) -> float:
-        """The step count a model's torch.optim state stands at (0 before its first step)."""
-
-    def update(self, models: Tensor | None, params: dict[str, Tensor], grads: dict[str, Tensor]) -> None:
-        """Step ``params`` in place with ``grads``: every model's rows (``models=None``), or the rows of ``models``
-        (ascending; ``grads`` rows aligned with them), leaving the other models and their state untouched."""
-        for name in self.names:
-            if models is None:
-                self.started[name] = self._step(params[name], grads[name], {key: self.state[key][name] for key in self.state_keys},
-                                                 self.started[name])
-                continue
-            param, state = params[name][models], {key: self.state[key][name][models] for key in self.state_keys}
-            self.started[name][models] = self._step(param, grads[name], state, self.started[name][models])
-            params[name][models] = param
-            for key, value in state.items():
-                self.state[key][name][models] = value
-
-    @abstractmethod
-    def _step(self, param: Tensor, grad: Tensor, state: dict[str, Tensor], started: Tensor) -> Tensor:
-        """One update of the stacked ``param`` rows in place (``state`` too); returns the new per-model step counts."""
-
-    def write_back(self) -> None:
-        """Store every model's state in its ``torch.optim`` optimizer."""
-        for k, optimizer in enumerate(self.optimizers):
-            for i, p in enumerate(optimizer.param_groups[0]["params"]):
-                name = self.names[i]
-                optimizer.state[p] = self._state_of(k, name)
-
-    @abstractmethod
-    def _state_of(self, k: int, name: str) -> dict:
-        """Model ``k``'s state of parameter ``name`` in torch.optim's format."""
-
-
-def _per_model(values: Tensor, like: Tensor) -> Tensor:
-    """(G,) per-model values shaped to broadcast against (G, ...) stacked tensors, in their dtype."""
-    return values.to(like.dtype).reshape(-1, *([1] * (like.dim() - 1)))
-
-
-class StackedAdam(_StackedOptimizer):
-    """``torch.optim.Adam`` (L2 weight decay added to the gradient, bias corrections per model step count)."""
-
-    state_keys = ("exp_avg", "exp_avg_sq")
-
-    def _started(self, state: dict) -> float:
-        return float(state["step"]) if "step" in state else 0.0
-
-    def _step(self, param: Tensor, grad: Tensor, state: dict[str, Tensor], started: Tensor) -> Tensor:
-        lr, (beta1, beta2), eps, weight_decay = self.group["lr"], self.group["betas"], self.group["eps"], self.group["weight_decay"]
-        step = started.double() + 1  # bias corrections in double precision, as torch.optim computes them in Python floats
-        if weight_decay != 0:
-            grad = grad.add(param, alpha=weight_decay)
-        exp_avg, exp_avg_sq = state["exp_avg"], state["exp_avg_sq"]
-        exp_avg.lerp_(grad, 1 - beta1)
-        exp_avg_sq.mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
-        step_size = lr / (1 - beta1**step)
-        bias_correction2_sqrt = (1 - beta2**step) ** 0.5
-        denom = (exp_avg_sq.sqrt() / _per_model(bias_correction2_sqrt, param)).add_(eps)
-        param.add_(_per_model(-step_size, param) * exp_avg / denom)  # addcdiv's order: value * t1 / t2
-        return step.to(started.dtype)
-
-    def _state_of(self, k: int, name: str) -> dict:
-        return {"step": torch.tensor(float(self.started[name][k])), "exp_avg": self.state["exp_avg"][name][k].clone(),
-                "exp_avg_sq": self.state["exp_avg_sq"][name][k].clone()}
-
-
-class StackedSGD(_StackedOptimizer):
-    """``torch.optim.SGD`` with weight decay, momentum (dampening 0) and Nesterov."""
-
-    state_keys = ("momentum_buffer",)
-
-    def _started(self, state: dict) -> float:
-        return float(state.get("momentum_buffer") is not None)
-
-    def _step(self, param: Tensor, grad: Tensor, state: dict[str, Tensor], started: Tensor) -> Tensor:
-        lr, momentum, weight_decay = self.group["lr"], self.group["momentum"], self.group["weight_decay"]
-        if weight_decay != 0:
-            grad = grad.add(param, alpha=weight_decay)
-        if momentum != 0:
-            buf = state["momentum_buffer"]
-            buf.copy_(torch.where(_per_model(started, param).bool(), buf.mul(momentum).add(grad), grad))  # the first step clones grad
-            grad = grad.add(buf, alpha=momentum) if self.group["nesterov"] else buf
-        param.add_(grad, alpha=-lr)
-        return torch.ones_like(started) if momentum != 0 else started
-
-    def _state_of(self, k: int, name: str) -> dict:
-        if self.group["momentum"] == 0:
-            return {}
-        return {"momentum_buffer": self.state["momentum_buffer"][name][k].clone()}
-
-
-def stacked_optimizer(optimizers: Sequence[torch.optim.Optimizer], names: Sequence[str], params: dict[str, Tensor]) -> _StackedOptimizer:
-    """:class:`StackedAdam` or :class:`StackedSGD` over ``optimizers`` (one per model, parameters in ``names`` order)."""
-    kind = StackedAdam if isinstance(optimizers[0], torch.optim.Adam) else StackedSGD
-    return kind(optimizers, names, params)
-
-
-# ---------------------------------------------------------------------------------------------------- training
 class _Rows:
     """Every model's training rows laid end to end, one tensor per batch key (a set shared by several models once)."""
 
@@ -423,7 +263,7 @@ def _steps(orders: Sequence[Tensor], batch_size: int) -> list[list[tuple[Tensor,
 def fit_copies(jobs: Sequence[FitJob], batch_size: int, device: torch.device) -> list[FitResult]:
     """Train every job's model, all in one vmapped step per mini-batch: the "train N copies" API.
 
-    Each model takes the steps :meth:`LocalTrainer.fit <fdattack.fd.engine.LocalTrainer.fit>` would take (its own
+    Each model takes the steps :meth:`LocalTrainer.fit <fdattack.engine.trainer.LocalTrainer.fit>` would take (its own
     seeded batches of its own rows, its own optimizer state), to float tolerance. The jobs must share a
     :func:`group_key` and pass :func:`unsupported`; their objectives must already be set and fresh optimizers
     built (the engine's ``fit_many`` does both). LiRA's shadow students use it, through ``fit_many``.
@@ -476,7 +316,7 @@ def fit_copies(jobs: Sequence[FitJob], batch_size: int, device: torch.device) ->
 @torch.no_grad()
 def predict_copies(modules: Sequence[ClassifierLitModule], images: Tensor, device: torch.device) -> Tensor:
     """Logits (K, N, J) of same-:func:`architecture` classifiers in eval mode, on CPU, as
-    :func:`~fdattack.fd.engine.predict_logits` of each (to float tolerance).
+    :func:`~fdattack.engine.trainer.predict_logits` of each (to float tolerance).
 
     Each vmapped call takes as many rows and models as the activation budget allows (all rows for each model where
     they fit), so that few calls cover the K x N rows.

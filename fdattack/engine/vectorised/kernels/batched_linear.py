@@ -1,5 +1,5 @@
 """``F.linear`` with per-model weights as batched products in their fast orientations: a CPU layer of the vectorised
-path (:mod:`fdattack.fd.vectorised`).
+path (:mod:`fdattack.engine.vectorised`).
 
 Under vmap, PyTorch computes a batched linear layer's weight gradient as ``bmm(xᵀ, g)`` with a transposed left
 factor and a 10-column result (``pli_cnn`` on MNIST: (2048, 64) @ (64, 10) per model), about 7x as slow on one
@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from fdattack.fd.model_axis import fold
+from fdattack.engine.vectorised.kernels.model_axis import fold
 
 
 class _LinearFunction(torch.autograd.Function):

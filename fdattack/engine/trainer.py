@@ -11,7 +11,7 @@ engine on a Fabric of their own: a Fabric keeps every module it set up, and the 
 
 Protocols hand whole lists of jobs to :meth:`LocalTrainer.fit_many` and :meth:`LocalTrainer.predict_many`.
 With ``trainer.vectorise`` at ``auto`` (the default) or ``true``, same-architecture models among them train
-and predict as one ``torch.func.vmap`` batch (:mod:`fdattack.fd.vectorised`), to float tolerance of the
+and predict as one ``torch.func.vmap`` batch (:mod:`fdattack.engine.vectorised`), to float tolerance of the
 per-model loop; what cannot (a training defense, an objective not declared vmappable, DDP, ...) takes the
 loop, with one log line per reason and run.
 
@@ -24,17 +24,12 @@ that both ranks end with the same inversion network.
 
 from __future__ import annotations
 
-import hashlib
 import logging
-import random
 from collections import Counter, defaultdict
-from contextlib import AbstractContextManager, nullcontext
-from dataclasses import dataclass
-from types import ModuleType
-from typing import Callable, Mapping, Protocol, Sequence
+from contextlib import nullcontext
+from typing import Callable, Sequence
 
 import lightning as L
-import numpy as np
 import torch
 from lightning.fabric import Fabric
 from lightning.fabric.plugins.precision import Precision
@@ -42,168 +37,13 @@ from lightning.fabric.utilities.exceptions import MisconfigurationException
 from torch import Tensor
 
 from fdattack.data.imageset import ImageSet
+from fdattack.engine import vectorised
+from fdattack.engine.jobs import Batchable, BatchSampler, FitJob, FitResult, ModelHandle, clear_gradients, epoch_order, has_batch_norm, without_lone_row
 from fdattack.errors import ConfigError
-from fdattack.lit.classifier import Objective
 from fdattack.lit.modes import eval_mode
+from fdattack.randomness import derive_seed
 
 log = logging.getLogger(__name__)
-
-
-def derive_seed(*keys: object) -> int:
-    """A 63-bit seed derived from ``keys`` (run seed, round, phase, client ...), stable across runs."""
-    digest = hashlib.blake2b(repr(keys).encode(), digest_size=8).digest()
-    return int.from_bytes(digest, "little") & ((1 << 63) - 1)
-
-
-def epoch_order(n: int, seed: int, shuffle: bool = True) -> Tensor:
-    """The row order of one epoch over ``n`` rows: a permutation seeded with ``seed``, or 0..n-1."""
-    return torch.randperm(n, generator=torch.Generator().manual_seed(seed)) if shuffle else torch.arange(n)
-
-
-def has_batch_norm(module: torch.nn.Module) -> bool:
-    """Whether ``module`` holds a BatchNorm layer (which cannot train on a mini-batch of one row)."""
-    return any(isinstance(m, torch.nn.modules.batchnorm._BatchNorm) for m in module.modules())
-
-
-def without_lone_row(order: Tensor, batch_size: int) -> Tensor:
-    """``order`` without the row that would form a last mini-batch on its own (FedAvg's B = 10 over 41 rows).
-
-    BatchNorm raises on one row at a 1x1 feature map (MCNN's last block) and learns nothing from it elsewhere, so
-    the engine drops that row from the epoch for models with BatchNorm, as ``drop_last`` would for this one case.
-    """
-    return order[:-1] if len(order) > 1 and len(order) % batch_size == 1 else order
-
-
-def clear_gradients(handle: "ModelHandle") -> None:
-    """Drop what the last step left behind: every parameter's ``.grad`` and the optimizers' state of that step (DP-SGD's
-    per-sample gradients). A trained network then carries no trace of its last private mini-batch to whoever holds it."""
-    for optimizer in handle.optimizers:
-        optimizer.zero_grad(set_to_none=True)
-    handle.module.zero_grad(set_to_none=True)
-
-
-class Batchable(Protocol):
-    """Rows that an epoch draws mini-batches from: :class:`~fdattack.data.imageset.ImageSet`, :class:`TensorRows`."""
-
-    def __len__(self) -> int: ...
-
-    def batch(self, indices: Tensor) -> Mapping[str, Tensor]: ...
-
-
-class TensorRows:
-    """Aligned tensors (same first dimension) as a :class:`Batchable`: ``TensorRows(input=p, x=images)``."""
-
-    def __init__(self, **tensors: Tensor) -> None:
-        lengths = {len(t) for t in tensors.values()}
-        if len(lengths) != 1:
-            raise ValueError(f"TensorRows needs tensors of one length, got {sorted(lengths)}")
-        self.tensors = tensors
-
-    def __len__(self) -> int:
-        return len(next(iter(self.tensors.values())))
-
-    def batch(self, indices: Tensor) -> dict[str, Tensor]:
-        return {name: tensor[indices] for name, tensor in self.tensors.items()}
-
-
-class _WithTargets:
-    """An image set whose batches also carry the aligned soft targets (distillation phases)."""
-
-    def __init__(self, data: ImageSet, targets: Tensor) -> None:
-        self.data, self.targets = data, targets
-
-    def __len__(self) -> int:
-        return len(self.data)
-
-    def batch(self, indices: Tensor) -> dict[str, Tensor]:
-        return {**self.data.batch(indices), "target": self.targets[indices]}
-
-
-@dataclass
-class ModelHandle:
-    """A LightningModule set up by Fabric, with its persistent optimizer(s).
-
-    Attributes:
-        name: ``"client3"``, ``"server"``, ``"pli_client2"`` ..., used in messages and checkpoints.
-        module: the plain LightningModule (its weights are what a checkpoint stores).
-        wrapped: the Fabric-wrapped module (DDP wrapper under ``strategy=ddp``).
-        optimizers: the Fabric-wrapped optimizers of ``configure_optimizers``, kept across phases and rounds.
-        wrap_optimizer: applied to every optimizer built for the module (a training defense's), or None.
-    """
-
-    name: str
-    module: L.LightningModule
-    wrapped: torch.nn.Module
-    optimizers: list[torch.optim.Optimizer]
-    wrap_optimizer: Callable[[torch.optim.Optimizer], torch.optim.Optimizer] | None = None
-
-    @property
-    def optimizer(self) -> torch.optim.Optimizer:
-        """The first (for most modules the only) optimizer."""
-        return self.optimizers[0]
-
-    def new_optimizers(self) -> list[torch.optim.Optimizer]:
-        """Fresh optimizers from the module's ``configure_optimizers``, through :attr:`wrap_optimizer`."""
-        built = self.module.configure_optimizers()
-        optimizers = list(built) if isinstance(built, (list, tuple)) else [built]
-        return optimizers if self.wrap_optimizer is None else [self.wrap_optimizer(o) for o in optimizers]
-
-    def state_dict(self) -> dict:
-        return {"model": self.module.state_dict(), "optimizer": [o.state_dict() for o in self.optimizers]}
-
-    def load_state_dict(self, state: dict) -> None:
-        self.module.load_state_dict(state["model"])
-        saved = state["optimizer"] if isinstance(state["optimizer"], list) else [state["optimizer"]]
-        for optimizer, optimizer_state in zip(self.optimizers, saved, strict=True):
-            optimizer.load_state_dict(optimizer_state)
-
-
-BatchSampler = Callable[[int, int, int], list[Tensor]]
-"""``(rows n, epoch seed, batch size) -> the row indices of each step of one epoch`` (a batch may be empty)."""
-
-FitSession = Callable[[ModelHandle], AbstractContextManager[ModelHandle]]
-"""A scope around one job's epochs: given the job's model, it yields the handle to train (the same module, its
-optimizer possibly wrapped) and undoes on exit what it set up (DP-SGD's per-sample gradient hooks)."""
-
-
-@dataclass
-class FitJob:
-    """One classifier trained for ``epochs`` over ``data`` with ``objective`` (the protocols' phases).
-
-    Attributes:
-        handle: the model to train (its module a :class:`~fdattack.lit.ClassifierLitModule`).
-        data: the samples; rows of ``targets`` (if any) align with them and reach the objective as ``batch["target"]``.
-        epochs: passes over ``data`` (0 = nothing).
-        objective: the loss ``(logits, batch) -> scalar``.
-        seed: shuffling seed; derive it from (run seed, round, phase, client) for exact resume.
-        targets: (N, J) soft targets for distillation phases, or None.
-        fresh_optimizer: start this phase from a new optimizer (PDA-FD's digest) instead of the kept one.
-        sampler: draws each epoch's batches instead of the seeded shuffle (a training defense's: DP-SGD's Poisson
-            sampling); seed it from its epoch seed so that runs reproduce and resume.
-        session: wraps the job's epochs (a training defense's: DP-SGD's clipped, noised steps), or None.
-    """
-
-    handle: ModelHandle
-    data: ImageSet
-    epochs: int
-    objective: Objective
-    seed: int
-    targets: Tensor | None = None
-    fresh_optimizer: bool = False
-    sampler: BatchSampler | None = None
-    session: FitSession | None = None
-
-    def rows(self) -> Batchable:
-        """What the epochs draw batches from: the samples, with ``target`` rows where the job has soft targets."""
-        return self.data if self.targets is None else _WithTargets(self.data, self.targets)
-
-
-@dataclass
-class FitResult:
-    """Optimizer steps taken and their mean loss (NaN where the module's steps return no loss)."""
-
-    steps: int = 0
-    mean_loss: float = float("nan")
 
 
 class LocalTrainer:
@@ -214,7 +54,7 @@ class LocalTrainer:
         batch_size: default mini-batch size per device.
         predict_batch_size: batch size of inference passes.
         vectorise: ``trainer.vectorise``: ``"auto"`` or ``True`` train and query same-architecture models of
-            :meth:`fit_many` and :meth:`predict_many` as one vmapped batch where :mod:`~fdattack.fd.vectorised`
+            :meth:`fit_many` and :meth:`predict_many` as one vmapped batch where :mod:`~fdattack.engine.vectorised`
             applies; ``False`` runs one model at a time.
     """
 
@@ -332,20 +172,19 @@ class LocalTrainer:
         """Train several models, each on its own job (the client loop of every protocol, LiRA's shadow students).
 
         Same-architecture models whose jobs agree on objective, optimizer settings and epochs train as one
-        vmapped batch (:func:`fdattack.fd.vectorised.fit_copies`) unless ``vectorise="false"``; the others one at
+        vmapped batch (:func:`fdattack.engine.vectorised.fit_copies`) unless ``vectorise="false"``; the others one at
         a time. Either way each model takes the same seeded steps (to float tolerance).
         """
-        from fdattack.fd import vectorised  # imported here: it builds on this module
 
         results: list[FitResult | None] = [None] * len(jobs)
-        for group in self._groups(jobs, vectorised):
+        for group in self._groups(jobs):
             for i in group:
                 self._prepare(jobs[i])
             for i, result in zip(group, vectorised.fit_copies([jobs[i] for i in group], self.batch_size, self.fabric.device)):
                 results[i] = result
         return [self.fit(job) if result is None else result for job, result in zip(jobs, results)]
 
-    def _groups(self, jobs: Sequence[FitJob], vectorised: ModuleType) -> list[list[int]]:
+    def _groups(self, jobs: Sequence[FitJob]) -> list[list[int]]:
         """Indices of the jobs of ``fit_many`` that train together, in groups of two or more; the rest take the loop."""
         active = [i for i, job in enumerate(jobs) if job.epochs > 0 and len(job.data) > 0]
         if len(active) < 2 or not self._vectorising():
@@ -388,7 +227,6 @@ class LocalTrainer:
 
     def predict_many(self, handles: Sequence[ModelHandle], images: ImageSet | Tensor) -> Tensor:
         """Stacked logits (K, N, J) of several models on the same images (same-architecture ones as one vmapped batch)."""
-        from fdattack.fd import vectorised  # imported here: it builds on this module
 
         x_all = images.images if isinstance(images, ImageSet) else images
         groups: dict[tuple, list[int]] = defaultdict(list)
@@ -435,24 +273,3 @@ def make_fabric(accelerator: str, devices: object, strategy: str, num_nodes: int
 def default_engine(batch_size: int = 64, vectorise: str | bool = "auto") -> LocalTrainer:
     """A single-process CPU engine, for attacks and modules used outside a run."""
     return LocalTrainer(make_fabric("cpu", 1, "auto", 1, "32-true"), batch_size=batch_size, vectorise=vectorise)
-
-
-def seed_everything_quietly(seed: int) -> None:
-    """Seed python, numpy and torch with ``seed`` (Lightning's ``seed_everything`` without its log line), so that nothing
-    in the process reports the run seed back, from which the run's secrets derive: no environment variable holds it
-    (Lightning's writes ``PL_GLOBAL_SEED``), and ``torch.initial_seed()`` answers a seed derived from it while the CPU
-    generator draws exactly the run seed's stream (:func:`report_initial_seed`). GPUs draw from a derived seed."""
-    random.seed(seed)
-    np.random.seed(seed)
-    torch.manual_seed(seed)
-    if torch.cuda.is_available():
-        torch.cuda.manual_seed_all(derive_seed(seed, "cuda"))
-    report_initial_seed(derive_seed(seed, "reported"))
-
-
-def report_initial_seed(reported: int) -> None:
-    """Make ``torch.initial_seed()`` answer ``reported`` without changing the CPU generator's stream: the seed is the
-    first 8 bytes (little-endian) of the generator's state, which the stream does not read."""
-    state = torch.get_rng_state()
-    state[:8] = torch.tensor(list(reported.to_bytes(8, "little")), dtype=torch.uint8)
-    torch.set_rng_state(state)

@@ -1,5 +1,5 @@
 """2-D convolutions as im2col + one matrix product with a channels-last result: the CPU convolution of the
-vectorised path (:mod:`fdattack.fd.vectorised`).
+vectorised path (:mod:`fdattack.engine.vectorised`).
 
 Under vmap, per-model weights make ``F.conv2d`` one grouped convolution with an NCHW result, on which PyTorch's
 CPU pooling kernels are several times slower; the matrix product of shifted-slice columns is also faster than the

@@ -1,6 +1,6 @@
 """A process-wide setting of glibc's ``malloc`` that the ``fdattack`` command makes for the vectorised path.
 
-A vectorised step (:mod:`fdattack.fd.vectorised`) allocates and frees activations of several MB per call. By
+A vectorised step (:mod:`fdattack.engine.vectorised`) allocates and frees activations of several MB per call. By
 default glibc hands such blocks back to the system and the next call faults them in again page by page, which on
 FedMD's digits clients costs 18% of a round at K = 100. The setting lives here, called by the application
 (``fdattack run``, ``fdattack sweep``, the benchmarks), not inside the library calls, so that a project that reuses

@@ -1,5 +1,5 @@
-"""The leading model axis of the vectorised path's custom CPU layers (:mod:`fdattack.fd.conv_pool`,
-:mod:`fdattack.fd.batched_linear`): their ``autograd.Function`` vmap rules fold vmap's models into it."""
+"""The leading model axis of the vectorised path's custom CPU layers (:mod:`fdattack.engine.vectorised.kernels.conv_pool`,
+:mod:`fdattack.engine.vectorised.kernels.batched_linear`): their ``autograd.Function`` vmap rules fold vmap's models into it."""
 
 from __future__ import annotations
 

@@ -1,8 +1,8 @@
-"""Per-phase training objectives of the protocols: ``(logits, batch) -> scalar loss``.
+"""Generic training objectives of the protocols' phases: ``(logits, batch) -> scalar loss``.
 
 Distillation batches carry the soft target in ``batch["target"]`` (rows aligned with the batch). Objectives
 without data-dependent branches are declared :func:`~fdattack.lit.classifier.vmappable`, so that clients of
-one architecture train with them as one vmapped batch (:mod:`fdattack.fd.vectorised`).
+one architecture train with them as one vmapped batch (:mod:`fdattack.engine.vectorised`).
 """
 
 from __future__ import annotations
@@ -12,8 +12,7 @@ from torch import Tensor
 
 from fdattack import functional
 from fdattack.data.imageset import IndexedBatch
-from fdattack.fd.aggregation import fedgems_kl
-from fdattack.lit.classifier import Objective, cross_entropy, vmappable
+from fdattack.lit.classifier import cross_entropy, vmappable
 
 
 @vmappable
@@ -34,20 +33,6 @@ def kl_to_probs(logits: Tensor, batch: IndexedBatch) -> Tensor:
     return functional.kl_divergence_from_logits(batch["target"], logits, reduction="batchmean")  # type: ignore[typeddict-item]
 
 
-def fedgems_client(epsilon: float, kl_mode: str) -> Objective:
-    """FedGEMS client public phase: eps*CE(z, y) + (1 - eps)*KL(server logits, z) (pli.md §5.2 step c).
-
-    ``kl_mode="code"`` reproduces the authors' ``nn.KLDivLoss()(log_softmax(teacher), softmax(z))``
-    (element-wise mean, teacher in the log slot, §13.8); ``"standard"`` is batchmean KL(teacher || student).
-    """
-    @vmappable
-    def objective(logits: Tensor, batch: IndexedBatch) -> Tensor:
-        kl = fedgems_kl(logits, batch["target"], kl_mode)  # type: ignore[typeddict-item]
-        return epsilon * cross_entropy(logits, batch) + (1.0 - epsilon) * kl
-
-    return objective
-
-
 def mixed_ce_kl(logits: Tensor, batch: IndexedBatch) -> Tensor:
     """Cronus mixed KD: CE on rows with a hard label and no soft target, KL on rows with a soft target.
 
@@ -64,4 +49,4 @@ def mixed_ce_kl(logits: Tensor, batch: IndexedBatch) -> Tensor:
     return loss
 
 
-__all__ = ["cross_entropy", "l1_to_logits", "soft_cross_entropy", "kl_to_probs", "fedgems_client", "mixed_ce_kl"]
+__all__ = ["cross_entropy", "l1_to_logits", "soft_cross_entropy", "kl_to_probs", "mixed_ce_kl"]

@@ -1,5 +1,5 @@
 """Rewrites of adjacent layers in a network's ``nn.Sequential`` blocks, for the vectorised path's template network
-(:func:`fdattack.fd.vectorised._pool_first`, :func:`fdattack.fd.conv_pool.fuse_conv_pool`)."""
+(:func:`fdattack.engine.vectorised._pool_first`, :func:`fdattack.engine.vectorised.kernels.conv_pool.fuse_conv_pool`)."""
 
 from __future__ import annotations
 

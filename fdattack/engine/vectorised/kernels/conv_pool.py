@@ -1,5 +1,5 @@
 """A network's first convolution and the max-pool after it, computed a few rows at a time: a CPU layer of the
-vectorised path (:mod:`fdattack.fd.vectorised`).
+vectorised path (:mod:`fdattack.engine.vectorised`).
 
 The first convolution of a small image network writes the network's largest activation (``pli_cnn`` on MNIST:
 32 x 26 x 26 values per row), and the max-pool after it keeps one value in nine. Run as two vmapped layers, a
@@ -30,9 +30,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from fdattack.fd.im2col import conv2d, pair
-from fdattack.fd.model_axis import fold
-from fdattack.fd.rewrite import rewrite_pairs
+from fdattack.engine.vectorised.kernels.im2col import conv2d, pair
+from fdattack.engine.vectorised.kernels.model_axis import fold
+from fdattack.engine.vectorised.kernels.rewrite import rewrite_pairs
 
 #: the most convolution outputs one chunk computes before pooling them (2 MB of float32; 2**18 to 2**21 train
 #: MNIST's shadow students equally fast)
