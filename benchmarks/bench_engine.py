@@ -48,7 +48,7 @@ torch.set_num_threads(1)
 
 def overrides(k: int, out: Path) -> list[str]:
     return [
-        f"output_dir={out}", "logger.wandb.mode=disabled", "logger.progress=never", "observers.confidence_gap.enabled=false", "attacks=[]",
+        f"output_dir={out}", "logger.wandb.mode=disabled", "logger.progress=never", "evaluation.confidence_gap.enabled=false", "attacks=[]",
         f"protocol.num_clients={k}", "protocol.transfer_public_epochs=0", "protocol.transfer_private_epochs=0",
         "data.split=random", "data.partition=iid", "data.public_fraction=0.3",
     ]

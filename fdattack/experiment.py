@@ -33,6 +33,7 @@ from fdattack.evaluation.inversion import inversion_scorer
 from fdattack.evaluation.label_distribution import LabelDistributionScorer
 from fdattack.evaluation.membership import CandidatePool, MembershipScorer, candidate_pool
 from fdattack.engine import LocalTrainer, make_fabric
+from fdattack.seeds import run_seeds
 from fdattack.randomness import derive_seed, seed_everything_quietly
 from fdattack.fd.orchestrator import RoundOrchestrator
 from fdattack.fd.protocols import PROTOCOLS
@@ -124,8 +125,8 @@ def build_evaluator(cfg: DictConfig, oracle: Oracle, progress: Progress | None =
     evaluation classifier, label distributions, membership against ``candidates``, inversions with theirs, kept
     under ``cache_dir``) and the diagnostics."""
     diagnostics = []
-    if cfg.observers.confidence_gap.enabled:
-        diagnostics.append(ConfidenceGapDiagnostic(oracle, cfg.observers.confidence_gap.max_samples, cfg.observers.confidence_gap.bins))
+    if cfg.evaluation.confidence_gap.enabled:
+        diagnostics.append(ConfidenceGapDiagnostic(oracle, cfg.evaluation.confidence_gap.max_samples, cfg.evaluation.confidence_gap.bins))
     produced = set().union(*(cls.produces for cls in attack_classes(cfg)))
     seed = derive_seed(cfg.seed, "evaluation")
     label_distributions = LabelDistributionScorer(oracle.split, seed) if LabelDistributions in produced else None
@@ -227,7 +228,7 @@ class Experiment:
             state = load_checkpoint(last[1])
             self.protocol.load_state_dict(state["protocol"])
             for attack in self.attacks:
-                attack.load_state_dict(state["observers"].get(attack.name, {}))
+                attack.load_state_dict(state.get("attacks", state.get("observers", {})).get(attack.name, {}))  # "observers" before issue 29
             set_rng_state(state["rng"])
             start_round, elapsed_before, wandb_id = int(state["round"]), float(state["elapsed_s"]), state["wandb_id"]
             run_dir.truncate_rounds(start_round)
@@ -312,7 +313,7 @@ class Experiment:
         self.run_dir.checkpoints.save(round_index, {
             "round": round_index,
             "protocol": self.protocol.state_dict(),
-            "observers": {a.name: a.state_dict() for a in self.attacks},
+            "attacks": {a.name: a.state_dict() for a in self.attacks},
             "rng": rng_state(),
             "elapsed_s": elapsed_before + time.perf_counter() - self.started,
             "wandb_id": tracker.run_id,
@@ -331,9 +332,7 @@ def run(cfg: DictConfig) -> dict[str, float]:
         FdattackError: bad data, refused output directory, corrupt checkpoint, NaN upload.
     """
     if cfg.seeds is not None:
-        from fdattack.seeds import run_seeds
-
-        return run_seeds(cfg, Path(cfg.output_dir) if cfg.output_dir else default_output_dir(cfg))
+        return run_seeds(cfg, Path(cfg.output_dir) if cfg.output_dir else default_output_dir(cfg), run)
     return Experiment(cfg).run()
 
 

@@ -17,6 +17,7 @@ import copy
 import json
 import logging
 from pathlib import Path
+from typing import Callable
 
 from lightning.fabric.utilities.rank_zero import rank_zero_only
 from omegaconf import DictConfig, OmegaConf
@@ -30,6 +31,8 @@ log = logging.getLogger("fdattack")
 
 #: the replicas' folders under the output directory
 REPLICA_PREFIX = "seed_"
+#: runs one replica's config (seeds=None) to its final metrics: :func:`fdattack.experiment.run`
+RunOne = Callable[[DictConfig], dict[str, float]]
 
 
 def replica_config(cfg: DictConfig, seed: int, folder: Path, group: str, resume: bool) -> DictConfig:
@@ -55,11 +58,9 @@ def _read_rounds(folder: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.is_file() else []
 
 
-def run_replica(cfg: DictConfig, seed: int, root: Path, group: str) -> dict[str, float]:
-    """The final metrics of the replica of ``seed``: read when it finished before (for the same config), else run
+def run_replica(cfg: DictConfig, seed: int, root: Path, group: str, run: RunOne) -> dict[str, float]:
+    """The final metrics of the replica of ``seed``: read when it finished before (for the same config), else ``run``
     (resumed from its last checkpoint where it has one)."""
-    from fdattack.experiment import run
-
     folder = root / f"{REPLICA_PREFIX}{seed}"
     record = RunDirectory(folder)
     if record.metrics_path.is_file():
@@ -74,8 +75,8 @@ def run_replica(cfg: DictConfig, seed: int, root: Path, group: str) -> dict[str,
     return run(replica_config(cfg, seed, folder, group, resume))
 
 
-def run_seeds(cfg: DictConfig, root: Path) -> dict[str, float]:
-    """Run (or continue) every replica of ``cfg.seeds`` under ``root``, then write and return their aggregate.
+def run_seeds(cfg: DictConfig, root: Path, run: RunOne) -> dict[str, float]:
+    """Run (or continue) every replica of ``cfg.seeds`` under ``root`` with ``run``, then write and return their aggregate.
 
     Raises:
         FdattackError: as a run does; CheckpointError: a replica finished with another config.
@@ -84,7 +85,7 @@ def run_seeds(cfg: DictConfig, root: Path) -> dict[str, float]:
     if root.exists() and not root.is_dir():
         raise CheckpointError(f"output_dir {root} exists and is not a folder; choose another output_dir")
     group = str(cfg.logger.wandb.group or root.name)
-    finals = [run_replica(cfg, seed, root, group) for seed in seeds]
+    finals = [run_replica(cfg, seed, root, group, run) for seed in seeds]
     aggregate = aggregate_metrics(finals)
     if getattr(rank_zero_only, "rank", 0) != 0:  # under DDP every rank ran the replicas; rank 0 alone writes
         return aggregate

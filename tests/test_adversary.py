@@ -60,7 +60,7 @@ def active(monkeypatch: pytest.MonkeyPatch) -> type[ActiveAttack]:
 
 
 def test_every_power_acts_and_is_counted(tmp_path: Path, active: type[ActiveAttack]) -> None:
-    exp = Experiment(compose(None, tiny(tmp_path, "attacks=[active]", "observers.confidence_gap.enabled=false", "evaluation.classifier=null")))
+    exp = Experiment(compose(None, tiny(tmp_path, "attacks=[active]", "evaluation.confidence_gap.enabled=false", "evaluation.classifier=null")))
     targets: dict[int, torch.Tensor] = {}
     fit_many = exp.engine.fit_many
 

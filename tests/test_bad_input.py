@@ -20,7 +20,7 @@ from lightning.fabric.accelerators import CUDAAccelerator, MPSAccelerator
 from fdattack.cli import main
 from fdattack.config import compose
 from fdattack.config.composition import registries, schema_for
-from fdattack.config.knobs import Range, _leaves
+from fdattack.knobs import Range, _leaves
 from fdattack.errors import ConfigError
 from fdattack.functional import topk_accuracy
 from fdattack.metrics import attack_accuracy
@@ -131,7 +131,7 @@ def test_bad_precision_in_a_real_process_has_no_traceback(tmp_path: Path) -> Non
     ("attack.pli.lr=inf", "attack.pli.lr=inf is out of range; allowed: a finite number > 0"),
     ("attack.pli.lr=nan", "attack.pli.lr=nan is out of range"),
     ("attack.tbi.lr=-inf", "attack.tbi.lr=-inf is out of range"),
-    ("observers.confidence_gap.max_samples=0", "observers.confidence_gap.max_samples=0 is out of range; allowed: an integer >= 1"),
+    ("evaluation.confidence_gap.max_samples=0", "evaluation.confidence_gap.max_samples=0 is out of range; allowed: an integer >= 1"),
     ("data.image_size=100000", "data.image_size=100000 is out of range"),
 ])
 def test_out_of_range_values_are_refused(capsys: pytest.CaptureFixture[str], override: str, named: str) -> None:
@@ -164,7 +164,7 @@ def _outside(bounds: Range, number: type) -> list[Any]:
 
 def test_every_knob_with_a_range_refuses_values_outside_it_wherever_it_is_nested() -> None:
     knobs = list(_ranged_knobs())
-    assert {"observers.confidence_gap.max_samples", "protocol.optim.lr", "attack.pli.prior.lr", "defense.laplace.scale",
+    assert {"evaluation.confidence_gap.max_samples", "protocol.optim.lr", "attack.pli.prior.lr", "defense.laplace.scale",
             "protocol.filter_eps"} <= {key for _, key, _, _ in knobs}
     accepted = []
     for protocol, key, bounds, number in knobs:
@@ -210,8 +210,8 @@ def test_malformed_experiment_file_is_named(capsys: pytest.CaptureFixture[str], 
 
 
 def test_override_value_that_is_not_yaml_names_its_token(capsys: pytest.CaptureFixture[str]) -> None:
-    _one_line(capsys, ["run", "seed=3", "observers={confidence_gap:{max_samples:0}}", "--print-config"],
-              "observers={confidence_gap:{max_samples:0}}", "not valid YAML")
+    _one_line(capsys, ["run", "seed=3", "evaluation={confidence_gap:{max_samples:0}}", "--print-config"],
+              "evaluation={confidence_gap:{max_samples:0}}", "not valid YAML")
 
 
 # ----------------------------------------------------------------------------- registry names, each under its own key

@@ -88,7 +88,7 @@ def _cheater(monkeypatch: pytest.MonkeyPatch, cheat: Callable[[CheatingAttack, R
 
 
 def _experiment(tmp_path: Path, *extra: str) -> Experiment:
-    return Experiment(compose(None, tiny(tmp_path, "attacks=[cheat]", "observers.confidence_gap.enabled=false", "evaluation.classifier=null", *extra)))
+    return Experiment(compose(None, tiny(tmp_path, "attacks=[cheat]", "evaluation.confidence_gap.enabled=false", "evaluation.classifier=null", *extra)))
 
 
 def _parameters(exp: Experiment) -> set[int]:
@@ -375,7 +375,7 @@ def test_every_passive_cheat_at_once_gains_nothing_under_each_protocol_with_defe
     cheater = _cheater(monkeypatch, cheat)
     experiment, switched_on = GAUNTLET[protocol]
     exp = Experiment(compose(None if experiment is None else REPO / "conf" / "experiment" / f"{experiment}.yaml",
-                             tiny(tmp_path, "attacks=[cheat]", "observers.confidence_gap.enabled=false", "evaluation.classifier=null",
+                             tiny(tmp_path, "attacks=[cheat]", "evaluation.confidence_gap.enabled=false", "evaluation.classifier=null",
                                   "protocol.rounds=1", f"seed={RUN_SEED}", *switched_on)))
     public = None if exp.protocol.split.public is None else exp.protocol.split.public.images.clone()
     exp.run()

@@ -23,7 +23,7 @@ from fdattack.engine import FitJob, default_engine
 from fdattack.lit.classifier import ClassifierLitModule, cross_entropy
 from tests.conftest import tiny
 
-QUIET = ("observers.confidence_gap.enabled=false", "evaluation.classifier=null")
+QUIET = ("evaluation.confidence_gap.enabled=false", "evaluation.classifier=null")
 
 
 def _rows(path: Path) -> list[dict]:

@@ -37,7 +37,7 @@ from tests.test_threat_model import _assert_nothing_private
 FEDAVG = REPO / "conf" / "experiment" / "fedavg_digits.yaml"
 #: FedAvg on 8x8 digits, 0-4 private, 5-9 the attacker's prior data; both attacks at their smallest
 DIGITS = ["data.split=classes", "data.public_classes=[5,6,7,8,9]", "data.partition=iid", "protocol.fraction=1.0",
-          "evaluation.classifier=null", "observers.confidence_gap.enabled=false"]
+          "evaluation.classifier=null", "evaluation.confidence_gap.enabled=false"]
 SMALL = ["attack.gmi.gan_epochs=2", "attack.gmi.gan_width=8", "attack.gmi.iterations=60", "attack.gmi.seeds=3",
          "attack.kedmi.gan_epochs=2", "attack.kedmi.gan_width=8", "attack.kedmi.gan_batch_size=16", "attack.kedmi.iterations=150", "attack.kedmi.samples=4",
          "attack.vmi.gan_epochs=2", "attack.vmi.gan_width=8", "attack.vmi.iterations=4", "attack.vmi.steps_per_epoch=3", "attack.vmi.eval_samples=16",

@@ -1,5 +1,5 @@
 """Scoring that cannot be fooled by a buggy or cheating attack, and a diagnostic key that is read (issue 27 item 2):
-the evaluator refuses results whose labels are not the split's targets, and ``observers.confidence_gap.bins`` sets
+the evaluator refuses results whose labels are not the split's targets, and ``evaluation.confidence_gap.bins`` sets
 the bins of the entropy histograms that reach W&B."""
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import wandb
 from fdattack.attacks import ATTACKS, Attack
 from fdattack.attacks.results import Inversions, Reconstructions
 from fdattack.config import compose
-from fdattack.config.knobs import knob
+from fdattack.knobs import knob
 from fdattack.evaluation.evaluator import Evaluator
 from fdattack.evaluation.report import Report
 from fdattack.experiment import Experiment
@@ -96,7 +96,7 @@ class RelabellingAttack(Attack):
 def test_a_run_stops_at_an_attack_that_relabels_its_reconstructions(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(ATTACKS, "_items", {**ATTACKS._items, "relabel": RelabellingAttack})
     exp = Experiment(compose(None, tiny(tmp_path, "attacks=[relabel]", "protocol.rounds=1", "evaluation.classifier=null",
-                                        "observers.confidence_gap.enabled=false", "protocol.transfer_public_epochs=1",
+                                        "evaluation.confidence_gap.enabled=false", "protocol.transfer_public_epochs=1",
                                         "protocol.transfer_private_epochs=1")))
     targets = sorted(exp.data.split.target_labels)
     with pytest.raises(RuntimeError, match=rf"attack relabel returned Reconstructions for labels .*the target labels are \[{', '.join(map(str, targets))}\]$"):
@@ -116,8 +116,8 @@ class _FakeRun:
 
 @pytest.mark.parametrize("bins", [2, 7])
 def test_confidence_gap_histograms_have_the_configured_bins_over_0_to_log_j(tmp_path: Path, bins: int) -> None:
-    exp = Experiment(compose(None, tiny(tmp_path, "protocol.rounds=1", f"observers.confidence_gap.bins={bins}",
-                                        "observers.confidence_gap.max_samples=40")))
+    exp = Experiment(compose(None, tiny(tmp_path, "protocol.rounds=1", f"evaluation.confidence_gap.bins={bins}",
+                                        "evaluation.confidence_gap.max_samples=40")))
     (diagnostic,) = exp.evaluator.diagnostics
     report = diagnostic.report()
     top = math.log(exp.data.split.num_classes)

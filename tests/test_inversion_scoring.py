@@ -21,8 +21,8 @@ from fdattack.attacks import ATTACKS, Attack
 from fdattack.attacks.results import Inversions
 from fdattack.cli import main
 from fdattack.config import compose
-from fdattack.config.knobs import knob
-from fdattack.config.schema import InversionEvaluationConfig
+from fdattack.knobs import knob
+from fdattack.evaluation.inversion_classifier import InversionEvaluationSettings
 from fdattack.data.federated import FederatedSplit, build_split
 from fdattack.data.imageset import ImageSet
 from fdattack.evaluation import Evaluator
@@ -61,7 +61,7 @@ class PriorInversion(Attack):
 
 
 DIGITS = ("protocol=fedavg", "data=digits", "data.split=classes", "data.public_classes=[5,6,7,8,9]", "data.partition=iid", "data.label_space=targets",
-          "protocol.fraction=1.0", "protocol.rounds=1", "model.name=pdafd_cnn", "observers.confidence_gap.enabled=false")
+          "protocol.fraction=1.0", "protocol.rounds=1", "model.name=pdafd_cnn", "evaluation.confidence_gap.enabled=false")
 SEED = 42  # the runs' seed: the fixture's split is theirs
 
 
@@ -87,7 +87,7 @@ def digits(tmp_path_factory: pytest.TempPathFactory) -> SimpleNamespace:
     cache = tmp_path_factory.mktemp("classifier")
     with torch.random.fork_rng():
         torch.set_num_threads(1)
-        classifier = inversion_classifier(split, default_engine(), InversionEvaluationConfig(epochs=3), SEED, cache)()
+        classifier = inversion_classifier(split, default_engine(), InversionEvaluationSettings(epochs=3), SEED, cache)()
     return SimpleNamespace(split=split, classifier=classifier, checkpoint=next(cache.glob("inversion_classifier_*.pt")))
 
 
@@ -318,7 +318,7 @@ def test_images_of_the_auxiliary_classes_score_no_top1(digits: SimpleNamespace) 
 def test_a_checkpoint_is_loaded_not_trained(digits: SimpleNamespace, monkeypatch: pytest.MonkeyPatch) -> None:
     engine = default_engine()
     monkeypatch.setattr(engine, "fit_module", lambda *args, **kwargs: pytest.fail("trained despite evaluation.inversion.checkpoint"))
-    loaded = inversion_classifier(digits.split, engine, InversionEvaluationConfig(checkpoint=str(digits.checkpoint), epochs=50), SEED + 1, None)()
+    loaded = inversion_classifier(digits.split, engine, InversionEvaluationSettings(checkpoint=str(digits.checkpoint), epochs=50), SEED + 1, None)()
     for a, b in zip(loaded.net.state_dict().values(), digits.classifier.net.state_dict().values()):
         torch.testing.assert_close(a.cpu(), b.cpu())
 
@@ -326,7 +326,7 @@ def test_a_checkpoint_is_loaded_not_trained(digits: SimpleNamespace, monkeypatch
 def test_a_cached_classifier_is_reused_not_trained_again(digits: SimpleNamespace, monkeypatch: pytest.MonkeyPatch) -> None:
     engine = default_engine()
     monkeypatch.setattr(engine, "fit_module", lambda *args, **kwargs: pytest.fail("trained again despite the cache"))
-    again = inversion_classifier(digits.split, engine, InversionEvaluationConfig(epochs=3), SEED, digits.checkpoint.parent)()
+    again = inversion_classifier(digits.split, engine, InversionEvaluationSettings(epochs=3), SEED, digits.checkpoint.parent)()
     for a, b in zip(again.net.state_dict().values(), digits.classifier.net.state_dict().values()):
         torch.testing.assert_close(a.cpu(), b.cpu())
     assert again.test_accuracy == pytest.approx(digits.classifier.test_accuracy)

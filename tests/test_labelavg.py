@@ -181,7 +181,7 @@ def labelavg_run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Exp
         cfg = compose(None, ["protocol=labelavg", *tiny(tmp_path, f"protocol.top_k={K}", f"protocol.public_per_round={PUBLIC}",
                                                       "protocol.transfer_public_epochs=1", "protocol.transfer_private_epochs=1",
                                                       "protocol.revisit_epochs=1", "attacks=[label_probe]", "evaluation.classifier=null",
-                                                      "observers.confidence_gap.enabled=false")])
+                                                      "evaluation.confidence_gap.enabled=false")])
         exp = Experiment(cfg)
         exp.run()
         yield exp, [json.loads(line) for line in (tmp_path / "run" / "rounds.jsonl").read_text().splitlines()]

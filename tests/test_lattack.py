@@ -41,7 +41,7 @@ from tests.test_threat_model import _assert_nothing_private
 
 #: 8x8 digits: classes 5-9 public, client k holds classes k and k+1; the L-Attack and the evaluation at their smallest
 DIGITS = ["data.split=classes", "data.public_classes=[5,6,7,8,9]", "data.partition=two_classes", "evaluation.classifier=null",
-          "observers.confidence_gap.enabled=false", "evaluation.inversion.epochs=1", "attacks=[lattack]", "attack.lattack.width=8",
+          "evaluation.confidence_gap.enabled=false", "evaluation.inversion.epochs=1", "attacks=[lattack]", "attack.lattack.width=8",
           "attack.lattack.samples=4"]
 #: FedMD's (and LabelAvg's) transfer phase at its shortest
 SHORT = ["protocol.transfer_public_epochs=1", "protocol.transfer_private_epochs=1"]
@@ -259,11 +259,11 @@ def test_run_scores_the_attack_checks_its_gradients_and_resumes_the_same_generat
     assert sum(isinstance(r, GradientProbe) for r in results) == 2
 
     checkpoints = tmp_path / "run" / "checkpoints"
-    first = torch.load(checkpoints / "round_0002.pt", weights_only=True)["observers"]["lattack"]
+    first = torch.load(checkpoints / "round_0002.pt", weights_only=True)["attacks"]["lattack"]
     (checkpoints / "round_0002.pt").unlink()  # resume from round 1: round 2 runs again
     results.clear()
     assert main([*args, "resume=true"]) == 0
-    again = torch.load(checkpoints / "round_0002.pt", weights_only=True)["observers"]["lattack"]
+    again = torch.load(checkpoints / "round_0002.pt", weights_only=True)["attacks"]["lattack"]
     assert again["steps"] == first["steps"] == 4 and again["queries"] == first["queries"] == 4 * 2 * 1001
     assert first["generator"].keys() == again["generator"].keys()
     assert all(torch.equal(first["generator"][k], again["generator"][k]) for k in first["generator"])

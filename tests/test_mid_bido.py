@@ -33,7 +33,7 @@ from tests.conftest import own_messages, tiny
 from tests.object_graph import reachable
 
 FEDINVERSE_DIGITS = ("protocol=fedavg", "data.split=classes", "data.partition=iid", "data.public_classes=[5,6,7,8,9]",
-                     "model.name=fedinverse_cnn", "evaluation.classifier=null", "observers.confidence_gap.enabled=false")
+                     "model.name=fedinverse_cnn", "evaluation.classifier=null", "evaluation.confidence_gap.enabled=false")
 
 
 def _batch(n: int = 6, seed: int = 0, dtype: torch.dtype = torch.float64) -> dict[str, Tensor]:

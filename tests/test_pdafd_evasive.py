@@ -80,7 +80,7 @@ class EvasionProbe(Attack):
 def test_the_evasive_client_withholds_the_same_rows_on_queries_and_uploads(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(ATTACKS, "_items", {**ATTACKS._items, "evasion_probe": EvasionProbe})
     exp = Experiment(compose(None, tiny(tmp_path, "protocol=dsfl", "protocol.evasive_clients=[0]", "attacks=[evasion_probe]",
-                                        "observers.confidence_gap.enabled=false", "evaluation.classifier=null")))
+                                        "evaluation.confidence_gap.enabled=false", "evaluation.classifier=null")))
     split = exp.data.split
     EvasionProbe.request = torch.cat([split.private[0].images[:3], split.test.images[:4], split.private[1].images[:2]])
     EvasionProbe.seen = {}
@@ -238,7 +238,7 @@ def test_evasion_costs_co_op_lira_its_signal_and_neighbours_recover_it_on_digits
     """
     base = ["protocol=dsfl_pdafd", "data.split=random", "data.partition=dirichlet", "data.dirichlet_alpha=10", "data.min_client_size=32",
             "protocol.num_clients=5", "protocol.rounds=1", "protocol.warmup_private_epochs=60", "protocol.private_epochs=1",
-            "protocol.distill_epochs=1", "protocol.public_per_round=200", "attacks=[lira_coop]", "observers.confidence_gap.enabled=false"]
+            "protocol.distill_epochs=1", "protocol.public_per_round=200", "attacks=[lira_coop]", "evaluation.confidence_gap.enabled=false"]
     runs = {"clean": ["protocol.evasive_clients=none"], "evaded": ["protocol.evasive_clients=all"],
             "neighbours": ["protocol.evasive_clients=all", "attack.lira_coop.countermeasure=neighbours"]}
     m = {name: Experiment(compose(None, [*tiny(tmp_path / name), *base, *extra])).run() for name, extra in runs.items()}

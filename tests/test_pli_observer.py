@@ -52,7 +52,7 @@ def test_pli_runs_every_round(tmp_path: Path) -> None:
     evaluation classifier: about 7 s instead of 42 s). Seed 42 runs here.
     """
     cfg = compose(None, tiny(tmp_path, "attacks=[pli]", "protocol.rounds=3", "attack.pli.max_width=16", "attack.pli.epochs_per_round=1",
-                             "attack.pli.prior.epochs=2", "attack.pli.prior.width=8", "evaluation.epochs=2", "observers.confidence_gap.enabled=false"))
+                             "attack.pli.prior.epochs=2", "attack.pli.prior.width=8", "evaluation.epochs=2", "evaluation.confidence_gap.enabled=false"))
     metrics = run(cfg)
     rows = [json.loads(line) for line in (tmp_path / "run" / "rounds.jsonl").read_text().splitlines()]
     ssim = [r["attack/pli/ssim"] for r in rows[1:]]
@@ -82,7 +82,7 @@ def test_pli_s_learned_prior_recovers_the_targets_and_tbi_does_not_on_digits_wit
     three). The paper's headline claim is therefore not reproduced on 8x8 digits at this scale; seed 42 runs here.
     """
     cfg = compose(None, [f"output_dir={tmp_path / 'run'}", "logger.wandb.mode=disabled", "logger.progress=never",
-                         "attacks=[pli,tbi]", "attack.pli.max_width=128", "attack.tbi.max_width=128", "attack.pli.lr=1e-4", "attack.tbi.lr=1e-4", "observers.confidence_gap.enabled=false",
+                         "attacks=[pli,tbi]", "attack.pli.max_width=128", "attack.tbi.max_width=128", "attack.pli.lr=1e-4", "attack.tbi.lr=1e-4", "evaluation.confidence_gap.enabled=false",
                          "protocol.rounds=3", "evaluation.classifier=null"])
     metrics = run(cfg)
     assert metrics["attack/pli/chance"] == 0.2
@@ -158,7 +158,7 @@ def test_pli_with_the_learned_prior_on_digits(tmp_path: Path) -> None:
     (0.210, 0.216, 0.229) has a spread of 0.02, and the bound 0.05 leaves 0.16 at the worst seed, 8x that spread.
     The default seed 42 runs here."""
     common = ["attacks=[pli]", "protocol.rounds=1", "attack.pli.max_width=32", "attack.tbi.max_width=32", "attack.pli.epochs_per_round=1", "attack.tbi.epochs_per_round=1",
-              "observers.confidence_gap.enabled=false", "attack.pli.prior.epochs=5", "attack.pli.prior.width=16", "evaluation.classifier=null"]
+              "evaluation.confidence_gap.enabled=false", "attack.pli.prior.epochs=5", "attack.pli.prior.width=16", "evaluation.classifier=null"]
     learned = run(compose(None, tiny(tmp_path / "l", *common, "attack.pli.prior.kind=learned")))
     naive = run(compose(None, tiny(tmp_path / "n", *common, "attack.pli.prior.kind=naive")))
     assert learned["attack/pli/prior_ssim"] > naive["attack/pli/prior_ssim"] + 0.05
@@ -220,7 +220,7 @@ def test_pli_beats_tbi_and_the_public_mean_on_att_faces_with_fedmd(tmp_path: Pat
     cfg = compose(REPO / "conf" / "experiment" / "pli_fedmd_att_faces.yaml",
                   [f"output_dir={tmp_path / 'run'}", "logger.wandb.mode=disabled", "logger.progress=never", "protocol.rounds=2",
                    "attacks=[pli,tbi,public_mean]", "attack.pli.max_width=64", "attack.tbi.max_width=64", "attack.pli.prior.epochs=15",
-                   "evaluation.classifier=null", "observers.confidence_gap.enabled=false"])
+                   "evaluation.classifier=null", "evaluation.confidence_gap.enabled=false"])
     metrics = run(cfg)
     assert metrics["attack/pli/chance"] == 1 / 20
     assert 0.0 <= metrics["attack/pli/accuracy"] <= 1.0

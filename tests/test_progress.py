@@ -60,7 +60,7 @@ def test_a_run_shows_each_step_from_the_first_second(tmp_path: Path, monkeypatch
 
     monkeypatch.setattr(FederatedData, "setup", recording_setup)
     cfg = compose(None, tiny(tmp_path, "logger.progress=always", "attacks=[public_mean]", "evaluation.epochs=1",
-                             "observers.confidence_gap.enabled=false"))
+                             "evaluation.confidence_gap.enabled=false"))
     run(cfg)
     err = seen_before_loading[0] + capsys.readouterr().err
     assert "loading data (digits)" in seen_before_loading[0]
@@ -73,7 +73,7 @@ def test_a_run_shows_each_step_from_the_first_second(tmp_path: Path, monkeypatch
 
 def test_without_a_bar_the_steps_and_scores_are_log_lines(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     cfg = compose(None, tiny(tmp_path, "attacks=[public_mean]", "evaluation.classifier=null", "protocol.rounds=1",
-                             "observers.confidence_gap.enabled=false"))
+                             "evaluation.confidence_gap.enabled=false"))
     with caplog.at_level(logging.INFO, logger="fdattack"):
         run(cfg)
     messages = own_messages(caplog)

@@ -50,7 +50,7 @@ def test_experiment_config_runs_end_to_end(tmp_path: Path, name: str) -> None:
 def test_full_experiment_config_learns(tmp_path: Path, name: str, floor: float) -> None:
     """Well above chance (1/J = 0.1, or 0.2 for DS-FL over 5 target labels) after the config's 5 rounds."""
     cfg = compose(REPO / "conf" / "experiment" / f"{name}.yaml", [f"output_dir={tmp_path / 'run'}", "logger.wandb.mode=disabled",
-                                                                "logger.progress=never", "observers.confidence_gap.enabled=false", "attacks=[]"])
+                                                                "logger.progress=never", "evaluation.confidence_gap.enabled=false", "attacks=[]"])
     metrics = run(cfg)
     key = "protocol/server_acc" if name == "fedavg_digits" else OWN if OWN in metrics else "protocol/client_acc_mean"
     assert metrics[key] > floor

@@ -31,6 +31,16 @@ def test_old_flat_attack_keys_name_their_new_place(tmp_path: Path) -> None:
         compose(old, [])
 
 
+def test_the_old_observers_keys_name_their_place_on_the_evaluation_side(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match=r"^command line: observers.confidence_gap has moved to evaluation.confidence_gap \("):
+        compose(None, ["observers.confidence_gap.enabled=false"])
+    old = tmp_path / "old.yaml"
+    old.write_text("observers: {confidence_gap: {bins: 5}}\n")
+    with pytest.raises(ConfigError, match=rf"^{old}: observers.confidence_gap has moved to evaluation.confidence_gap"):
+        compose(old, [])
+    assert compose(None, ["evaluation.confidence_gap.bins=5"]).evaluation.confidence_gap.bins == 5
+
+
 def test_old_key_on_the_command_line_is_one_line_and_exit_2() -> None:
     proc = subprocess.run([sys.executable, "-m", "fdattack", "run", "attack.gamma=0.1"], capture_output=True, text=True, timeout=600, cwd=REPO)
     assert proc.returncode == 2
@@ -91,7 +101,7 @@ import torch
 
 from fdattack.attacks import ATTACKS, Attack
 from fdattack.attacks.results import Reconstructions
-from fdattack.config.knobs import knob
+from fdattack.knobs import knob
 from fdattack.fd.threat import Capability
 
 
@@ -125,7 +135,7 @@ def test_a_new_attack_is_one_file_and_one_registry_line(tmp_path: Path, monkeypa
     with pytest.raises(ConfigError, match=r"attack.grey.level=2.0 is out of range"):
         compose(None, tiny(tmp_path, "attacks=[grey]", "attack.grey.level=2"))
     metrics = run(compose(None, tiny(tmp_path, "attacks=[grey,public_mean]", "attack.grey.level=0.5", "protocol.rounds=1",
-                                     "evaluation.classifier=null", "observers.confidence_gap.enabled=false")))
+                                     "evaluation.classifier=null", "evaluation.confidence_gap.enabled=false")))
     assert {"attack/grey/accuracy", "attack/grey/ssim", "attack/public_mean/ssim"} <= set(metrics)
     rounds = [json.loads(line) for line in (tmp_path / "run" / "rounds.jsonl").read_text().splitlines()]
     assert rounds[-1]["attack/grey/ssim"] == metrics["attack/grey/ssim"]

@@ -85,7 +85,7 @@ def test_corrupt_checkpoint_is_named(tmp_path: Path, capsys: pytest.CaptureFixtu
 def test_resume_from_an_older_kept_checkpoint_with_attacks_matches(tmp_path: Path) -> None:
     out = tmp_path / "run"
     args = ["run", "protocol.num_clients=2", "protocol.rounds=3", "protocol.transfer_public_epochs=1", "protocol.transfer_private_epochs=1",
-            "logger.wandb.mode=disabled", "logger.progress=never", "observers.confidence_gap.enabled=false", "evaluation.classifier=null",
+            "logger.wandb.mode=disabled", "logger.progress=never", "evaluation.confidence_gap.enabled=false", "evaluation.classifier=null",
             "attacks=[tbi]", "attack.tbi.max_width=16", "attack.tbi.epochs_per_round=1", "keep_checkpoints=2", f"output_dir={out}"]
     assert main(args) == 0
     finished = json.loads((out / "metrics.json").read_text())

@@ -19,7 +19,7 @@ from fdattack.experiment import Experiment
 from fdattack.tracking.run_dir import LOCK_NAME
 from tests.conftest import own_messages, tiny
 
-FAST = ("observers.confidence_gap.enabled=false", "protocol.transfer_public_epochs=1", "protocol.transfer_private_epochs=1")
+FAST = ("evaluation.confidence_gap.enabled=false", "protocol.transfer_public_epochs=1", "protocol.transfer_private_epochs=1")
 
 #: another process holding the run directory's lock until it is killed
 HOLDER = "import fcntl, os, sys; fd = os.open(sys.argv[1], os.O_RDWR); fcntl.flock(fd, fcntl.LOCK_EX); print('held', flush=True); sys.stdin.read()"

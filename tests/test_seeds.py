@@ -18,7 +18,7 @@ from tests.conftest import tiny
 from tests.report_runs import fake_run
 
 #: public_mean reads nothing from the protocol and trains nothing: seconds per replica, scores that move with the split
-SEEDED = ("seeds=[0,1]", "protocol.rounds=1", "attacks=[public_mean]", "evaluation.classifier=null", "observers.confidence_gap.enabled=false")
+SEEDED = ("seeds=[0,1]", "protocol.rounds=1", "attacks=[public_mean]", "evaluation.classifier=null", "evaluation.confidence_gap.enabled=false")
 SSIM = "attack/public_mean/ssim"
 
 

@@ -88,7 +88,7 @@ def test_sweep_exits_1_on_a_failed_trial_then_resumes_and_skips_finished_ones(tm
     sweep.write_text(SWEEP)
     root = tmp_path / "sweeps"
     args = ["sweep", str(sweep), "--root", str(root), "logger.wandb.mode=disabled", "logger.progress=never", "protocol.rounds=1",
-            "attacks=[]", "observers.confidence_gap.enabled=false"]
+            "attacks=[]", "evaluation.confidence_gap.enabled=false"]
     trial = root / "clients" / "trial_000"
 
     assert main(args) == 1  # num_clients=0 fails

@@ -47,7 +47,7 @@ FORBIDDEN = (Oracle, FederatedSplit, FederatedData, Protocol, ModelHandle, Class
 EXPERIMENTS = {"fedmd": "fedmd_digits", "fedgems": "fedgems_digits", "dsfl": "dsfl_digits", "cronus": "cronus_digits"}
 ATTACKS = {"fedmd": ["pli", "tbi"], "fedgems": ["pli", "tbi"], "dsfl": ["pli", "tbi"], "cronus": ["tbi"]}
 SMALL = ["attack.pli.max_width=16", "attack.tbi.max_width=16", "attack.pli.epochs_per_round=1", "attack.tbi.epochs_per_round=1", "attack.pli.prior.epochs=1", "attack.pli.prior.width=8",
-         "evaluation.classifier=null", "observers.confidence_gap.enabled=false"]
+         "evaluation.classifier=null", "evaluation.confidence_gap.enabled=false"]
 
 
 class Probe(Attack):
@@ -178,7 +178,7 @@ def test_attacks_see_exactly_their_threat_model(tmp_path: Path, protocol: str) -
 def test_query_grants_the_round_rows_and_answers_as_uploads(tmp_path: Path) -> None:
     """DS-FL with a public subset per round: queries refuse other rows; answers equal the uploads and pass the upload transforms."""
     cfg = compose(REPO / "conf" / "experiment" / "dsfl_digits.yaml", tiny(tmp_path, "protocol.rounds=1", "protocol.public_per_round=40",
-                                                                          "observers.confidence_gap.enabled=false", "defenses=[rounding]"))
+                                                                          "evaluation.confidence_gap.enabled=false", "defenses=[rounding]"))
     exp = Experiment(cfg)
 
     class Checker(Attack):
@@ -208,7 +208,7 @@ def test_query_grants_the_round_rows_and_answers_as_uploads(tmp_path: Path) -> N
 
 def test_fedmd_queries_may_ask_for_any_public_row(tmp_path: Path) -> None:
     """FedMD as PLI runs it (pli.md §13.9): the server may query any public row, even outside the round's subset."""
-    exp = Experiment(compose(None, tiny(tmp_path, "protocol.rounds=1", "protocol.public_per_round=30", "observers.confidence_gap.enabled=false")))
+    exp = Experiment(compose(None, tiny(tmp_path, "protocol.rounds=1", "protocol.public_per_round=30", "evaluation.confidence_gap.enabled=false")))
     seen: list[int] = []
 
     class Checker(Attack):

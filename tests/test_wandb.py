@@ -178,7 +178,7 @@ def test_cli_online_without_network_is_exit_2_with_one_line(tmp_path: Path, fres
     monkeypatch.setenv("WANDB_API_KEY", KEY)
     monkeypatch.setenv("WANDB_BASE_URL", UNREACHABLE)
     code = main(["run", *tiny(tmp_path, "logger.wandb.mode=online", f"logger.wandb.init_timeout_s={TIMEOUT_S}", "protocol.rounds=1",
-                              "observers.confidence_gap.enabled=false")])
+                              "evaluation.confidence_gap.enabled=false")])
     err = capsys.readouterr().err.strip()
     assert code == 2 and err.startswith("fdattack: error: logger.wandb.mode=online: W&B did not start online") and "\n" not in err
 
@@ -234,7 +234,7 @@ def test_run_identity_defaults_and_overrides() -> None:
 # -------------------------------------------------------------------------------------------- SIGTERM
 def test_sigterm_mid_run_writes_an_exit_record_and_exits_143(tmp_path: Path) -> None:
     out = tmp_path / "run"
-    tokens = [*tiny(tmp_path, "logger.wandb.mode=offline", "protocol.rounds=500", "checkpoint_every=1", "observers.confidence_gap.enabled=false")]
+    tokens = [*tiny(tmp_path, "logger.wandb.mode=offline", "protocol.rounds=500", "checkpoint_every=1", "evaluation.confidence_gap.enabled=false")]
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     child = subprocess.Popen([sys.executable, "-m", "fdattack", "run", *tokens], cwd=tmp_path, env=env, stdin=subprocess.DEVNULL,
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)

@@ -23,7 +23,7 @@ from torch import Tensor, nn
 
 from fdattack.attacks.base import Attack, AttackContext
 from fdattack.attacks.results import AttackResult, Inversions
-from fdattack.config.knobs import Choice, knob
+from fdattack.knobs import Choice, knob
 from fdattack.errors import ConfigError
 from fdattack.engine import Batchable, TensorRows, default_engine, epoch_order
 from fdattack.randomness import derive_seed, seeded

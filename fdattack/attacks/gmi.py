@@ -22,7 +22,7 @@ from torch import Tensor, nn
 
 from fdattack.attacks.base import ATTACKS, AttackContext
 from fdattack.attacks.gan_inversion import GANInversionAttack, GANInversionSettings, HSICTerm
-from fdattack.config.knobs import knob
+from fdattack.knobs import knob
 from fdattack.randomness import derive_seed
 from fdattack.fd.threat import AttackerView
 from fdattack.lit.gan import WGANGP

@@ -10,7 +10,7 @@ from torch import Tensor
 from fdattack.attacks.base import Attack, AttackContext
 from fdattack.attacks.pli_inputs import tempered_softmax
 from fdattack.attacks.results import Reconstructions
-from fdattack.config.knobs import knob
+from fdattack.knobs import knob
 from fdattack.errors import ConfigError
 from fdattack.engine import ModelHandle, default_engine
 from fdattack.fd.record import PublicQuery

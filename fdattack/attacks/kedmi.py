@@ -21,7 +21,7 @@ from torch import Tensor, nn
 
 from fdattack.attacks.base import ATTACKS
 from fdattack.attacks.gan_inversion import GANInversionAttack, GANInversionSettings, HSICTerm, state_digest
-from fdattack.config.knobs import knob
+from fdattack.knobs import knob
 from fdattack.randomness import derive_seed, seeded
 from fdattack.lit.gan import KPlusOneGAN, real_class_loss
 from fdattack.models.gan import to_signed

@@ -43,7 +43,7 @@ from torch import Tensor
 from fdattack.attacks.base import ATTACKS, Attack, AttackContext
 from fdattack.attacks.ldia import is_communication
 from fdattack.attacks.results import AttackResult, GradientProbe, Inversions
-from fdattack.config.knobs import Choice, knob
+from fdattack.knobs import Choice, knob
 from fdattack.data.imageset import UNLABELED
 from fdattack.errors import ConfigError
 from fdattack.fd.adversary import Adversary

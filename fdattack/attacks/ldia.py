@@ -16,7 +16,7 @@ from torch import Tensor
 
 from fdattack.attacks.base import ATTACKS, Attack, AttackContext
 from fdattack.attacks.results import AttackResult, LabelDistributions
-from fdattack.config.knobs import knob
+from fdattack.knobs import knob
 from fdattack.fd.record import UPLOAD_PHASE, RoundRecord
 from fdattack.fd.threat import AttackerView, Capability
 from fdattack.functional.label_distribution import estimate_from_outputs

@@ -34,7 +34,7 @@ from torch import Tensor
 from fdattack.attacks.base import ATTACKS, Attack, AttackContext
 from fdattack.attacks.ldia import is_communication
 from fdattack.attacks.results import AttackResult, MembershipScores
-from fdattack.config.knobs import Choice, knob
+from fdattack.knobs import Choice, knob
 from fdattack.errors import ConfigError
 from fdattack.engine import FitJob, LocalTrainer, ModelHandle, default_engine
 from fdattack.randomness import derive_seed

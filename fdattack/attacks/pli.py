@@ -20,7 +20,7 @@ from fdattack.attacks.inversion import InversionAttack, InversionSettings
 from fdattack.attacks.pli_inputs import optimal_inputs
 from fdattack.attacks.priors import PriorKind, PriorSettings, build_prior
 from fdattack.attacks.results import AttackResult, Reconstructions
-from fdattack.config.knobs import Choice, knob
+from fdattack.knobs import Choice, knob
 from fdattack.engine import TensorRows
 from fdattack.randomness import derive_seed
 from fdattack.fd.record import RoundRecord

@@ -17,7 +17,7 @@ from typing import Optional
 import torch
 from torch import Tensor
 
-from fdattack.config.knobs import Choice, knob
+from fdattack.knobs import Choice, knob
 from fdattack.data.imageset import AUXILIARY, SENSITIVE, ImageSet
 from fdattack.errors import ConfigError
 from fdattack.engine import LocalTrainer, TensorRows

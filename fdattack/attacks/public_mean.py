@@ -15,7 +15,7 @@ from torch import Tensor
 
 from fdattack.attacks.base import ATTACKS, Attack, AttackContext
 from fdattack.attacks.results import AttackResult, Reconstructions
-from fdattack.config.knobs import knob
+from fdattack.knobs import knob
 from fdattack.data.imageset import SENSITIVE
 from fdattack.errors import ConfigError
 from fdattack.fd.threat import AttackerView, Capability, ViewPart

@@ -16,7 +16,7 @@ from torch import Tensor
 from fdattack.attacks.base import ATTACKS, AttackContext
 from fdattack.attacks.inversion import InversionAttack, InversionSettings
 from fdattack.attacks.results import AttackResult, Reconstructions
-from fdattack.config.knobs import knob
+from fdattack.knobs import knob
 from fdattack.engine import TensorRows
 from fdattack.randomness import derive_seed
 from fdattack.fd.record import RoundRecord

@@ -21,7 +21,7 @@ from torch import Tensor, nn
 
 from fdattack.attacks.base import ATTACKS, AttackContext
 from fdattack.attacks.gan_inversion import GANInversionAttack, GANInversionSettings
-from fdattack.config.knobs import knob
+from fdattack.knobs import knob
 from fdattack.errors import ConfigError
 from fdattack.engine import ModelHandle, TensorRows
 from fdattack.randomness import derive_seed, seeded

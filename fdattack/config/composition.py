@@ -28,7 +28,9 @@ import yaml
 from omegaconf import DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
+from fdattack.config.registries import registries
 from fdattack.config.schema import ExperimentConfig
+from fdattack.config.validation import validate
 from fdattack.errors import ConfigError
 
 PACKAGE_ROOT = Path(__file__).resolve().parents[1]
@@ -41,15 +43,6 @@ MOVED_ATTACK_KEYS = {
     **{key: ("pli",) for key in ("gamma", "alpha", "beta", "variant", "finetune", "prior")},
     "tbi_last_client_only": ("tbi",),
 }
-
-
-def registries() -> tuple[Any, Any, Any]:
-    """(PROTOCOLS, ATTACKS, DEFENSES), importing every registered component."""
-    from fdattack.attacks import ATTACKS
-    from fdattack.defenses import DEFENSES
-    from fdattack.fd.protocols import PROTOCOLS
-
-    return PROTOCOLS, ATTACKS, DEFENSES
 
 
 def settings_node(kind: str, entries: list[tuple[str, type]]) -> Any:
@@ -67,7 +60,7 @@ def schema_for(protocol_name: str) -> DictConfig:
     protocols, attacks, defenses = registries()
     if protocol_name not in protocols:
         raise ConfigError(f"protocol.name={protocol_name!r} is not a known protocol; choose one of: {', '.join(protocols.names())}")
-    components = (protocols.get(protocol_name).Config, tuple((n, c.Settings) for n, c in attacks.items()),
+    components = (protocols.get(protocol_name).Settings, tuple((n, c.Settings) for n, c in attacks.items()),
                   tuple((n, c.Settings) for n, c in defenses.items()))
     key = (protocol_name, components)
     if key not in _SCHEMAS:
@@ -161,7 +154,14 @@ def _from_dotlist(dotlist: list[str]) -> DictConfig:
 
 
 def check_moved_keys(layer: DictConfig, source: str, attack_names: list[str]) -> None:
-    """Refuse the old flat ``attack.<knob>`` keys with a pointer to ``attack.<name>.<knob>``."""
+    """Refuse keys that have moved with a pointer to their new place: ``observers.*`` (now ``evaluation.*``) and the
+    old flat ``attack.<knob>`` keys (now ``attack.<name>.<knob>``)."""
+    observers = layer.get("observers") if isinstance(layer, DictConfig) else None
+    if observers is not None:
+        inner = next(iter(observers), None) if isinstance(observers, DictConfig) else None
+        old = f"observers.{inner}" if inner is not None else "observers"
+        new = f"evaluation.{inner}" if inner is not None else "evaluation.confidence_gap"
+        raise ConfigError(f"{source}: {old} has moved to {new} (the diagnostics belong to the evaluation side)")
     node = layer.get("attack") if isinstance(layer, DictConfig) else None
     if not isinstance(node, DictConfig):
         return
@@ -192,8 +192,6 @@ def compose(experiment: str | Path | None = None, overrides: list[str] | None = 
     Raises:
         ConfigError: naming the key or file that is wrong and what is allowed.
     """
-    from fdattack.config.validation import validate
-
     overrides = list(overrides or [])
     group_tokens, dotlist = _split_tokens(overrides)
     layers: list[tuple[str, DictConfig]] = []

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
-from fdattack.config.composition import GROUPS, registries
-from fdattack.config.knobs import field_docs
-from fdattack.config.schema import ExperimentConfig, ProtocolConfig
+from fdattack.config.composition import GROUPS
+from fdattack.config.registries import registries
+from fdattack.knobs import field_docs
+from fdattack.config.schema import ExperimentConfig
+from fdattack.fd.protocols.settings import ProtocolSettings
 
 
 def _section(title: str, rows: list[tuple[str, str, str]], width: int) -> list[str]:
@@ -15,9 +17,9 @@ def help_config() -> str:
     """Every config key with its default and meaning, grouped by component."""
     protocols, attacks, defenses = registries()
     run_rows = field_docs(ExperimentConfig, "")
-    base_rows = field_docs(ProtocolConfig, "protocol.")
+    base_rows = field_docs(ProtocolSettings, "protocol.")
     base_keys = set(base_rows)  # a protocol lists its own keys and the common ones whose default it changes
-    protocol_rows = {name: [r for r in field_docs(cls.Config, "protocol.") if r not in base_keys and r[0] != "protocol.name"] for name, cls in protocols.items()}
+    protocol_rows = {name: [r for r in field_docs(cls.Settings, "protocol.") if r not in base_keys and r[0] != "protocol.name"] for name, cls in protocols.items()}
     attack_rows = {name: field_docs(cls.Settings, f"attack.{name}.") for name, cls in attacks.items()}
     defense_rows = {name: field_docs(cls.Settings, f"defense.{name}.") for name, cls in defenses.items()}
     every = run_rows + base_rows + [r for rows in (*protocol_rows.values(), *attack_rows.values(), *defense_rows.values()) for r in rows]

@@ -10,7 +10,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Optional, Union
 
-from fdattack.config.knobs import Choice, knob
+from fdattack.evaluation.confidence_gap import ConfidenceGapSettings
+from fdattack.evaluation.inversion_classifier import InversionEvaluationSettings
+from fdattack.knobs import Choice, knob
 
 SEED_MAX = 2**32 - 1  # numpy (and Lightning's seed_everything) take seeds in [0, 2**32 - 1]
 MAX_IMAGE_SIZE = 1024  # side in pixels; a larger one is a typo that would allocate terabytes, not a run
@@ -86,41 +88,6 @@ class ModelConfig:
     server: Optional[str] = knob(None, "architecture of the server model where the protocol has one; null = name")
 
 
-class OptimizerName(Choice):
-    adam = "adam"
-    sgd = "sgd"
-
-
-@dataclass
-class OptimConfig:
-    name: OptimizerName = knob(OptimizerName.adam, "optimizer of every local phase")
-    lr: float = knob(1e-3, "learning rate", gt=0)
-    weight_decay: float = knob(0.0, "L2 weight decay", ge=0)
-    momentum: float = knob(0.0, "sgd momentum", ge=0, lt=1)
-    nesterov: bool = knob(False, "sgd Nesterov momentum")
-    batch_size: int = knob(64, "mini-batch size for every local phase", ge=1)
-    fresh_per_phase: bool = knob(False, "build a new optimizer at every phase instead of keeping one per model")
-
-
-class OnBadUpload(Choice):
-    error = "error"
-    drop = "drop"
-
-
-@dataclass
-class ProtocolConfig:
-    """Keys every protocol has; each protocol's own dataclass (in ``fd/protocols/``) extends it."""
-
-    name: str = knob("fedmd", "protocol registry name: fedmd | fedgems | dsfl | cronus | fedavg | labelavg")
-    num_clients: int = knob(4, "K, the number of clients", ge=1)
-    rounds: int = knob(5, "communication rounds T", ge=1)
-    public_per_round: Optional[int] = knob(None, "public samples drawn per round; null = all of the public set", ge=1)
-    public_stratified: bool = knob(False, "draw the round's public samples evenly over the labels (PDA-FD's class-balanced D_inf) where the public set is labeled; else uniformly")
-    on_bad_upload: OnBadUpload = knob(OnBadUpload.error, "what a NaN/inf upload does: error (stop with a message) | drop (leave that client out of the round and record it)")
-    evasive_clients: Any = knob("none", "clients that refuse to return outputs on public or queried samples of their own training set, and withhold as many seeded decoys (pdafd.md 6.7): none | all | a list of client indices")
-    optim: OptimConfig = knob(OptimConfig(), "optimizer of clients and server")
-
-
 @dataclass
 class TrainerConfig:
     accelerator: str = knob("cpu", "cpu | gpu | cuda | mps | auto (Lightning Fabric accelerator); every phase, attacks included, trains there")
@@ -173,36 +140,14 @@ class LoggerConfig:
 
 
 @dataclass
-class ConfidenceGapConfig:
-    enabled: bool = knob(True, "log entropy histograms of client and server outputs on public and private data (PLI spec section 6)")
-    bins: int = knob(20, "histogram bins over [0, log J]", ge=2)
-    max_samples: int = knob(512, "samples per data set used for the histograms", ge=1)
-
-
-@dataclass
-class ObserversConfig:
-    confidence_gap: ConfidenceGapConfig = knob(ConfidenceGapConfig(), "the confidence-gap diagnostic")
-
-
-@dataclass
-class InversionEvaluationConfig:
-    classifier: str = knob("scnn", "evaluation classifier of model-inversion attacks (their top-1/top-5, diversity and FID): a classifier registry name, trained apart from the federated models on every class of the dataset (every client's private images and the attacker's auxiliary classes), once per run, and kept in the run directory's artifacts/ (reused on resume)")
-    epochs: int = knob(10, "its training epochs", ge=1)
-    lr: float = knob(1e-3, "its Adam learning rate", gt=0)
-    batch_size: int = knob(32, "its mini-batch size", ge=1)
-    checkpoint: Optional[str] = knob(None, "a trained evaluation classifier to use instead of training one: an earlier run's artifacts/inversion_classifier_*.pt or a state_dict of the network evaluation.inversion.classifier builds; null = train it")
-    grid_samples: int = knob(8, "samples of each target label shown in the inversion grid (its columns)", ge=1)
-    inception_weights: Optional[str] = knob(None, "torchvision's Inception-v3 state_dict on disk (e.g. inception_v3_google-0cc3c7bd.pth) for an extra fid_inception in its 2048-d pool features (slow on a CPU: every private image of the targets goes through it once); never downloaded; null = none")
-
-
-@dataclass
 class EvaluationConfig:
     classifier: Optional[str] = knob("pdafd_cnn", "evaluation classifier of reconstructions (their eval_top1/eval_top5), trained apart from the federated models on the targets' private images, their public (insensitive) looks and the non-target public labels, so that a copy of the public look is a miss (eval_top1_public_look: the targets' public means scored by it); a classifier registry name, or null for none")
     epochs: int = knob(30, "its training epochs", ge=1)
     lr: float = knob(1e-3, "its Adam learning rate", gt=0)
     max_candidates: Optional[int] = knob(None, "membership attacks: how many candidate samples the attacker tests, drawn at random from every client's private samples and the test samples; null = all of them", ge=2)
     bootstrap_resamples: int = knob(1000, "membership attacks: bootstrap resamples of their metrics' 95 % intervals (each resample re-ranks every client's scores; the other intervals are closed forms or cheap)", ge=100)
-    inversion: InversionEvaluationConfig = knob(InversionEvaluationConfig(), "model-inversion attacks (results of type Inversions): their evaluation classifier and grid")
+    confidence_gap: ConfidenceGapSettings = knob(ConfidenceGapSettings(), "the confidence-gap diagnostic")
+    inversion: InversionEvaluationSettings = knob(InversionEvaluationSettings(), "model-inversion attacks (results of type Inversions): their evaluation classifier and grid")
 
 
 @dataclass
@@ -218,10 +163,9 @@ class ExperimentConfig:
     keep_checkpoints: int = knob(2, "how many round checkpoints to keep (older ones are deleted)", ge=1)
     data: DataConfig = knob(DataConfig(), "the dataset and its federated split")
     model: ModelConfig = knob(ModelConfig(), "the client and server architectures")
-    protocol: Any = None  # the protocol's own config dataclass, chosen by protocol.name
+    protocol: Any = None  # the protocol's own settings dataclass, chosen by protocol.name
     trainer: TrainerConfig = knob(TrainerConfig(), "where every phase trains")
     logger: LoggerConfig = knob(LoggerConfig(), "logging")
-    observers: ObserversConfig = knob(ObserversConfig(), "diagnostics")
     attacks: list[str] = knob(["pli", "tbi", "ldia"], "attacks run every round, by registry name (attacks=[] for none); each has its knobs under attack.<name>")
     attack: Any = None  # attack.<name>: each registered attack's settings dataclass
     defenses: list[str] = knob([], "defenses applied, in order, by registry name (e.g. defenses=[laplace]); each has its knobs under defense.<name>")

@@ -1,6 +1,6 @@
 """Validation of a composed config: every field's range, the registry names, what needs what.
 
-Ranges live next to the fields (:func:`fdattack.config.knobs.knob`); choices are enums that OmegaConf
+Ranges live next to the fields (:func:`fdattack.knobs.knob`); choices are enums that OmegaConf
 checks on merge. What is left here: names of components, checks across fields, and compatibility,
 decided from the components' declarations (an attack's or defense's needs against the protocol's
 offers, :class:`~fdattack.fd.threat.Capability`), never from lists of names.
@@ -17,8 +17,8 @@ from lightning.fabric.strategies import STRATEGY_REGISTRY
 from lightning.fabric.utilities.exceptions import MisconfigurationException
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
-from fdattack.config.composition import registries
-from fdattack.config.knobs import check_ranges
+from fdattack.config.registries import registries
+from fdattack.knobs import check_ranges
 from fdattack.config.schema import SEED_MAX
 from fdattack.data.public import check_public_dataset
 from fdattack.errors import ConfigError

@@ -26,7 +26,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.utils.hooks import RemovableHandle
 
-from fdattack.config.knobs import knob
+from fdattack.knobs import knob
 from fdattack.data.imageset import UNLABELED, IndexedBatch
 from fdattack.defenses.base import DEFENSES, TrainingDefense
 from fdattack.defenses.mid import KernelY, Measure, TermMeans, dependence_or_zero, measured, output_layer

@@ -27,7 +27,7 @@ from opacus.utils.uniform_sampler import UniformWithReplacementSampler
 from opacus.validators import ModuleValidator
 from torch import Tensor, nn
 
-from fdattack.config.knobs import Choice, knob
+from fdattack.knobs import Choice, knob
 from fdattack.defenses.base import DEFENSES, TrainingDefense
 from fdattack.errors import ConfigError
 from fdattack.engine import FitJob, ModelHandle

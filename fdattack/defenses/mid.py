@@ -27,7 +27,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from fdattack.config.knobs import Choice, knob
+from fdattack.knobs import Choice, knob
 from fdattack.data.imageset import IndexedBatch
 from fdattack.defenses.base import DEFENSES, NetworkChange, TrainingDefense
 from fdattack.functional.hsic import HSICOptions, dependence

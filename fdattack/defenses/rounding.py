@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from fdattack.config.knobs import knob
+from fdattack.knobs import knob
 from fdattack.defenses.base import DEFENSES, Release, UploadDefense
 
 

@@ -5,12 +5,14 @@ model, which never saw that domain, is not. This diagnostic measures H(softmax(f
 tau = 1) for the server and every client, on the public set and on the clients' private sets, after
 every round. It reads private data, so it is an evaluation-side diagnostic, not an attack.
 
-Each histogram is binned here, into ``observers.confidence_gap.bins`` equal bins over [0, log J] (J the models'
+Each histogram is binned here, into ``evaluation.confidence_gap.bins`` equal bins over [0, log J] (J the models'
 outputs: the whole range an entropy can take), so that rounds and runs share their bins; W&B gets the counts as
 they are (``wandb.Histogram(np_histogram=...)``).
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import math
 
@@ -20,6 +22,14 @@ from torch import Tensor
 from fdattack.evaluation.oracle import Oracle
 from fdattack.evaluation.report import Report
 from fdattack.functional import softmax_entropy
+from fdattack.knobs import knob
+
+
+@dataclass
+class ConfidenceGapSettings:
+    enabled: bool = knob(True, "log entropy histograms of client and server outputs on public and private data (PLI spec section 6)")
+    bins: int = knob(20, "histogram bins over [0, log J]", ge=2)
+    max_samples: int = knob(512, "samples per data set used for the histograms", ge=1)
 
 
 class ConfidenceGapDiagnostic:

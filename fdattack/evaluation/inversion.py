@@ -45,7 +45,7 @@ from torch import Tensor, nn
 from torchmetrics.image.fid import FrechetInceptionDistance
 
 from fdattack.attacks.results import Inversions
-from fdattack.config.schema import InversionEvaluationConfig
+from fdattack.evaluation.inversion_classifier import InversionEvaluationSettings
 from fdattack.data.federated import FederatedSplit
 from fdattack.evaluation.inception import load_inception
 from fdattack.evaluation.inversion_classifier import EvaluationClassifier, inversion_classifier
@@ -189,7 +189,7 @@ class InversionScorer:
                       artifacts={f"{name}_inversions": {"images": as_bytes, "labels": labels}})
 
 
-def inversion_scorer(split: FederatedSplit, engine: LocalTrainer, settings: InversionEvaluationConfig, seed: int,
+def inversion_scorer(split: FederatedSplit, engine: LocalTrainer, settings: InversionEvaluationSettings, seed: int,
                      cache_dir: Path | None, announce: Callable[[str], None] | None = None) -> InversionScorer:
     """The scorer of a run's inversions with its evaluation classifier (trained at the first score and kept under
     ``cache_dir``, see :func:`~fdattack.evaluation.inversion_classifier.inversion_classifier`) and, where

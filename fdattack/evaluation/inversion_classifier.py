@@ -18,12 +18,12 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Optional
 
 import numpy as np
 import torch
 from torch import Tensor, nn
 
-from fdattack.config.schema import InversionEvaluationConfig
 from fdattack.data.federated import FederatedSplit
 from fdattack.data.imageset import ImageSet
 from fdattack.evaluation.weights import load_weights, read_state_dict
@@ -32,6 +32,18 @@ from fdattack.functional import topk_accuracy
 from fdattack.lit.classifier import ClassifierLitModule
 from fdattack.models.classifiers import build_classifier
 from fdattack.tracking.checkpoint import save_checkpoint
+from fdattack.knobs import knob
+
+
+@dataclass
+class InversionEvaluationSettings:
+    classifier: str = knob("scnn", "evaluation classifier of model-inversion attacks (their top-1/top-5, diversity and FID): a classifier registry name, trained apart from the federated models on every class of the dataset (every client's private images and the attacker's auxiliary classes), once per run, and kept in the run directory's artifacts/ (reused on resume)")
+    epochs: int = knob(10, "its training epochs", ge=1)
+    lr: float = knob(1e-3, "its Adam learning rate", gt=0)
+    batch_size: int = knob(32, "its mini-batch size", ge=1)
+    checkpoint: Optional[str] = knob(None, "a trained evaluation classifier to use instead of training one: an earlier run's artifacts/inversion_classifier_*.pt or a state_dict of the network evaluation.inversion.classifier builds; null = train it")
+    grid_samples: int = knob(8, "samples of each target label shown in the inversion grid (its columns)", ge=1)
+    inception_weights: Optional[str] = knob(None, "torchvision's Inception-v3 state_dict on disk (e.g. inception_v3_google-0cc3c7bd.pth) for an extra fid_inception in its 2048-d pool features (slow on a CPU: every private image of the targets goes through it once); never downloaded; null = none")
 
 log = logging.getLogger("fdattack")
 
@@ -137,7 +149,7 @@ def training_sets(split: FederatedSplit, seed: int) -> tuple[ImageSet, ImageSet]
     return train, test
 
 
-def inversion_classifier(split: FederatedSplit, engine: LocalTrainer, settings: InversionEvaluationConfig, seed: int,
+def inversion_classifier(split: FederatedSplit, engine: LocalTrainer, settings: InversionEvaluationSettings, seed: int,
                          cache_dir: Path | None, announce: Callable[[str], None] | None = None) -> Callable[[], EvaluationClassifier]:
     """The evaluation classifier, as a call that builds it once: from ``settings.checkpoint`` (loaded and checked
     now, so that a bad file stops the run before its first round), else from the cache under ``cache_dir``, else
@@ -197,7 +209,7 @@ def _scored(handle: ModelHandle, engine: LocalTrainer, test: ImageSet) -> Evalua
     return EvaluationClassifier(net, device, accuracy, len(test), batch_size)  # type: ignore[arg-type]
 
 
-def _digest(settings: InversionEvaluationConfig, seed: int, split: FederatedSplit, train: ImageSet, num_classes: int) -> str:
+def _digest(settings: InversionEvaluationSettings, seed: int, split: FederatedSplit, train: ImageSet, num_classes: int) -> str:
     """A name for everything the trained classifier depends on: its settings, seed, shapes and training rows."""
     digest = hashlib.blake2b(repr((settings.classifier, settings.epochs, settings.lr, settings.batch_size, seed, num_classes,
                                    tuple(split.image_shape))).encode(), digest_size=8)

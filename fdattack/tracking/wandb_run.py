@@ -237,7 +237,7 @@ class WandbRun:
         wandb = _wandb()
         row: dict[str, Any] = {"round": round, **{key: _scalar(value) for key, value in metrics.items()}}
         for key, values in (histograms or {}).items():
-            if isinstance(values, tuple):  # (counts, edges) binned by the diagnostic (observers.confidence_gap.bins)
+            if isinstance(values, tuple):  # (counts, edges) binned by the diagnostic (evaluation.confidence_gap.bins)
                 row[key] = wandb.Histogram(np_histogram=tuple(v.detach().cpu().numpy() for v in values))
                 continue
             flat = values.detach().cpu().double().flatten()

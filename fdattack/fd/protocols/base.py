@@ -17,7 +17,7 @@ import torch
 from omegaconf import DictConfig
 from torch import Tensor
 
-from fdattack.config.schema import ProtocolConfig
+from fdattack.fd.protocols.settings import ProtocolSettings
 from fdattack.data import partitions
 from fdattack.data.federated import FederatedSplit
 from fdattack.data.imageset import UNLABELED, ImageSet
@@ -74,7 +74,7 @@ class Protocol(ABC):
     """Base class of FedMD, FedGEMS, DS-FL, Cronus and FedAvg.
 
     Args:
-        cfg: the ``protocol`` config node (the protocol's own :attr:`Config` dataclass).
+        cfg: the ``protocol`` config node (the protocol's own :attr:`Settings` dataclass).
         model_cfg: the ``model`` config node.
         split: the federated data (public, private per client, test).
         engine: the trainer every phase goes through.
@@ -85,7 +85,7 @@ class Protocol(ABC):
 
     name: ClassVar[str]
     #: the protocol's config dataclass (``protocol.*`` keys; its defaults live there)
-    Config: ClassVar[type[ProtocolConfig]]
+    Settings: ClassVar[type[ProtocolSettings]]
     has_server_model: ClassVar[bool] = False
     #: whether clients upload outputs on public data (FedAvg uploads weights)
     uploads_outputs: ClassVar[bool] = True

@@ -6,8 +6,8 @@ from dataclasses import dataclass
 
 import torch
 
-from fdattack.config.knobs import knob
-from fdattack.config.schema import ProtocolConfig
+from fdattack.knobs import knob
+from fdattack.fd.protocols.settings import ProtocolSettings
 from fdattack.fd.aggregation import robust_mean
 from fdattack.lit.objectives import cross_entropy, kl_to_probs, mixed_ce_kl
 from fdattack.fd.protocols.base import PROTOCOLS, Phase, Protocol, RoundContext
@@ -16,7 +16,7 @@ from fdattack.fd.threat import SERVER_POWERS, ThreatModel
 
 
 @dataclass
-class CronusConfig(ProtocolConfig):
+class CronusSettings(ProtocolSettings):
     name: str = "cronus"
     warmup_private_epochs: int = knob(0, "epochs of CE on the private set before round 1", ge=0)
     private_epochs: int = knob(5, "per round: local-update epochs of CE on the private set", ge=0)
@@ -35,7 +35,7 @@ class CronusProtocol(Protocol):
     """
 
     name = "cronus"
-    Config = CronusConfig
+    Settings = CronusSettings
     threat_model = ThreatModel(
         attacker="server, honest-but-curious",
         sees="every client's softmax probabilities on every public sample of the round",

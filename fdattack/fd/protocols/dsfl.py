@@ -6,8 +6,8 @@ from dataclasses import dataclass
 
 import torch
 
-from fdattack.config.knobs import Choice, knob
-from fdattack.config.schema import ProtocolConfig
+from fdattack.knobs import Choice, knob
+from fdattack.fd.protocols.settings import ProtocolSettings
 from fdattack.fd.aggregation import era
 from fdattack.lit.objectives import cross_entropy, soft_cross_entropy
 from fdattack.fd.protocols.base import PROTOCOLS, Phase, Protocol, RoundContext
@@ -21,7 +21,7 @@ class DSFLUpload(Choice):
 
 
 @dataclass
-class DSFLConfig(ProtocolConfig):
+class DSFLSettings(ProtocolSettings):
     name: str = "dsfl"
     warmup_private_epochs: int = knob(0, "epochs of CE on the private set before round 1", ge=0)
     private_epochs: int = knob(2, "per round: client epochs of CE on the private set", ge=0)
@@ -41,7 +41,7 @@ class DSFLProtocol(Protocol):
     """
 
     name = "dsfl"
-    Config = DSFLConfig
+    Settings = DSFLSettings
     has_server_model = True
     enable_hints = {Capability.server_model: "protocol.train_global_model=true"}
     threat_model = ThreatModel(
@@ -53,7 +53,7 @@ class DSFLProtocol(Protocol):
     )
 
     @classmethod
-    def server_model_enabled(cls, cfg: DSFLConfig) -> bool:
+    def server_model_enabled(cls, cfg: DSFLSettings) -> bool:
         return bool(cfg.train_global_model)
 
     def upload_kind(self) -> tuple[PayloadKind, float]:

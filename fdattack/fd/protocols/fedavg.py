@@ -8,8 +8,8 @@ from dataclasses import dataclass
 import numpy as np
 from torch import Tensor
 
-from fdattack.config.knobs import knob
-from fdattack.config.schema import OptimConfig, OptimizerName, ProtocolConfig
+from fdattack.knobs import knob
+from fdattack.fd.protocols.settings import OptimizerName, OptimSettings, ProtocolSettings
 from fdattack.errors import ConfigError
 from fdattack.fd.aggregation import fedavg
 from fdattack.randomness import derive_seed
@@ -24,13 +24,13 @@ def state_bytes(state: dict[str, Tensor]) -> int:
 
 
 @dataclass
-class FedAvgConfig(ProtocolConfig):
+class FedAvgSettings(ProtocolSettings):
     """FedAvg's optimizer defaults are the paper's: SGD, lr 0.01, B = 10, a fresh optimizer every round."""
 
     name: str = "fedavg"
     fraction: float = knob(1.0, "C: fraction of clients sampled per round", gt=0, le=1)
     local_epochs: int = knob(1, "E: local epochs per round", ge=0)
-    optim: OptimConfig = knob(OptimConfig(name=OptimizerName.sgd, lr=0.01, batch_size=10, fresh_per_phase=True), "optimizer of clients and server")
+    optim: OptimSettings = knob(OptimSettings(name=OptimizerName.sgd, lr=0.01, batch_size=10, fresh_per_phase=True), "optimizer of clients and server")
 from fdattack.fd.record import Upload
 
 
@@ -42,7 +42,7 @@ class FedAvgProtocol(Protocol):
     """
 
     name = "fedavg"
-    Config = FedAvgConfig
+    Settings = FedAvgSettings
     uploads_outputs = False
     client_accuracy = False
     has_server_model = True

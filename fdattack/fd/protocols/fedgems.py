@@ -7,8 +7,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from fdattack.config.knobs import Choice, knob
-from fdattack.config.schema import ProtocolConfig
+from fdattack.knobs import Choice, knob
+from fdattack.fd.protocols.settings import ProtocolSettings
 from fdattack.data.imageset import IndexedBatch
 from fdattack.fd.aggregation import fedgems_ensemble, fedgems_fusion_loss, fedgems_kl
 from fdattack.fd.protocols.base import PROTOCOLS, Phase, Protocol, RoundContext
@@ -37,7 +37,7 @@ def fedgems_client(epsilon: float, kl_mode: str) -> Objective:
 
 
 @dataclass
-class FedGEMSConfig(ProtocolConfig):
+class FedGEMSSettings(ProtocolSettings):
     name: str = "fedgems"
     private_epochs: int = knob(2, "per round: client epochs of CE on the private set", ge=0)
     public_epochs: int = knob(2, "per round: client epochs of eps*CE + (1-eps)*KL to the server logits on the public set", ge=0)
@@ -57,7 +57,7 @@ class FedGEMSProtocol(Protocol):
     """
 
     name = "fedgems"
-    Config = FedGEMSConfig
+    Settings = FedGEMSSettings
     has_server_model = True
     threat_model = ThreatModel(
         attacker="server, honest-but-curious (may request logits on any public sample)",

@@ -8,8 +8,8 @@ from typing import ClassVar
 
 from torch import Tensor
 
-from fdattack.config.knobs import knob
-from fdattack.config.schema import ProtocolConfig
+from fdattack.knobs import knob
+from fdattack.fd.protocols.settings import ProtocolSettings
 from fdattack.data.imageset import UNLABELED
 from fdattack.fd.aggregation import mean_logits
 from fdattack.lit.objectives import cross_entropy, l1_to_logits
@@ -26,7 +26,7 @@ def consensus(uploads: Tensor, labels: Tensor) -> Tensor:
 
 
 @dataclass
-class FedMDConfig(ProtocolConfig):
+class FedMDSettings(ProtocolSettings):
     name: str = "fedmd"
     transfer_public_epochs: int = knob(5, "transfer phase: epochs of CE on the labeled public set, before round 1", ge=0)
     transfer_private_epochs: int = knob(5, "transfer phase: epochs of CE on the private set, before round 1", ge=0)
@@ -45,7 +45,7 @@ class FedMDProtocol(Protocol):
     """
 
     name = "fedmd"
-    Config = FedMDConfig
+    Settings = FedMDSettings
     enable_hints = {Capability.server_model: "protocol.server_model=true"}
     #: the digest's loss to the received aggregate (LabelAvg: soft cross-entropy)
     digest_objective: ClassVar[Objective] = staticmethod(l1_to_logits)
@@ -58,7 +58,7 @@ class FedMDProtocol(Protocol):
     )
 
     @classmethod
-    def server_model_enabled(cls, cfg: FedMDConfig) -> bool:
+    def server_model_enabled(cls, cfg: FedMDSettings) -> bool:
         return bool(cfg.server_model)
 
     def setup_phases(self) -> list[Phase]:

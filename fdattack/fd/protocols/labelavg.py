@@ -9,7 +9,7 @@ from typing import ClassVar, Sequence
 import torch
 from omegaconf import DictConfig
 
-from fdattack.config.knobs import Choice, knob
+from fdattack.knobs import Choice, knob
 from fdattack.data.federated import FederatedSplit
 from fdattack.defenses.base import Defense
 from fdattack.defenses.labelavg import LabelAvgUpload, LabelAvgUploadSettings
@@ -17,7 +17,7 @@ from fdattack.errors import ConfigError
 from fdattack.engine import LocalTrainer
 from fdattack.lit.objectives import soft_cross_entropy
 from fdattack.fd.protocols.base import PROTOCOLS
-from fdattack.fd.protocols.fedmd import FedMDConfig, FedMDProtocol
+from fdattack.fd.protocols.fedmd import FedMDSettings, FedMDProtocol
 from fdattack.fd.record import PayloadKind
 from fdattack.fd.threat import SERVER_POWERS, ServerAggregation, ThreatModel
 from fdattack.functional.label_avg import smooth_labels
@@ -41,7 +41,7 @@ class VMain(Choice):
 
 
 @dataclass
-class LabelAvgConfig(FedMDConfig):
+class LabelAvgSettings(FedMDSettings):
     name: str = "labelavg"
     top_k: int = knob(3, "K, labels (with weights) each client uploads per public sample; the paper uses 3-5 (Table IV: 4 on FEMNIST, "
                          "3 on CIFAR-100, 5 on CIFAR-10), 3 sends 2K = 6 numbers against FedMD's 10 logits on 10 classes", ge=1)
@@ -63,7 +63,7 @@ class LabelAvgProtocol(FedMDProtocol):
     """
 
     name = "labelavg"
-    Config = LabelAvgConfig
+    Settings = LabelAvgSettings
     digest_objective: ClassVar[Objective] = staticmethod(soft_cross_entropy)
     threat_model = ThreatModel(
         attacker="server, honest-but-curious",
