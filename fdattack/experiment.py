@@ -20,18 +20,14 @@ from omegaconf import DictConfig, OmegaConf
 from torchvision.utils import save_image
 
 from fdattack.attacks import ATTACKS, Attack, AttackContext
-from fdattack.attacks.results import GradientProbe, Inversions, LabelDistributions, Reconstructions
 from fdattack.attacks.state_store import ClientStateStore
 from fdattack.config.validation import check_names
 from fdattack.data.domains import DOMAIN_TRANSFORMS
 from fdattack.data.federated import FederatedData
 from fdattack.defenses import DEFENSES, Defense
 from fdattack.errors import FdattackError
-from fdattack.evaluation import ConfidenceGapDiagnostic, Evaluator, Oracle, ReconstructionScorer, Report, train_identity_scorer
-from fdattack.evaluation.gradient_check import GradientCheck
-from fdattack.evaluation.inversion import inversion_scorer
-from fdattack.evaluation.label_distribution import LabelDistributionScorer
-from fdattack.evaluation.membership import CandidatePool, MembershipScorer, candidate_pool
+from fdattack.evaluation import SCORERS, ConfidenceGapDiagnostic, Evaluator, Oracle, Report, ScoringContext
+from fdattack.evaluation.membership import CandidatePool, candidate_pool
 from fdattack.engine import LocalTrainer, make_fabric
 from fdattack.seeds import run_seeds
 from fdattack.randomness import derive_seed, seed_everything_quietly
@@ -121,30 +117,15 @@ def build_attacks(cfg: DictConfig, view: AttackerView, protocol: Protocol, engin
 
 def build_evaluator(cfg: DictConfig, oracle: Oracle, progress: Progress | None = None, candidates: CandidatePool | None = None,
                     cache_dir: Path | None = None) -> Evaluator:
-    """The evaluation side: a scorer for each result type the attacks return (the reconstruction scorer with its
-    evaluation classifier, label distributions, membership against ``candidates``, inversions with theirs, kept
-    under ``cache_dir``) and the diagnostics."""
+    """The evaluation side: the diagnostics and, for each result type the attacks declare in ``produces``, its registered
+    scorer (:data:`~fdattack.evaluation.SCORERS`) built from one :class:`~fdattack.evaluation.ScoringContext` (the
+    membership scorer against ``candidates``, the evaluation classifiers of inversions kept under ``cache_dir``)."""
     diagnostics = []
     if cfg.evaluation.confidence_gap.enabled:
         diagnostics.append(ConfidenceGapDiagnostic(oracle, cfg.evaluation.confidence_gap.max_samples, cfg.evaluation.confidence_gap.bins))
     produced = set().union(*(cls.produces for cls in attack_classes(cfg)))
-    seed = derive_seed(cfg.seed, "evaluation")
-    label_distributions = LabelDistributionScorer(oracle.split, seed) if LabelDistributions in produced else None
-    membership = MembershipScorer(candidates, seed, cfg.evaluation.bootstrap_resamples) if candidates is not None else None
-    scorer = None
-    if Reconstructions in produced:
-        ev = cfg.evaluation
-        if ev.classifier and progress is not None:
-            progress.activity(f"training the evaluation classifier ({ev.classifier}, {ev.epochs} epochs)")
-        identity = (train_identity_scorer(oracle.split, oracle.engine, ev.classifier, ev.epochs, ev.lr, derive_seed(cfg.seed, 0, "evaluation_classifier"))
-                    if ev.classifier else None)
-        scorer = ReconstructionScorer(oracle.split, identity)
-    inversions = None
-    if Inversions in produced:
-        inversions = inversion_scorer(oracle.split, oracle.engine, OmegaConf.to_object(cfg.evaluation.inversion),  # type: ignore[arg-type]
-                                      derive_seed(cfg.seed, "inversion_classifier"), cache_dir, progress.activity if progress is not None else None)
-    gradients = GradientCheck(oracle) if GradientProbe in produced else None
-    return Evaluator(oracle, scorer, diagnostics, label_distributions, membership, inversions, gradients)
+    context = ScoringContext(cfg, oracle, derive_seed(cfg.seed, "evaluation"), progress, candidates, cache_dir)
+    return Evaluator(oracle, {t: SCORERS.get(t)(context) for t in sorted(produced, key=lambda t: t.__name__)}, diagnostics)
 
 
 def _flat_config(cfg: DictConfig) -> dict:

@@ -23,7 +23,7 @@ from fdattack.config.composition import registries, schema_for
 from fdattack.knobs import Range, _leaves
 from fdattack.errors import ConfigError
 from fdattack.functional import topk_accuracy
-from fdattack.metrics import attack_accuracy
+from fdattack.functional.attack_accuracy import attack_accuracy
 from tests.conftest import REPO, tiny
 from tests.test_data import _fake_faces
 

@@ -19,6 +19,8 @@ from fdattack.attacks.results import Inversions, Reconstructions
 from fdattack.config import compose
 from fdattack.knobs import knob
 from fdattack.evaluation.evaluator import Evaluator
+from fdattack.evaluation.inversion import InversionScorer
+from fdattack.evaluation.reconstruction import ReconstructionScorer
 from fdattack.evaluation.report import Report
 from fdattack.experiment import Experiment
 from fdattack.fd.threat import Capability
@@ -28,12 +30,27 @@ from tests.conftest import tiny
 TARGETS = [0, 3, 4, 5, 7]
 
 
+class _StandInReconstructions(ReconstructionScorer):
+    """The reconstruction scorer (its label check and report) with stand-in metrics."""
+
+    def measure(self, recon: torch.Tensor, labels: torch.Tensor) -> tuple[dict[str, float], torch.Tensor]:
+        return {"accuracy": 1.0}, torch.zeros(1, 1, 1)
+
+
+class _StandInInversions(InversionScorer):
+    """The inversion scorer (its label check) with a stand-in report (no evaluation classifier)."""
+
+    def measure(self, attack: str, result: Inversions) -> Report:
+        return Report(metrics={f"attack/{attack}/top1": 1.0})
+
+
 def _evaluator() -> Evaluator:
-    """An evaluator over targets 0, 3, 4, 5, 7 whose scorers only count their calls."""
-    oracle = SimpleNamespace(split=SimpleNamespace(target_labels=TARGETS))
-    reconstructions = lambda images, labels: ({"accuracy": 1.0}, torch.zeros(1, 1, 1))  # noqa: E731
-    inversions = lambda attack, result: Report(metrics={f"attack/{attack}/top1": 1.0})  # noqa: E731
-    return Evaluator(oracle, reconstructions=reconstructions, inversions=inversions)  # type: ignore[arg-type]
+    """An evaluator over targets 0, 3, 4, 5, 7 whose scorers check the labels as the real ones and stand in for the rest."""
+    none = SimpleNamespace(images=torch.zeros(0, 1, 8, 8), labels=torch.zeros(0, dtype=torch.long))
+    split = SimpleNamespace(private=[none], public=none, num_classes=8, target_labels=TARGETS)
+    scorers = {Reconstructions: _StandInReconstructions(split),  # type: ignore[arg-type]
+               Inversions: _StandInInversions(split, lambda: None, grid_samples=1)}  # type: ignore[arg-type]
+    return Evaluator(SimpleNamespace(split=split), scorers)  # type: ignore[arg-type]
 
 
 def _images(*shape: int) -> torch.Tensor:

@@ -14,7 +14,7 @@ from fdattack.evaluation.label_distribution import LabelDistributionScorer
 from fdattack.evaluation.membership import CandidatePool, MembershipScorer
 from fdattack.functional.intervals import (bootstrap_interval, bootstrap_mean_interval, membership_bootstrap, membership_points,
                                            t_interval, wilson_interval)
-from fdattack.metrics.membership import FPR_LEVELS, membership_metrics
+from fdattack.functional.membership_metrics import FPR_LEVELS, membership_metrics
 from fdattack.tracking.summary import attack_summary, format_score
 
 

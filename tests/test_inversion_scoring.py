@@ -33,7 +33,7 @@ from fdattack.experiment import Experiment
 from fdattack.engine import LocalTrainer, ModelHandle, default_engine
 from fdattack.fd.record import RoundRecord
 from fdattack.fd.threat import Capability, ViewPart
-from fdattack.metrics.inversion import feature_cosine, feature_diversity, inversion_grid, topk_per_sample
+from fdattack.functional.inversion_metrics import feature_cosine, feature_diversity, inversion_grid, topk_per_sample
 from fdattack.tracking.report import write_report
 from fdattack.tracking.summary import attack_summary
 from tests.conftest import tiny
@@ -354,8 +354,8 @@ def test_a_run_records_the_scores_the_grid_the_summary_and_the_report(stand_in: 
     metrics = exp.run()
     assert fitted == []  # round 2 again, its inversions scored by the cached classifier
     assert list((tmp_path / "run" / "artifacts").glob("inversion_classifier_*.pt")) == [cached]
-    scorer = exp.evaluator.inversions
-    assert scorer is not None
+    scorer = exp.evaluator.scorers[Inversions]
+    assert isinstance(scorer, InversionScorer)
     walk = list(reachable(exp.attacks[0]))
     assert not any(isinstance(o, (InversionScorer, EvaluationClassifier)) for o in walk)
     assert all(o is not scorer.classifier().net for o in walk), "the attack reaches the evaluation classifier"

@@ -9,7 +9,8 @@ import torch
 import torch.nn.functional as F
 
 from fdattack.attacks.pli_inputs import alpha_for_peak, confidence_gap_q, optimal_inputs, optimal_server_input
-from fdattack.metrics import attack_accuracy, class_means, gaussian_window, pairwise_ssim, paper_ssim, standard_ssim, total_variation
+from fdattack.functional.attack_accuracy import attack_accuracy, class_means
+from fdattack.functional.image import gaussian_window, pairwise_ssim, paper_ssim, standard_ssim, total_variation
 
 
 def test_paper_ssim_of_constant_images_with_unit_window() -> None:
@@ -111,7 +112,7 @@ def test_eq6_maximises_q_against_a_numerical_optimiser(alpha: float) -> None:
 
 def test_topk_accuracy_and_identity_scorer_by_hand() -> None:
     from fdattack.functional import topk_accuracy
-    from fdattack.metrics.identity import IdentityScorer
+    from fdattack.evaluation.identity import IdentityScorer
 
     logits = torch.tensor([[0.1, 0.9, 0.0], [0.8, 0.15, 0.05], [0.2, 0.3, 0.5]])
     labels = torch.tensor([1, 1, 0])

@@ -12,6 +12,7 @@ import pytest
 import torch
 from torch.utils.data import DataLoader
 
+from fdattack.attacks.results import MembershipScores
 from fdattack.cli import main
 from fdattack.config import compose
 from fdattack.experiment import Experiment
@@ -117,7 +118,7 @@ def test_two_attacks_inserting_into_one_batch_each_find_their_candidates(tmp_pat
 def test_membership_attacks_hold_the_candidates_but_not_whose_they_are(tmp_path: Path) -> None:
     exp = Experiment(compose(None, [*tiny(tmp_path), *SMALL, "attacks=[ldia,lira_coop,lira_distill]"]))
     exp.run()
-    pool = exp.evaluator.membership.pool  # type: ignore[union-attr]
+    pool = exp.evaluator.scorers[MembershipScores].pool  # type: ignore[attr-defined]
     assert bool((pool.origin == -1).any()) and len(set(pool.origin.tolist())) == 5  # test samples and every client's
     assert abs(float(torch.corrcoef(torch.stack([pool.origin.float(), torch.arange(len(pool.origin)).float()]))[0, 1])) < 0.2  # shuffled
     private = [p.images.untyped_storage().data_ptr() for p in exp.data.split.private]

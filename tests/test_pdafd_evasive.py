@@ -12,6 +12,7 @@ import torch
 
 from fdattack.attacks import ATTACKS, Attack
 from fdattack.attacks.lira import CoopLiRAAttack, neighbours_of
+from fdattack.attacks.results import MembershipScores
 from fdattack.config import compose
 from fdattack.evaluation.membership import MembershipScorer
 from fdattack.experiment import Experiment
@@ -138,7 +139,7 @@ def test_the_attacker_sees_no_withheld_output_and_nothing_nan_is_scored(tmp_path
     monkeypatch.setattr(CoopLiRAAttack, "on_round_end", keep)
     exp = Experiment(compose(None, [*tiny(tmp_path), *SMALL, "attacks=[lira_coop]", f"attack.lira_coop.insert={insert}", "protocol.evasive_clients=all"]))
     final = exp.run()
-    pool = exp.evaluator.membership.pool  # type: ignore[union-attr]
+    pool = exp.evaluator.scorers[MembershipScores].pool  # type: ignore[attr-defined]
     for k, reply in collected["c"].candidates.items():
         members = pool.origin == k
         assert not reply.answered[members].any() and int((~reply.answered).sum()) == 2 * int(members.sum())  # its members and as many decoys

@@ -18,7 +18,7 @@ from fdattack.data.partitions import balanced_sample
 from fdattack.evaluation.label_distribution import LabelDistributionScorer
 from fdattack.evaluation.membership import NON_MEMBER, MembershipScorer, candidate_pool
 from fdattack.functional.label_distribution import distances, estimate_from_outputs, label_proportions, random_distributions
-from fdattack.metrics.membership import dense_ranks, membership_metrics
+from fdattack.functional.membership_metrics import dense_ranks, membership_metrics
 from fdattack.tracking import attack_summary
 
 

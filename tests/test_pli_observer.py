@@ -178,7 +178,7 @@ def test_evaluation_classifier_recognises_private_means_not_the_public_mean(tmp_
     from fdattack.evaluation import train_identity_scorer
     from fdattack.evaluation.identity import public_look_means
     from fdattack.experiment import Experiment
-    from fdattack.metrics import class_means
+    from fdattack.functional.attack_accuracy import class_means
 
     exp = Experiment(compose(None, tiny(tmp_path)))
     split = exp.data.split

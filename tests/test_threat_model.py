@@ -26,17 +26,17 @@ from fdattack.attacks.tbi import TBIAttack
 from fdattack.config import compose
 from fdattack.data.federated import FederatedData, FederatedSplit
 from fdattack.data.imageset import UNLABELED
-from fdattack.evaluation import Evaluator, Oracle, ReconstructionScorer
+from fdattack.evaluation import Evaluator, IdentityScorer, Oracle, ReconstructionScorer
 from fdattack.evaluation.inversion import InversionScorer
 from fdattack.evaluation.inversion_classifier import EvaluationClassifier
 from fdattack.experiment import Experiment
 from fdattack.engine import LocalTrainer, ModelHandle, predict_logits
 from fdattack.defenses import Release
-from fdattack.fd.protocols.base import Protocol, as_sent
+from fdattack.fd.protocols.base import Protocol
+from fdattack.fd.uploads import as_sent
 from fdattack.fd.record import QueryRefusedError, RoundRecord, StaleQueryError
 from fdattack.fd.threat import Undeclared
 from fdattack.lit.classifier import ClassifierLitModule
-from fdattack.metrics.identity import IdentityScorer
 from tests.conftest import REPO, tiny
 from tests.object_graph import reachable
 

@@ -22,10 +22,11 @@ import torch
 from torch import Tensor, nn
 
 from fdattack.attacks.base import Attack, AttackContext
+from fdattack.attacks.common import engine_or_default
 from fdattack.attacks.results import AttackResult, Inversions
 from fdattack.knobs import Choice, knob
 from fdattack.errors import ConfigError
-from fdattack.engine import Batchable, TensorRows, default_engine, epoch_order
+from fdattack.engine import Batchable, TensorRows, epoch_order
 from fdattack.randomness import derive_seed, seeded
 from fdattack.fd.record import RoundRecord
 from fdattack.fd.threat import AttackerView, Capability, ViewPart
@@ -168,7 +169,7 @@ class GANInversionAttack(Attack):
         needed = 8 if settings.hsic_estimator == HSICEstimator.unbiased else 4
         if settings.hsic_lambda > 0:
             self.check_hsic_batch(needed)
-        self.engine = context.engine if context.engine is not None else default_engine(settings.gan_batch_size)
+        self.engine = engine_or_default(context, settings.gan_batch_size)
         self.device = self.engine.fabric.device
         self.targets = torch.as_tensor(view.target_labels, dtype=torch.long)
         self.global_state: Optional[dict[str, Tensor]] = None

@@ -8,11 +8,12 @@ import torch
 from torch import Tensor
 
 from fdattack.attacks.base import Attack, AttackContext
+from fdattack.attacks.common import engine_or_default
 from fdattack.attacks.pli_inputs import tempered_softmax
 from fdattack.attacks.results import Reconstructions
 from fdattack.knobs import knob
 from fdattack.errors import ConfigError
-from fdattack.engine import ModelHandle, default_engine
+from fdattack.engine import ModelHandle
 from fdattack.fd.record import PublicQuery
 from fdattack.fd.threat import AttackerView, Capability, ViewPart
 from fdattack.lit.inversion import InversionLitModule
@@ -50,7 +51,7 @@ class InversionAttack(Attack):
         self.seed = context.seed
         self.progress = context.progress
         self.store = context.store
-        self.engine = context.engine if context.engine is not None else default_engine(settings.batch_size)
+        self.engine = engine_or_default(context, settings.batch_size)
         self.targets = torch.as_tensor(view.target_labels, dtype=torch.long)
         self.num_classes = view.num_classes
 

@@ -41,13 +41,12 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from fdattack.attacks.base import ATTACKS, Attack, AttackContext
-from fdattack.attacks.ldia import is_communication
+from fdattack.attacks.common import engine_or_default, is_communication
 from fdattack.attacks.results import AttackResult, GradientProbe, Inversions
 from fdattack.knobs import Choice, knob
 from fdattack.data.imageset import UNLABELED
 from fdattack.errors import ConfigError
 from fdattack.fd.adversary import Adversary
-from fdattack.engine import default_engine
 from fdattack.randomness import derive_seed
 from fdattack.fd.record import RoundRecord
 from fdattack.fd.threat import AttackerView, Capability, ServerAggregation, ViewPart
@@ -160,7 +159,7 @@ class LAttack(Attack):
             raise ConfigError(f"{key}: the generator makes images whose sides are multiples of 4, got {h}x{w}; set data.image_size (e.g. 28)")
         self.server = view.aggregation
         self.public_labels = view.public.labels
-        self.engine = context.engine if context.engine is not None else default_engine(settings.batch_size)
+        self.engine = engine_or_default(context, settings.batch_size)
         with torch.random.fork_rng(devices=[]):  # the generator's initial weights leave the run's random stream alone
             torch.manual_seed(derive_seed(context.seed, self.name, "init"))
             self.generator = LAttackGenerator(view.image_shape, settings.z_dim, settings.width, settings.lr).to(self.engine.fabric.device)

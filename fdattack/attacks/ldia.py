@@ -15,9 +15,10 @@ import torch
 from torch import Tensor
 
 from fdattack.attacks.base import ATTACKS, Attack, AttackContext
+from fdattack.attacks.common import is_communication
 from fdattack.attacks.results import AttackResult, LabelDistributions
 from fdattack.knobs import knob
-from fdattack.fd.record import UPLOAD_PHASE, RoundRecord
+from fdattack.fd.record import RoundRecord
 from fdattack.fd.threat import AttackerView, Capability
 from fdattack.functional.label_distribution import estimate_from_outputs
 
@@ -33,11 +34,6 @@ def round_estimates(record: RoundRecord) -> dict[int, Tensor]:
     assert record.batch is not None
     n = len(record.batch.rows)
     return {k: estimate_from_outputs(u.outputs[:n], u.kind) for k, u in record.uploads.items() if u.outputs is not None}  # type: ignore[arg-type]
-
-
-def is_communication(record: RoundRecord) -> bool:
-    """Whether ``record`` is the one after the round's upload phase (its uploads are what the server received)."""
-    return record.phase == UPLOAD_PHASE and bool(record.uploads) and record.batch is not None
 
 
 @ATTACKS.register("ldia")

@@ -32,18 +32,17 @@ import torch
 from torch import Tensor
 
 from fdattack.attacks.base import ATTACKS, Attack, AttackContext
-from fdattack.attacks.ldia import is_communication
+from fdattack.attacks.common import attack_engine, is_communication, new_student
 from fdattack.attacks.results import AttackResult, MembershipScores
 from fdattack.knobs import Choice, knob
 from fdattack.errors import ConfigError
-from fdattack.engine import FitJob, LocalTrainer, ModelHandle, default_engine
+from fdattack.engine import FitJob, ModelHandle
 from fdattack.randomness import derive_seed
 from fdattack.fd.record import PayloadKind, Reply, RoundRecord
 from fdattack.fd.threat import AttackerView, Capability, ViewPart
 from fdattack.functional.information import kl_divergence
 from fdattack.functional.label_distribution import estimate_from_outputs
 from fdattack.functional.lira import offline_lira, offline_lira_float32_lambda, scaled_confidence, scaled_confidence_from_probs
-from fdattack.lit.student import DistillationStudent
 
 log = logging.getLogger(__name__)
 
@@ -304,30 +303,12 @@ class CoopLiRAAttack(LiRAAttack):
         return {n: confidences(logits[i], "logits", self.candidates.labels) for i, n in enumerate(sorted(collected.public))}
 
 
-def attack_engine(context: AttackContext, batch_size: int) -> LocalTrainer:
-    """An engine for an attack's own training: on the run's Fabric where there is one, else a CPU process."""
-    if context.engine is None:
-        return default_engine(batch_size)
-    return LocalTrainer(context.engine.fabric, batch_size, vectorise=context.engine.vectorise)
-
-
 def student_targets(kind: PayloadKind, logprob_matching: bool, teacher: Tensor) -> tuple[str, Tensor]:
     """A student's loss and soft targets for a teacher's uploads (§6.4, A19): L1 to logits, KL to probabilities, or
     with ``logprob_matching`` L1 to log-probabilities as logits."""
     if kind != "probs":
         return "l1", teacher
     return ("l1", teacher.clamp_min(1e-12).log()) if logprob_matching else ("kl", teacher)
-
-
-def new_student(engine: LocalTrainer, name: str, architecture: str, view: AttackerView, loss: str, lr: float, seed: int,
-                state: Optional[dict] = None) -> ModelHandle:
-    """A :class:`DistillationStudent` of ``architecture`` seeded with ``seed`` (or holding ``state``), set up by ``engine``."""
-    c, h, _ = view.image_shape
-    torch.manual_seed(seed)
-    module = DistillationStudent(architecture, view.num_classes, loss, lr, in_channels=c, image_size=h)  # type: ignore[arg-type]
-    if state is not None:
-        module.load_state_dict(state)
-    return engine.setup(name, module)
 
 
 @dataclass

@@ -25,7 +25,7 @@ from fdattack.engine import TensorRows
 from fdattack.randomness import derive_seed
 from fdattack.fd.record import RoundRecord
 from fdattack.fd.threat import AttackerView, Capability
-from fdattack.metrics.image import pairwise_ssim, standard_ssim, total_variation
+from fdattack.functional.image import pairwise_ssim, standard_ssim, total_variation
 from fdattack.tracking.progress import progress_iter
 
 

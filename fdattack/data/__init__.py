@@ -1,4 +1,8 @@
-"""Datasets, partitions, domain transforms and the FederatedData module."""
+"""Datasets, partitions, domain transforms and the FederatedData module (the split every side is built from).
+
+Contract: the ground floor of the sides: reads files and scikit-learn's digits, never downloads, and imports nothing of
+fdattack but errors and the registry.
+"""
 
 from fdattack.data import purchase  # noqa: F401  (registration)
 from fdattack.data.datasets import DATASETS, RawDataset

@@ -17,6 +17,7 @@ from torch import Tensor, nn
 from fdattack.attacks.results import GradientProbe
 from fdattack.evaluation.oracle import Oracle
 from fdattack.evaluation.report import Report
+from fdattack.evaluation.scoring import SCORERS, ScoringContext
 from fdattack.functional.intervals import bootstrap_mean_interval, interval_keys
 from fdattack.functional.losses import target_class_loss
 from fdattack.lit.modes import eval_mode
@@ -56,3 +57,9 @@ class GradientCheck:
                    **interval_keys(f"attack/{name}/grad_cosine", bootstrap_mean_interval(cosines.double().numpy()))}
         return Report(metrics=metrics,
                       histograms={f"attack/{name}/grad_true": truth[0].flatten(), f"attack/{name}/grad_estimate": probe.estimate[0].flatten()})
+
+
+@SCORERS.register(GradientProbe)
+def build_gradient_check(context: ScoringContext) -> GradientCheck:
+    """The check against the clients' networks of the run."""
+    return GradientCheck(context.oracle)

@@ -30,6 +30,7 @@ differs from the private one; high under ``data.split=random``, where it does no
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable, Optional, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -39,13 +40,64 @@ from fdattack.data.federated import FederatedSplit
 from fdattack.data.imageset import AUXILIARY, UNLABELED, ImageSet, IndexedBatch
 from fdattack.engine import FitJob, LocalTrainer
 from fdattack.functional import topk_accuracy
+from fdattack.functional.attack_accuracy import class_means
 from fdattack.lit.classifier import ClassifierLitModule
-from fdattack.metrics.attack_accuracy import class_means
-from fdattack.metrics.identity import IdentityScorer
 from fdattack.models.classifiers import build_classifier
 
 #: the largest standard deviation of the pixel noise of the training images' noisy copies (pixels in [-1, 1])
 NOISE_MAX = 0.6
+
+
+class IdentityScorer:
+    """Top-1 / top-5 of reconstructions under an evaluation classifier whose first T outputs are the targets: the
+    top-k identity accuracy of the GMI / KED-MI convention. PLI itself scores with SSIM only (pli.md §10.3); this second
+    figure makes PLI comparable with later model-inversion attacks.
+
+    A reconstruction of target j is a hit when j's output ranks first (top-5: among the first five) over *all* the
+    classifier's outputs, the extra classes included.
+
+    Args:
+        predict: ``images (N, C, H, W) -> (N, K)`` logits, K >= T; outputs 0..T-1 stand for ``target_labels`` in
+            that order (the targets' private looks), the others for anything else (public looks, other labels: the
+            classes of the module docstring).
+        target_labels: the labels the first T outputs stand for.
+        test_accuracy: the classifier's own top-1 on held-out images (reported next to its scores).
+        public_look: ``(images (P, C, H, W), labels (P,))``: the targets' public means, scored as
+            ``eval_top1_public_look`` (what a copy of the public look earns) over the labels scored; None = not logged.
+        class_names: a name per output (for messages and readers), or None.
+    """
+
+    def __init__(self, predict: Callable[[Tensor], Tensor], target_labels: list[int], test_accuracy: float,
+                 public_look: Optional[tuple[Tensor, Tensor]] = None, class_names: Optional[Sequence[str]] = None) -> None:
+        self.predict = predict
+        self.index = {label: i for i, label in enumerate(target_labels)}
+        self.test_accuracy = test_accuracy
+        self.public_look = public_look
+        self.class_names = tuple(class_names) if class_names is not None else None
+        self._public_hits: Optional[dict[int, float]] = None
+
+    def _rows(self, labels: Tensor) -> Tensor:
+        return torch.tensor([self.index[int(y)] for y in labels], dtype=torch.long)
+
+    def public_look_hits(self) -> dict[int, float]:
+        """Target label -> 1.0 if its public mean is classified as its private look, else 0.0 (computed once)."""
+        if self._public_hits is None:
+            self._public_hits = {}
+            if self.public_look is not None and len(self.public_look[1]):
+                images, labels = self.public_look
+                top = self.predict(images).argmax(dim=1)
+                self._public_hits = {int(y): float(t == r) for y, t, r in zip(labels, top, self._rows(labels))}
+        return self._public_hits
+
+    def __call__(self, recon: Tensor, labels: Tensor) -> dict[str, float]:
+        logits = self.predict(recon)
+        rows = self._rows(labels)
+        out = {"eval_top1": topk_accuracy(logits, rows, 1), "eval_top5": topk_accuracy(logits, rows, 5),
+               "eval_classifier_accuracy": self.test_accuracy}
+        hits = [self.public_look_hits()[int(y)] for y in labels if int(y) in self.public_look_hits()]
+        if hits:
+            out["eval_top1_public_look"] = sum(hits) / len(hits)
+        return out
 
 
 @dataclass(frozen=True)

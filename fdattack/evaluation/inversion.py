@@ -7,7 +7,7 @@ Metrics, under ``attack/<name>/``:
 * ``chance``: 1/T, the top-1 of a guess among the T attacked labels (the issue's "chance (1/5)"); ``chance_top5``:
   min(5, J)/J, the top-5 of images the classifier ranks at random among its J classes (top-5 of 10 digits is 0.5,
   which is why FedInverse's MNIST Acc5 is near 100 %, §6.1).
-* ``diversity``: :func:`~fdattack.metrics.inversion.feature_diversity` of each label's S samples;
+* ``diversity``: :func:`~fdattack.functional.inversion_metrics.feature_diversity` of each label's S samples;
   ``diversity_real``: the same figure over the labels' private images, its scale.
 * ``fid``: the Fréchet distance in the classifier's penultimate features (torchmetrics'
   ``FrechetInceptionDistance`` with the classifier as feature extractor; no Inception network) between all S·T
@@ -18,7 +18,7 @@ Metrics, under ``attack/<name>/``:
   ``evaluation.inversion.inception_weights`` names the weights on disk (see :mod:`fdattack.evaluation.inception`).
 * ``knn_dist``: mean squared feature distance of each inversion to the nearest private image of its label (§6.3).
 * ``feature_cosine``, ``feature_cosine_noise``, ``feature_cosine_raw``, ``feature_cosine_noise_raw``: the L-Attack's
-  similarity (lattack.md §5.1, Table II; :func:`~fdattack.metrics.inversion.feature_cosine`): per target label, the
+  similarity (lattack.md §5.1, Table II; :func:`~fdattack.functional.inversion_metrics.feature_cosine`): per target label, the
   mean over its inversions of cos(f(x) − μ, mean f(real) − μ) to the centroid of the label's private images, μ the
   mean of three means: the inversions', the real images' and as many seeded uniform-noise images' features; the same
   for the noise images (the baseline, negative in the paper); both uncentred (``_raw``); averaged over the labels. f
@@ -41,6 +41,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import torch
+from omegaconf import OmegaConf
 from torch import Tensor, nn
 from torchmetrics.image.fid import FrechetInceptionDistance
 
@@ -50,10 +51,13 @@ from fdattack.data.federated import FederatedSplit
 from fdattack.evaluation.inception import load_inception
 from fdattack.evaluation.inversion_classifier import EvaluationClassifier, inversion_classifier
 from fdattack.evaluation.report import Report
+from fdattack.evaluation.scoring import SCORERS, ScoringContext, check_labels
 from fdattack.engine import LocalTrainer
 from fdattack.functional.frechet import FrechetToReference
 from fdattack.functional.intervals import NO_INTERVAL, bootstrap_interval, bootstrap_mean_interval, interval_keys, wilson_interval
-from fdattack.metrics.inversion import feature_cosine_samples, feature_diversity, inversion_grid, knn_distances, mean_and_std, topk_per_sample
+from fdattack.functional.inversion_metrics import (feature_cosine_samples, feature_diversity, inversion_grid, knn_distances, mean_and_std,
+                                                   topk_per_sample)
+from fdattack.randomness import derive_seed
 
 #: private images per label over which ``diversity_real`` is measured (the first ones)
 REAL_DIVERSITY_IMAGES = 1000
@@ -111,6 +115,7 @@ class InversionScorer:
         self.classifier = classifier
         self.grid_samples = grid_samples
         self.inception = inception
+        self.target_labels = tuple(int(j) for j in split.target_labels)
         self._real_features: tuple[Tensor, Tensor] | None = None
         self._fid: dict[tuple[str, tuple[int, ...]], tuple[FrechetInceptionDistance, FrechetToReference | None]] = {}
 
@@ -148,7 +153,13 @@ class InversionScorer:
         return value, bootstrap_interval(len(features), lambda rows: distance(torch.as_tensor(rows)))
 
     def __call__(self, attack: str, result: Inversions) -> Report:
-        """``attack/<name>/...`` metrics, the grid and the artifact of one attack's inversions this round."""
+        """``attack/<name>/...`` metrics, the grid and the artifact of one attack's inversions this round; refuses labels
+        that are not distinct target labels (:func:`~fdattack.evaluation.scoring.check_labels`)."""
+        check_labels(attack, result, self.target_labels)
+        return self.measure(attack, result)
+
+    def measure(self, attack: str, result: Inversions) -> Report:
+        """The report of :meth:`__call__`, the labels taken as they are."""
         name = result.name or attack
         classifier = self.classifier()
         s, t = result.images.shape[:2]
@@ -201,3 +212,11 @@ def inversion_scorer(split: FederatedSplit, engine: LocalTrainer, settings: Inve
     classifier = inversion_classifier(split, engine, settings, seed, cache_dir, announce)
     inception = load_inception(settings.inception_weights, engine.fabric.device) if settings.inception_weights is not None else None
     return InversionScorer(split, classifier, settings.grid_samples, inception)
+
+
+@SCORERS.register(Inversions)
+def build_inversion_scorer(context: ScoringContext) -> InversionScorer:
+    """:func:`inversion_scorer` with the run's ``evaluation.inversion`` settings, its classifier seeded from the run seed."""
+    settings = OmegaConf.to_object(context.cfg.evaluation.inversion)
+    return inversion_scorer(context.oracle.split, context.oracle.engine, settings,  # type: ignore[arg-type]
+                            derive_seed(context.cfg.seed, "inversion_classifier"), context.cache_dir, context.announce)

@@ -13,6 +13,7 @@ import torch
 from fdattack.attacks.results import LabelDistributions
 from fdattack.data.federated import FederatedSplit
 from fdattack.evaluation.report import Report
+from fdattack.evaluation.scoring import SCORERS, ScoringContext
 from fdattack.functional.intervals import interval_keys, t_interval
 from fdattack.functional.label_distribution import distances, label_proportions, random_distributions
 
@@ -53,3 +54,9 @@ class LabelDistributionScorer:
             metrics.update(interval_keys(f"attack/{attack}/{key}", t_interval(value.numpy())))
         metrics.update({f"attack/{attack}/{key}": value for key, value in self.baselines.items()})
         return Report(metrics=metrics)
+
+
+@SCORERS.register(LabelDistributions)
+def build_label_distribution_scorer(context: ScoringContext) -> LabelDistributionScorer:
+    """The clients' true label distributions, the baselines seeded with the evaluation seed."""
+    return LabelDistributionScorer(context.oracle.split, context.seed)

@@ -6,7 +6,7 @@ private samples and the test samples, or a seeded random part of them, in a shuf
 whose members they are, so membership attacks score every candidate for every target client. For client n the
 evaluator takes its members (its private samples among the candidates) and as many label-matched non-members,
 drawn with replacement from the test candidates (the authors' protocol, §6.6, A18), computes the metrics of
-:func:`~fdattack.metrics.membership.membership_metrics`, and averages them over the clients (§8.2).
+:func:`~fdattack.functional.membership_metrics.membership_metrics`, and averages them over the clients (§8.2).
 """
 
 from __future__ import annotations
@@ -22,8 +22,9 @@ from fdattack.attacks.results import MembershipScores
 from fdattack.data.federated import FederatedSplit
 from fdattack.data.imageset import ImageSet
 from fdattack.evaluation.report import Report
+from fdattack.evaluation.scoring import SCORERS, ScoringContext
 from fdattack.functional.intervals import BOOTSTRAP_RESAMPLES, interval_keys, membership_bootstrap
-from fdattack.metrics.membership import FPR_LEVELS, membership_metrics, roc
+from fdattack.functional.membership_metrics import FPR_LEVELS, membership_metrics, roc
 
 #: origin of a candidate that is nobody's member (a test sample)
 NON_MEMBER = -1
@@ -120,6 +121,19 @@ class MembershipScorer:
         metrics.update({f"attack/{name}/{key}": float(value) for key, value in result.details.items()})
         images = {f"attack/{name}/roc": roc_figure(curves, name)} if curves else {}
         return Report(metrics=metrics, images=images)
+
+
+@SCORERS.register(MembershipScores)
+def build_membership_scorer(context: ScoringContext) -> MembershipScorer:
+    """The scorer against the run's candidate pool, its non-member draws seeded with the evaluation seed.
+
+    Raises:
+        RuntimeError: the run has no candidates (no attack reads them), so membership cannot be scored.
+    """
+    if context.candidates is None:
+        raise RuntimeError("MembershipScores are scored against the attacker's candidate set, but this run has none: the attack "
+                           "that produces them must read it (reads = frozenset({ViewPart.candidates}) on its class)")
+    return MembershipScorer(context.candidates, context.seed, context.cfg.evaluation.bootstrap_resamples)
 
 
 def roc_figure(curves: list[tuple[Tensor, Tensor]], title: str) -> Tensor:

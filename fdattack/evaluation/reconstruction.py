@@ -1,4 +1,5 @@
-"""Ground-truth scoring of reconstructions (pli.md §10): it reads private data, so attacks never hold it."""
+"""Ground-truth scoring of :class:`~fdattack.attacks.results.Reconstructions` (pli.md §10): it reads private data, so
+attacks never hold it. The attack's reconstructions and the prior it starts from (``role="prior"``) are scored alike."""
 
 from __future__ import annotations
 
@@ -7,21 +8,33 @@ from typing import Optional
 import torch
 from torch import Tensor
 
+from fdattack.attacks.results import Reconstructions
 from fdattack.data.federated import FederatedSplit
-from fdattack.functional.intervals import bootstrap_mean_interval, interval_keys, wilson_interval
-from fdattack.metrics.attack_accuracy import attack_accuracy, class_means
-from fdattack.metrics.identity import IdentityScorer
-from fdattack.metrics.image import standard_ssim
+from fdattack.evaluation.identity import IdentityScorer, train_identity_scorer
+from fdattack.evaluation.report import Report
+from fdattack.evaluation.scoring import SCORERS, ScoringContext, check_labels
+from fdattack.functional.attack_accuracy import attack_accuracy, class_means
+from fdattack.functional.image import standard_ssim
+from fdattack.functional.intervals import HIGH, LOW, bootstrap_mean_interval, interval_keys, wilson_interval
+from fdattack.randomness import derive_seed
+
+#: the prior's scores worth a line of their own (Table S-3 and what an inversion must beat)
+PRIOR_METRICS = ("ssim", "accuracy", "eval_top1")
 
 
 class ReconstructionScorer:
-    """``(reconstructions (T,C,H,W), labels (T,)) -> (metrics, grid)`` against the private and public class means.
+    """Scores :class:`Reconstructions` against the private and public class means (:meth:`measure`).
 
     Metrics: accuracy, ssim, ssim_standard, too_close_to_public, chance, and with ``identity`` eval_top1,
     eval_top5 and eval_classifier_accuracy; 95 % intervals (``_ci_low``, ``_ci_high``) beside accuracy, eval_top1 and
     eval_top5 (Wilson over the T targets) and both SSIMs (the percentile bootstrap over the targets). The grid (C, T*H, 3W) in [0, 1] has one row per target: the
     reconstruction, the private mean and the public mean of its label. Private means pool every client's
     private images (pli.md §13.14); public means mix both looks, with the true public labels.
+
+    The attack's reconstructions give ``attack/<attack>/<metric>`` for every metric, the grid
+    ``attack/<attack>/reconstructions`` and the artifact ``<attack>_reconstructions``; its prior (``role="prior"``) gives
+    ``attack/<attack>/prior_<metric>`` for :data:`PRIOR_METRICS` (with their intervals), the grid ``attack/<attack>/prior``
+    and the artifact ``<attack>_prior``.
 
     Args:
         split: the ground truth.
@@ -34,8 +47,26 @@ class ReconstructionScorer:
         self.private_means = class_means(private, private_labels, split.num_classes)
         self.public_means = class_means(split.public.images, split.public.labels, split.num_classes)
         self.identity = identity
+        self.target_labels = tuple(int(j) for j in split.target_labels)
 
-    def __call__(self, recon: Tensor, labels: Tensor) -> tuple[dict[str, float], Tensor]:
+    def __call__(self, attack: str, result: Reconstructions) -> Report:
+        """The report of one attack's reconstructions (or prior); refuses labels that are not the targets, each once
+        (:func:`~fdattack.evaluation.scoring.check_labels`)."""
+        check_labels(attack, result, self.target_labels)
+        scores, grid = self.measure(result.images, result.labels)
+        if result.role == "prior":
+            kept = [k + end for k in PRIOR_METRICS for end in ("", LOW, HIGH)]  # each with its interval
+            return Report(metrics={f"attack/{attack}/prior_{k}": scores[k] for k in kept if k in scores},
+                          images={f"attack/{attack}/prior": grid},
+                          artifacts={f"{attack}_prior": {"images": result.images, "labels": result.labels}})
+        return Report(
+            metrics={f"attack/{attack}/{k}": v for k, v in scores.items()},
+            images={f"attack/{attack}/reconstructions": grid},
+            artifacts={f"{attack}_reconstructions": {"images": result.images, "labels": result.labels}},
+        )
+
+    def measure(self, recon: Tensor, labels: Tensor) -> tuple[dict[str, float], Tensor]:
+        """``(reconstructions (T,C,H,W), labels (T,)) -> (metrics, grid)``."""
         result = attack_accuracy(recon, labels, self.private_means, self.public_means)
         columns = [recon, self.private_means[labels], torch.nan_to_num(self.public_means[labels], nan=-1.0)]
         grid = torch.cat([torch.cat(list(column), dim=-2) for column in columns], dim=-1)
@@ -58,3 +89,16 @@ class ReconstructionScorer:
                 if key in identity:
                     metrics.update(interval_keys(key, wilson_interval(round(identity[key] * targets), targets)))
         return metrics, (grid * 0.5 + 0.5).clamp(0, 1)
+
+
+@SCORERS.register(Reconstructions)
+def build_reconstruction_scorer(context: ScoringContext) -> ReconstructionScorer:
+    """The scorer of reconstructions with its evaluation classifier (``evaluation.classifier``; None: no ``eval_*``
+    metrics), trained here from a seed of its own."""
+    cfg, ev = context.cfg, context.cfg.evaluation
+    if ev.classifier and context.progress is not None:
+        context.progress.activity(f"training the evaluation classifier ({ev.classifier}, {ev.epochs} epochs)")
+    identity = (train_identity_scorer(context.oracle.split, context.oracle.engine, ev.classifier, ev.epochs, ev.lr,
+                                      derive_seed(cfg.seed, 0, "evaluation_classifier"))
+                if ev.classifier else None)
+    return ReconstructionScorer(context.oracle.split, identity)

@@ -1,7 +1,6 @@
-"""Pure math shared across the attack families and protocols: information measures, distillation losses,
-top-k accuracy, LiRA scores (pdafd.md §6.1), the zeroth-order gradient estimator (lattack.md Eq. 6), LabelAvg's
-labels, smoothing and communication cost (lattack.md §3), HSIC (fedinverse.md §5), the Fréchet distance to a fixed
-reference (``functional.frechet``) and the 95 % intervals of every metric (``functional.intervals``)."""
+"""Pure math shared by every side: tensors or arrays in, numbers or tensors out; no I/O, no models, no ground truth.
+Imports only torch, numpy, scipy, torchmetrics and other ``fdattack.functional`` modules, never another part of fdattack.
+Light helpers re-exported here; by module: ``image`` (SSIM), ``attack_accuracy``, ``membership_metrics``, ``inversion_metrics``."""
 
 from fdattack.functional.accuracy import topk_accuracy
 from fdattack.functional.hsic import (

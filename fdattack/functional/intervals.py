@@ -99,7 +99,7 @@ def t_interval(values: Sequence[float] | np.ndarray, confidence: float = CONFIDE
 # ------------------------------------------------------------------------------------------- membership
 def membership_points(members: np.ndarray, non_members: np.ndarray, fpr_levels: Sequence[float]) -> np.ndarray:
     """[TPR at each FPR level, AUC, balanced accuracy] of each row of member and non-member scores, as
-    :func:`fdattack.metrics.membership.membership_metrics` computes them from the ROC over every distinct score.
+    :func:`fdattack.functional.membership_metrics.membership_metrics` computes them from the ROC over every distinct score.
 
     The ROC has a point after each run of equal scores, from the highest down. TPR at FPR ≤ a: the largest TPR of a
     point with at most floor(a · n₀) false positives (0 at none). AUC: the trapezoids under the points (ties count ½).

@@ -1,4 +1,8 @@
-"""LightningModules, usable on their own in any Lightning project."""
+"""LightningModules, usable on their own in any Lightning project (``Trainer.fit``), with plain constructors.
+
+Contract: imports networks (:mod:`fdattack.models`), data types and pure math only; never the engine, the protocols,
+the attacks or the evaluation side (an import-linter contract).
+"""
 
 from fdattack.lit.classifier import ClassifierLitModule, cross_entropy
 from fdattack.lit.gan import WGANGP, KPlusOneGAN

@@ -1,4 +1,7 @@
-"""Networks: the classifier registry (``model.name``) and its builders, the inversion, translation and GAN networks, VMI's flow."""
+"""Networks: the classifier registry (``model.name``) and its builders, the inversion, translation and GAN networks, VMI's flow.
+
+Contract: plain ``torch.nn`` modules; imports nothing of fdattack but the registry.
+"""
 
 from fdattack.models.classifiers import CLASSIFIERS, build_classifier
 from fdattack.models.flows import Glow

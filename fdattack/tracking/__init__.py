@@ -1,4 +1,8 @@
-"""Run records: the run directory, atomic checkpoints, the W&B run, the progress display and the final summary."""
+"""Run records: the run directory, atomic checkpoints, the W&B run, the progress display and the final summary.
+
+Contract: writes what the run hands it (flat metrics, images, configs); knows no protocol, attack or ground truth, and
+imports only pure math and errors.
+"""
 
 from fdattack.tracking.checkpoint import CheckpointDir, atomic_write, load_checkpoint, rng_state, save_checkpoint, set_rng_state
 from fdattack.tracking.progress import Progress, progress_iter, progress_shown

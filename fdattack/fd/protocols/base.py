@@ -3,7 +3,8 @@
 A protocol owns its clients (and server model, where it has one), all of them
 :class:`~fdattack.lit.ClassifierLitModule` set up by the :class:`~fdattack.engine.trainer.LocalTrainer`.
 It never imports an attack; the orchestrator publishes a :class:`~fdattack.fd.record.RoundRecord`
-after each phase.
+after each phase. What its clients' outputs become on the wire (uploads, query answers) is made in
+:mod:`fdattack.fd.uploads`; the protocol decides who uploads and what a query may reach.
 """
 
 from __future__ import annotations
@@ -21,16 +22,16 @@ from fdattack.fd.protocols.settings import ProtocolSettings
 from fdattack.data import partitions
 from fdattack.data.federated import FederatedSplit
 from fdattack.data.imageset import UNLABELED, ImageSet
-from fdattack.defenses.base import Defense, NetworkChange, Release, TrainingDefense, UploadDefense, dense_bytes
+from fdattack.defenses.base import Defense, NetworkChange, TrainingDefense, UploadDefense, dense_bytes
 from fdattack.errors import ConfigError
 from fdattack.fd.adversary import Adversary, checked_aggregate, checked_images, checked_rows
-from fdattack.fd.boundary import plain_tensor
-from fdattack.engine import FitJob, LocalTrainer, ModelHandle, predict_logits
+from fdattack.engine import FitJob, LocalTrainer, ModelHandle
 from fdattack.randomness import derive_seed
-from fdattack.fd.evasion import Evasion, evasive_clients, image_digests
-from fdattack.fd.record import PayloadKind, PublicBatch, PublicQuery, QueryRefusedError, Reply, Upload, checked_model
+from fdattack.fd.evasion import Evasion, evasive_clients
+from fdattack.fd.record import PayloadKind, PublicBatch, PublicQuery, QueryRefusedError, Upload
 from fdattack.fd.threat import Capability, ServerAggregation, ThreatModel
-from fdattack.lit.classifier import ClassifierLitModule, Objective
+from fdattack.fd.uploads import PublicDigests, QueryAnswerer, client_uploads
+from fdattack.lit.classifier import ClassifierLitModule, Objective, cross_entropy
 from fdattack.models import build_classifier
 from fdattack.registry import Registry
 
@@ -130,7 +131,8 @@ class Protocol(ABC):
         evasive = evasive_clients(cfg.evasive_clients, self.num_clients, self.uploads_outputs)
         #: what the evasive clients withhold (pdafd.md §6.7), or None where every client answers everything
         self.evasion = Evasion({k: split.private[k].images for k in sorted(evasive)}, derive_seed(seed, "evasion")) if evasive else None
-        self._public_digests: list[bytes] | None = None
+        #: the public images' digests, read by the evasive clients (protocol-side, computed on first use)
+        self._public_digests = PublicDigests(split.public.images)
 
     # ------------------------------------------------------------------ what the protocol offers
     @classmethod
@@ -273,6 +275,10 @@ class Protocol(ABC):
         if losses:
             ctx.metrics[f"protocol/{phase}_loss"] = float(np.mean(losses))
 
+    def train_on_private(self, ctx: RoundContext, phase: str, epochs: int) -> None:
+        """Train the round's participants on their own private sets for ``epochs`` epochs of cross-entropy (:meth:`train_clients`)."""
+        self.train_clients(ctx, phase, ctx.participants, lambda k: self.split.private[k], epochs, cross_entropy)
+
     def train_server(self, ctx: RoundContext, phase: str, data: ImageSet, epochs: int, objective: Objective,
                      targets: Tensor | None = None) -> None:
         assert self.server is not None
@@ -315,29 +321,21 @@ class Protocol(ABC):
 
     def upload_outputs(self, ctx: RoundContext) -> None:
         """Every participant sends its outputs on the round's public samples, through the upload defenses; an evasive
-        client withholds some rows (:mod:`fdattack.fd.evasion`), counted in ``protocol/withheld_rows``."""
+        client withholds some rows (:mod:`fdattack.fd.evasion`), counted in ``protocol/withheld_rows``
+        (:func:`~fdattack.fd.uploads.client_uploads`)."""
         assert ctx.batch is not None
         kind, temperature = self.upload_kind()
         logits = self.engine.predict_many([self.clients[k] for k in ctx.participants], self.public_subset(ctx))
-        key = batch_key(ctx.batch)
-        parts = self._batch_digests(ctx.batch) if self.evasion is not None else []
-        for row, k in enumerate(ctx.participants):
-            release = Release(k, ctx.round, "upload", kind, key)
-            answered = None if self.evasion is None else ~self.evasion.withheld_parts(k, parts)
-            out, size = as_answered(logits[row], answered, temperature, self.upload_defenses, release)
+        for upload, size, withheld in client_uploads(logits, ctx.participants, ctx.batch, ctx.round, kind, temperature,
+                                                     self.upload_defenses, self.evasion, self._public_digests):
             ctx.count_bytes("upload", size)
-            if answered is not None and not bool(answered.all()):
-                ctx.metrics["protocol/withheld_rows"] = ctx.metrics.get("protocol/withheld_rows", 0.0) + float((~answered).sum())
-            else:
-                answered = None
-            ctx.uploads[k] = Upload(client=k, kind=kind, batch=ctx.batch, outputs=out, temperature=temperature, answered=answered)
+            if withheld:
+                ctx.metrics["protocol/withheld_rows"] = ctx.metrics.get("protocol/withheld_rows", 0.0) + float(withheld)
+            ctx.uploads[upload.client] = upload
 
     def _batch_digests(self, batch: PublicBatch) -> list[list[bytes]]:
         """The two parts of a batch as an evasive client reads them: its public rows' digests, then its added images'."""
-        if self._public_digests is None:
-            self._public_digests = image_digests(self.split.public.images)
-        rows = [self._public_digests[i] for i in batch.rows.tolist()]
-        return [rows, image_digests(batch.added)] if batch.added is not None else [rows]
+        return self._public_digests.of_batch(batch)
 
     def aggregate_uploads(self, ctx: RoundContext, rule: Callable[[Tensor, Tensor], Tensor], kind: PayloadKind) -> Tensor:
         """(N, J) aggregate of the accepted uploads: ``rule(outputs (K', N', J), rows (N',))`` -> (N', J).
@@ -383,7 +381,7 @@ class Protocol(ABC):
         else:
             rows = torch.arange(len(self.split.public))
         kind, temperature = self.upload_kind()
-        answer = _QueryAnswerer(
+        answer = QueryAnswerer(
             {k: self.clients[k].module.net for k in ctx.participants},
             None if self.server is None else self.server.module.net,
             self.split.public.images, self.upload_defenses, kind, temperature, ctx.round, phase,
@@ -446,81 +444,6 @@ class Protocol(ABC):
             "defenses": "; ".join(d.describe() for d in self.defenses) or "none",
             **self.threat_model.describe(),
         }
-
-
-def batch_key(batch: PublicBatch) -> bytes:
-    """What a payload on ``batch`` answers, for :class:`~fdattack.defenses.base.Release`."""
-    key = Release.key_of(batch.rows)
-    return key if batch.added is None else key + Release.key_of(batch.added)
-
-
-def as_answered(logits: Tensor, answered: Tensor | None, temperature: float, defenses: Sequence[UploadDefense],
-                release: Release) -> tuple[Tensor, int]:
-    """:func:`as_sent` of the rows ``answered`` (all where None); withheld rows are zeros and cost nothing on the wire."""
-    if answered is None or bool(answered.all()):
-        return as_sent(logits, temperature, defenses, release)
-    sent, size = as_sent(logits[answered], temperature, defenses, release)
-    out = sent.new_zeros(len(logits), *sent.shape[1:])
-    out[answered] = sent
-    return out, size
-
-
-def as_sent(logits: Tensor, temperature: float, defenses: Sequence[UploadDefense], release: Release) -> tuple[Tensor, int]:
-    """(N, J) logits turned into the payload a client releases, and its size on the wire in bytes.
-
-    The payload is the logits, or their softmax at ``temperature`` for ``probs``, then each upload defense in order.
-    """
-    out = logits if release.kind == "logits" else torch.softmax(logits / temperature, dim=-1)
-    size = dense_bytes(out)
-    for defense in defenses:
-        out = defense.transform(out, release)
-        size = defense.encoded_bytes(out, release, size)
-    return out, size
-
-
-class _QueryAnswerer:
-    """Answers queries from the queried networks alone, as the clients would send their outputs (evasive ones
-    withholding as in their uploads: the answerer holds digests of their private images, no image)."""
-
-    def __init__(self, clients: dict[int, torch.nn.Module], server: torch.nn.Module | None, public_images: Tensor,
-                 defenses: Sequence[UploadDefense], kind: PayloadKind, temperature: float, round: int, phase: str,
-                 device: torch.device, batch_size: int, evasion: Evasion | None = None) -> None:
-        self.clients = clients
-        self.server = server
-        self.public_images = public_images
-        self.defenses = tuple(defenses)
-        self.kind = kind
-        self.temperature = temperature
-        self.round = round
-        self.phase = phase
-        self.device = device
-        self.batch_size = batch_size
-        self.evasion = evasion
-
-    def __call__(self, model: int | str, rows: Tensor) -> Tensor:
-        """Outputs on public ``rows``: the server's logits, or a client's payload (refused where it withholds a row)."""
-        model = checked_model(model)
-        rows = plain_tensor(rows, "queried public rows").to(torch.long).cpu()
-        images = self.public_images[rows]
-        if model == "server":
-            assert self.server is not None
-            return predict_logits(self.server, images, self.device, self.batch_size)
-        reply, _ = self._client_payload(int(model), images, Release.key_of(rows))
-        if not reply.complete:
-            raise QueryRefusedError(f"client {model} withholds {int((~reply.answered).sum())} of these public rows (protocol.evasive_clients)")
-        return reply.outputs
-
-    def on_images(self, client: int, images: Tensor) -> tuple[Reply, int]:
-        """A client's payload on attacker-chosen images (:meth:`Adversary.query`), with the images it answered, and its size
-        on the wire in bytes."""
-        images = checked_images(images, tuple(self.public_images.shape[1:]))
-        return self._client_payload(checked_model(client), images, b"images" + Release.key_of(images))
-
-    def _client_payload(self, client: int, images: Tensor, key: bytes) -> tuple[Reply, int]:
-        withheld = self.evasion.withheld(client, image_digests(images)) if self.evasion is not None else torch.zeros(len(images), dtype=torch.bool)
-        logits = predict_logits(self.clients[client], images, self.device, self.batch_size)
-        outputs, size = as_answered(logits, ~withheld, self.temperature, self.defenses, Release(client, self.round, self.phase, self.kind, key))
-        return Reply(outputs, ~withheld), size
 
 
 PROTOCOLS: Registry[type[Protocol]] = Registry("protocol", "protocol.name")

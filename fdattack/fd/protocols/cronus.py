@@ -9,7 +9,7 @@ import torch
 from fdattack.knobs import knob
 from fdattack.fd.protocols.settings import ProtocolSettings
 from fdattack.fd.aggregation import robust_mean
-from fdattack.lit.objectives import cross_entropy, kl_to_probs, mixed_ce_kl
+from fdattack.lit.objectives import kl_to_probs, mixed_ce_kl
 from fdattack.fd.protocols.base import PROTOCOLS, Phase, Protocol, RoundContext
 from fdattack.fd.record import PayloadKind
 from fdattack.fd.threat import SERVER_POWERS, ThreatModel
@@ -56,10 +56,10 @@ class CronusProtocol(Protocol):
         return head + [Phase("upload", self._upload), Phase("aggregate", self._aggregate, attack_point=True)] + tail
 
     def _warmup(self, ctx: RoundContext) -> None:
-        self.train_clients(ctx, "warmup", ctx.participants, lambda k: self.split.private[k], self.cfg.warmup_private_epochs, cross_entropy)
+        self.train_on_private(ctx, "warmup", self.cfg.warmup_private_epochs)
 
     def _local_train(self, ctx: RoundContext) -> None:
-        self.train_clients(ctx, "local_train", ctx.participants, lambda k: self.split.private[k], self.cfg.private_epochs, cross_entropy)
+        self.train_on_private(ctx, "local_train", self.cfg.private_epochs)
 
     def _upload(self, ctx: RoundContext) -> None:
         self.upload_outputs(ctx)

@@ -9,7 +9,7 @@ import torch
 from fdattack.knobs import Choice, knob
 from fdattack.fd.protocols.settings import ProtocolSettings
 from fdattack.fd.aggregation import era
-from fdattack.lit.objectives import cross_entropy, soft_cross_entropy
+from fdattack.lit.objectives import soft_cross_entropy
 from fdattack.fd.protocols.base import PROTOCOLS, Phase, Protocol, RoundContext
 from fdattack.fd.record import PayloadKind
 from fdattack.fd.threat import SERVER_POWERS, Capability, ThreatModel
@@ -75,10 +75,10 @@ class DSFLProtocol(Protocol):
         return phases
 
     def _warmup(self, ctx: RoundContext) -> None:
-        self.train_clients(ctx, "warmup", ctx.participants, lambda k: self.split.private[k], self.cfg.warmup_private_epochs, cross_entropy)
+        self.train_on_private(ctx, "warmup", self.cfg.warmup_private_epochs)
 
     def _local_train(self, ctx: RoundContext) -> None:
-        self.train_clients(ctx, "local_train", ctx.participants, lambda k: self.split.private[k], self.cfg.private_epochs, cross_entropy)
+        self.train_on_private(ctx, "local_train", self.cfg.private_epochs)
 
     def _upload(self, ctx: RoundContext) -> None:
         self.upload_outputs(ctx)

@@ -13,7 +13,6 @@ from fdattack.fd.protocols.settings import OptimizerName, OptimSettings, Protoco
 from fdattack.errors import ConfigError
 from fdattack.fd.aggregation import fedavg
 from fdattack.randomness import derive_seed
-from fdattack.lit.objectives import cross_entropy
 from fdattack.fd.protocols.base import PROTOCOLS, Phase, Protocol, RoundContext
 from fdattack.fd.threat import ThreatModel
 
@@ -83,7 +82,7 @@ class FedAvgProtocol(Protocol):
         for k in ctx.participants:
             self.clients[k].module.load_state_dict(global_state)
             ctx.count_bytes("download", state_bytes(global_state))
-        self.train_clients(ctx, "local_train", ctx.participants, lambda k: self.split.private[k], self.cfg.local_epochs, cross_entropy)
+        self.train_on_private(ctx, "local_train", self.cfg.local_epochs)
 
     def _upload(self, ctx: RoundContext) -> None:
         for k in ctx.participants:

@@ -83,7 +83,7 @@ class FedGEMSProtocol(Protocol):
         ]
 
     def _local_train(self, ctx: RoundContext) -> None:
-        self.train_clients(ctx, "local_train", ctx.participants, lambda k: self.split.private[k], self.cfg.private_epochs, cross_entropy)
+        self.train_on_private(ctx, "local_train", self.cfg.private_epochs)
 
     def _upload(self, ctx: RoundContext) -> None:
         self.upload_outputs(ctx)

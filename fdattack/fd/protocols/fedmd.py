@@ -82,7 +82,7 @@ class FedMDProtocol(Protocol):
         self.train_clients(ctx, "transfer_public", ctx.participants, lambda k: public, self.cfg.transfer_public_epochs, cross_entropy)
 
     def _transfer_private(self, ctx: RoundContext) -> None:
-        self.train_clients(ctx, "transfer_private", ctx.participants, lambda k: self.split.private[k], self.cfg.transfer_private_epochs, cross_entropy)
+        self.train_on_private(ctx, "transfer_private", self.cfg.transfer_private_epochs)
 
     def _upload(self, ctx: RoundContext) -> None:
         self.upload_outputs(ctx)
@@ -103,7 +103,7 @@ class FedMDProtocol(Protocol):
         self.train_clients(ctx, "digest", ctx.senders, lambda k: public, self.cfg.digest_epochs, self.digest_objective, targets=self.aggregate_for(ctx))
 
     def _revisit(self, ctx: RoundContext) -> None:
-        self.train_clients(ctx, "revisit", ctx.participants, lambda k: self.split.private[k], self.cfg.revisit_epochs, cross_entropy)
+        self.train_on_private(ctx, "revisit", self.cfg.revisit_epochs)
 
     def _server_train(self, ctx: RoundContext) -> None:
         self.train_server(ctx, "server_train", self.public_subset(ctx), self.cfg.server_epochs, cross_entropy)

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from fdattack.metrics.image import pairwise_ssim
+from fdattack.functional.image import pairwise_ssim
 
 
 @dataclass(frozen=True)
