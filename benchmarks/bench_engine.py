@@ -39,8 +39,8 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from fdattack.config import compose  # noqa: E402
-from fdattack.experiment import Experiment  # noqa: E402
 from fdattack.engine.malloc import keep_freed_memory  # noqa: E402
+from fdattack.experiment import Experiment  # noqa: E402
 from fdattack.fd.orchestrator import RoundOrchestrator  # noqa: E402
 
 torch.set_num_threads(1)
@@ -48,9 +48,17 @@ torch.set_num_threads(1)
 
 def overrides(k: int, out: Path) -> list[str]:
     return [
-        f"output_dir={out}", "logger.wandb.mode=disabled", "logger.progress=never", "evaluation.confidence_gap.enabled=false", "attacks=[]",
-        f"protocol.num_clients={k}", "protocol.transfer_public_epochs=0", "protocol.transfer_private_epochs=0",
-        "data.split=random", "data.partition=iid", "data.public_fraction=0.3",
+        f"output_dir={out}",
+        "logger.wandb.mode=disabled",
+        "logger.progress=never",
+        "evaluation.confidence_gap.enabled=false",
+        "attacks=[]",
+        f"protocol.num_clients={k}",
+        "protocol.transfer_public_epochs=0",
+        "protocol.transfer_private_epochs=0",
+        "data.split=random",
+        "data.partition=iid",
+        "data.public_fraction=0.3",
     ]
 
 
@@ -96,7 +104,9 @@ def time_plain_loop(k: int, rounds: int, out: Path) -> list[float]:
         with torch.no_grad():
             for m in models:
                 m.eval()
-            consensus = torch.stack([torch.cat([m(public_x[i:i + 512]) for i in range(0, public_x.shape[0], 512)]) for m in models]).mean(0)
+            consensus = torch.stack([torch.cat([m(public_x[i : i + 512]) for i in range(0, public_x.shape[0], 512)]) for m in models]).mean(
+                0
+            )
         for m, opt, private in zip(models, opts, split.private):
             if k > 1:
                 epoch(m, opt, public_x, consensus, F.l1_loss)
@@ -130,8 +140,15 @@ def trainer_fixed_cost(repeats: int = 20) -> float:
     for _ in range(repeats):
         module = ClassifierLitModule(build_classifier("pli_cnn", 1, 8, 10), 10)
         start = time.perf_counter()
-        trainer = L.Trainer(max_epochs=1, accelerator="cpu", devices=1, logger=False, enable_checkpointing=False,
-                            enable_progress_bar=False, enable_model_summary=False)
+        trainer = L.Trainer(
+            max_epochs=1,
+            accelerator="cpu",
+            devices=1,
+            logger=False,
+            enable_checkpointing=False,
+            enable_progress_bar=False,
+            enable_model_summary=False,
+        )
         trainer.fit(module, data.loader(64))
         samples.append(time.perf_counter() - start)
     module = ClassifierLitModule(build_classifier("pli_cnn", 1, 8, 10), 10)  # not attached to a Trainer: its steps log nothing
@@ -177,8 +194,13 @@ def main() -> None:
             for k in args.clients:
                 for impl in IMPLEMENTATIONS:
                     out = Path(tmp) / f"{impl}-{k}-{rep}"
-                    proc = subprocess.run([sys.executable, __file__, "--rounds", str(args.rounds), "--worker", impl, str(k), str(out)],
-                                          capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"}, check=True)
+                    proc = subprocess.run(
+                        [sys.executable, __file__, "--rounds", str(args.rounds), "--worker", impl, str(k), str(out)],
+                        capture_output=True,
+                        text=True,
+                        env={**os.environ, "OMP_NUM_THREADS": "1"},
+                        check=True,
+                    )
                     row = json.loads(proc.stdout.strip().splitlines()[-1])
                     entry = results.setdefault((impl, k), {"times": [], "peak_mb": []})
                     entry["times"] += row["times"]
@@ -186,14 +208,18 @@ def main() -> None:
     trainer_cost = trainer_fixed_cost()
 
     print(f"FedMD on digits, same total data, {args.rounds} rounds x {args.repeats} repeats, 1 thread per process; medians.")
-    print(f"{'K':>5} {'vectorised s/round':>19} {'per-client s/round':>19} {'plain s/round':>14} {'speed-up':>9} "
-          f"{'fixed cost/client-phase':>24} {'peak RSS MB (vec/per-client/plain)':>35}")
+    print(
+        f"{'K':>5} {'vectorised s/round':>19} {'per-client s/round':>19} {'plain s/round':>14} {'speed-up':>9} "
+        f"{'fixed cost/client-phase':>24} {'peak RSS MB (vec/per-client/plain)':>35}"
+    )
     for k in args.clients:
         t = {impl: statistics.median(results[(impl, k)]["times"]) for impl in IMPLEMENTATIONS}
         rss = "/".join(f"{statistics.median(results[(impl, k)]['peak_mb']):.0f}" for impl in IMPLEMENTATIONS)
         fixed = (t["per-client"] - t["plain"]) / client_phases_per_round(k)
-        print(f"{k:>5} {t['vectorised']:>19.4f} {t['per-client']:>19.4f} {t['plain']:>14.4f} {t['per-client'] / t['vectorised']:>8.2f}x "
-              f"{fixed * 1e3:>21.2f} ms {rss:>35}")
+        print(
+            f"{k:>5} {t['vectorised']:>19.4f} {t['per-client']:>19.4f} {t['plain']:>14.4f} {t['per-client'] / t['vectorised']:>8.2f}x "
+            f"{fixed * 1e3:>21.2f} ms {rss:>35}"
+        )
     print(f"A lightning.Trainer per client-phase would add {trainer_cost * 1e3:.1f} ms (its fixed cost, what the Fabric engine avoids).")
 
 

@@ -2,7 +2,8 @@
 
 ``throughput``: images per second of one inversion-training step (pli.md §7.2, Eq. 3) done the way
 fdattack does it (an ``InversionLitModule`` set up on the Fabric engine, one ``LocalTrainer.fit_module``
-call per epoch driving its ``training_step``, as ``PLIAttack`` trains) and the way a plain loop does it (``InversionDecoder`` + ``torch.optim.Adam`` +
+call per epoch driving its ``training_step``, as ``PLIAttack`` trains) and the way a plain loop does it (``InversionDecoder`` +
+``torch.optim.Adam`` +
 ``F.mse_loss``, the prior term added by hand), on the same network, synthetic data and batches:
 J classes → input 2J ([p0, pk]), C×S×S images, batch 8 and max_width 1024 as in the paper. Each
 (implementation, repeat) runs in its own subprocess, alternating, so machine noise hits both alike;
@@ -171,9 +172,11 @@ def throughput(args: argparse.Namespace) -> None:
             samples[impl].append(row["images_per_s"])
     medians = {impl: statistics.median(values) for impl, values in samples.items()}
     rows = [[label, f"{medians[impl]:.1f}", f"{medians[impl] / medians['plain']:.2f}"] for impl, label in IMPLEMENTATIONS.items()]
-    print(f"Inversion training (Eq. 3, gamma {args.gamma}): J = {args.classes} (input {2 * args.classes}), "
-          f"{args.channels}x{args.image_size}x{args.image_size}, batch {args.batch_size}, max_width {args.max_width}; "
-          f"{args.steps} timed steps after {args.warmup}, median of {args.repeats} repeats, {args.threads} thread(s) per process.")
+    print(
+        f"Inversion training (Eq. 3, gamma {args.gamma}): J = {args.classes} (input {2 * args.classes}), "
+        f"{args.channels}x{args.image_size}x{args.image_size}, batch {args.batch_size}, max_width {args.max_width}; "
+        f"{args.steps} timed steps after {args.warmup}, median of {args.repeats} repeats, {args.threads} thread(s) per process."
+    )
     print(f"Machine: {machine()}")
     print()
     print(markdown_table(["implementation", "images/s", "ratio (fdattack/plain)"], rows))
@@ -224,7 +227,9 @@ def memory_worker(args: argparse.Namespace) -> None:
         seed = 10_007 if model == "server" else int(model)
         return torch.randn(n, j, generator=torch.Generator().manual_seed(seed))[rows]
 
-    settings = PLISettings(max_width=args.max_width, epochs_per_round=1, batch_size=args.batch_size, prior=PriorSettings(kind=PriorKind.naive))
+    settings = PLISettings(
+        max_width=args.max_width, epochs_per_round=1, batch_size=args.batch_size, prior=PriorSettings(kind=PriorKind.naive)
+    )
     baseline = peak_rss_mb()
     with tempfile.TemporaryDirectory() as folder:
         store = ClientStateStore(Path(folder) if args.store == "disk" else None)
@@ -232,7 +237,9 @@ def memory_worker(args: argparse.Namespace) -> None:
         started = time.perf_counter()
         for round in range(1, args.rounds + 1):
             query = PublicQuery(answer, round, "server_train", torch.arange(n), clients, has_server=True)
-            attack.on_record(RoundRecord(round=round, phase="server_train", protocol="fedmd", participants=clients, attack_point=True, query=query))
+            attack.on_record(
+                RoundRecord(round=round, phase="server_train", protocol="fedmd", participants=clients, attack_point=True, query=query)
+            )
             query.close()
             attack.on_round_end(round)
         elapsed = time.perf_counter() - started
@@ -244,18 +251,45 @@ def memory(args: argparse.Namespace) -> None:
     if args.worker:
         memory_worker(args)
         return
-    flags = ["--classes", str(args.classes), "--image-size", str(args.image_size), "--channels", str(args.channels),
-             "--max-width", str(args.max_width), "--batch-size", str(args.batch_size), "--public", str(args.public),
-             "--targets", str(args.targets), "--rounds", str(args.rounds), "--threads", str(args.threads)]
+    flags = [
+        "--classes",
+        str(args.classes),
+        "--image-size",
+        str(args.image_size),
+        "--channels",
+        str(args.channels),
+        "--max-width",
+        str(args.max_width),
+        "--batch-size",
+        str(args.batch_size),
+        "--public",
+        str(args.public),
+        "--targets",
+        str(args.targets),
+        "--rounds",
+        str(args.rounds),
+        "--threads",
+        str(args.threads),
+    ]
     rows, first = [], {}
     for store in ("disk", "memory"):
         for k in args.clients:
             result = run_worker(["memory", *flags, "--store", store, "--worker-clients", str(k), "--worker", "yes"], args.threads)
             first.setdefault(store, result["peak_mb"])
-            rows.append([store, str(k), f"{result['peak_mb']:.0f}", f"{result['peak_mb'] - result['baseline_mb']:.0f}",
-                         f"{result['peak_mb'] / first[store]:.2f}", f"{result['seconds']:.0f}"])
-    print(f"PLI rounds: J = {args.classes}, {args.channels}x{args.image_size}x{args.image_size}, max_width {args.max_width}, "
-          f"|D_0| = {args.public}, {args.targets} targets, {args.rounds} rounds, batch {args.batch_size}, {args.threads} thread(s).")
+            rows.append(
+                [
+                    store,
+                    str(k),
+                    f"{result['peak_mb']:.0f}",
+                    f"{result['peak_mb'] - result['baseline_mb']:.0f}",
+                    f"{result['peak_mb'] / first[store]:.2f}",
+                    f"{result['seconds']:.0f}",
+                ]
+            )
+    print(
+        f"PLI rounds: J = {args.classes}, {args.channels}x{args.image_size}x{args.image_size}, max_width {args.max_width}, "
+        f"|D_0| = {args.public}, {args.targets} targets, {args.rounds} rounds, batch {args.batch_size}, {args.threads} thread(s)."
+    )
     print(f"Machine: {machine()}")
     print()
     print(markdown_table(["client store", "K", "peak RSS MB", "attack's share MB", f"ratio to K = {args.clients[0]}", "s"], rows))
@@ -298,8 +332,12 @@ def gan_networks(args: argparse.Namespace) -> dict[str, torch.nn.Module]:
 
     torch.manual_seed(0)
     c, s, k = args.channels, args.image_size, args.classes
-    nets = {"generator": Generator(c, s, args.z_dim, args.width), "critic": DGWGAN(c, s, args.width),
-            "discriminator": MinibatchDiscriminator(c, s, k, args.width), "target": build_classifier("fedinverse_cnn", c, s, k)}
+    nets = {
+        "generator": Generator(c, s, args.z_dim, args.width),
+        "critic": DGWGAN(c, s, args.width),
+        "discriminator": MinibatchDiscriminator(c, s, k, args.width),
+        "target": build_classifier("fedinverse_cnn", c, s, k),
+    }
     return {name: net.to(args.device) for name, net in nets.items()}
 
 
@@ -343,15 +381,28 @@ def search_setup(args: argparse.Namespace) -> Timed:
     return search
 
 
-def plain_gmi_search(g: torch.nn.Module, critic: torch.nn.Module, target: torch.nn.Module, labels: Tensor, z: Tensor, iterations: int,
-                     lr: float, lam: float, hsic: Callable[[Tensor], Tensor] | None, momentum: float = 0.9) -> float:
+def plain_gmi_search(
+    g: torch.nn.Module,
+    critic: torch.nn.Module,
+    target: torch.nn.Module,
+    labels: Tensor,
+    z: Tensor,
+    iterations: int,
+    lr: float,
+    lam: float,
+    hsic: Callable[[Tensor], Tensor] | None,
+    momentum: float = 0.9,
+) -> float:
     """GMI's attack loop as the authors write it, all restarts in one batch."""
     s, t, d = z.shape
     y, v = labels.repeat(s), torch.zeros_like(z)
     for _ in range(iterations):
         z = z.detach().requires_grad_(True)
         x = g(z.view(s * t, d))
-        loss = -critic(x).view(s, t).mean(dim=1).sum() + lam * F.cross_entropy(target(2 * x - 1), y, reduction="none").view(s, t).mean(dim=1).sum()
+        loss = (
+            -critic(x).view(s, t).mean(dim=1).sum()
+            + lam * F.cross_entropy(target(2 * x - 1), y, reduction="none").view(s, t).mean(dim=1).sum()
+        )
         if hsic is not None:
             loss = loss + sum(hsic(batch) for batch in x.view(s, t, *x.shape[1:]))
         loss.backward()
@@ -361,8 +412,18 @@ def plain_gmi_search(g: torch.nn.Module, critic: torch.nn.Module, target: torch.
     return iterations
 
 
-def plain_kedmi_search(g: torch.nn.Module, disc: torch.nn.Module, target: torch.nn.Module, labels: Tensor, iterations: int, z_dim: int,
-                       lr: float, lam: float, hsic: Callable[[Tensor], Tensor] | None, noise: torch.Generator) -> float:
+def plain_kedmi_search(
+    g: torch.nn.Module,
+    disc: torch.nn.Module,
+    target: torch.nn.Module,
+    labels: Tensor,
+    iterations: int,
+    z_dim: int,
+    lr: float,
+    lam: float,
+    hsic: Callable[[Tensor], Tensor] | None,
+    noise: torch.Generator,
+) -> float:
     """KED-MI's distributional search as the authors write it."""
     mu = torch.zeros(len(labels), z_dim, device=labels.device, requires_grad=True)
     log_var = torch.zeros(len(labels), z_dim, device=labels.device, requires_grad=True)
@@ -380,7 +441,9 @@ def plain_kedmi_search(g: torch.nn.Module, disc: torch.nn.Module, target: torch.
 
 
 def gan_images(args: argparse.Namespace) -> Tensor:
-    return (torch.rand(args.gan_images, args.channels, args.image_size, args.image_size, generator=torch.Generator().manual_seed(3)) * 2 - 1).to(args.device)
+    return (
+        torch.rand(args.gan_images, args.channels, args.image_size, args.image_size, generator=torch.Generator().manual_seed(3)) * 2 - 1
+    ).to(args.device)
 
 
 def training_setup(args: argparse.Namespace) -> Timed:
@@ -400,14 +463,17 @@ def training_setup(args: argparse.Namespace) -> Timed:
     c, s = args.channels, args.image_size
     if args.worker_task == "wgangp":
         module = WGANGP(c, s, args.z_dim, args.width, n_critic=args.n_critic)
+
         def rows(epoch: int) -> object:
             return TensorRows(x=images)
     else:
         target = gan_networks(args)["target"]
         frozen(target)
         module = KPlusOneGAN(c, s, target, args.classes, args.z_dim, args.width, n_critic=args.n_critic)
+
         def rows(epoch: int) -> object:
             return PriorViews(images, torch.Generator().manual_seed(epoch))
+
     engine = LocalTrainer(make_fabric(args.device, 1, "auto", 1, "32-true"), b)
     handle = engine.setup("gan", module)
 
@@ -468,7 +534,9 @@ def plain_kplus1(nets: dict[str, torch.nn.Module], images: Tensor, epochs: int, 
                 soft = F.softmax(target(x), dim=1)
                 fake = g(torch.randn(b, g.z_dim, device=x.device))
             labeled, lse_u, lse_f = d((x + 1) / 2)[1], torch.logsumexp(d((xu + 1) / 2)[1], dim=1), torch.logsumexp(d(fake)[1], dim=1)
-            d_loss = -(soft * F.log_softmax(labeled, dim=1)).sum(dim=1).mean() + 0.5 * ((F.softplus(lse_u) - lse_u).mean() + F.softplus(lse_f).mean())
+            d_loss = -(soft * F.log_softmax(labeled, dim=1)).sum(dim=1).mean() + 0.5 * (
+                (F.softplus(lse_u) - lse_u).mean() + F.softplus(lse_f).mean()
+            )
             d_opt.zero_grad()
             d_loss.backward()
             d_opt.step()
@@ -506,8 +574,23 @@ def gan_worker(args: argparse.Namespace) -> None:
 
 
 def gan_flags(args: argparse.Namespace) -> list[str]:
-    names = ("image_size", "channels", "classes", "z_dim", "width", "labels", "seeds", "iterations", "hsic_lambda", "gan_images",
-             "batch_size", "epochs", "n_critic", "threads", "device")
+    names = (
+        "image_size",
+        "channels",
+        "classes",
+        "z_dim",
+        "width",
+        "labels",
+        "seeds",
+        "iterations",
+        "hsic_lambda",
+        "gan_images",
+        "batch_size",
+        "epochs",
+        "n_critic",
+        "threads",
+        "device",
+    )
     return [item for name in names for item in (f"--{name.replace('_', '-')}", str(getattr(args, name)))]
 
 
@@ -519,7 +602,7 @@ def gan(args: argparse.Namespace) -> None:
     samples = {(task, impl): [] for task in args.tasks for impl in GAN_IMPLEMENTATIONS}
     for repeat in range(args.repeats):
         for task in args.tasks:
-            for impl in (list(GAN_IMPLEMENTATIONS) if repeat % 2 == 0 else list(reversed(GAN_IMPLEMENTATIONS))):
+            for impl in list(GAN_IMPLEMENTATIONS) if repeat % 2 == 0 else list(reversed(GAN_IMPLEMENTATIONS)):
                 samples[(task, impl)].append(run_worker(["gan", *gan_flags(args), "--worker-task", task, "--worker", impl], args.threads))
     memory = "peak CUDA MB" if args.device == "cuda" else "peak RSS MB (growth)"
     rows = []
@@ -529,13 +612,22 @@ def gan(args: argparse.Namespace) -> None:
         for impl, label in GAN_IMPLEMENTATIONS.items():
             peak = max(r["peak_mb"] for r in samples[(task, impl)])
             growth = max(r["growth_mb"] for r in samples[(task, impl)])
-            rows.append([f"{what}, {label}", f"{rate[impl]:.1f} {unit}", f"{rate[impl] / rate['plain']:.2f}",
-                         f"{peak:.0f}" if args.device == "cuda" else f"{peak:.0f} (+{growth:.0f})"])
+            rows.append(
+                [
+                    f"{what}, {label}",
+                    f"{rate[impl]:.1f} {unit}",
+                    f"{rate[impl] / rate['plain']:.2f}",
+                    f"{peak:.0f}" if args.device == "cuda" else f"{peak:.0f} (+{growth:.0f})",
+                ]
+            )
     c, s = args.channels, args.image_size
-    print(f"FedInverse GAN inversion: {c}x{s}x{s} images, z_dim {args.z_dim}, GAN width {args.width}, K = {args.classes}, MCNN target; "
-          f"search: {args.seeds} GMI restarts x {args.labels} labels (KED-MI: {args.labels} labels), {args.iterations} timed iterations, "
-          f"lambda_H {args.hsic_lambda}; GAN training: {args.gan_images} images, batch {args.batch_size}, n_critic {args.n_critic}, "
-          f"{args.epochs} timed epoch(s); each after one untimed run; median of {args.repeats} repeats, {args.threads} thread(s), {args.device}.")
+    print(
+        f"FedInverse GAN inversion: {c}x{s}x{s} images, z_dim {args.z_dim}, GAN width {args.width}, K = {args.classes}, MCNN target; "
+        f"search: {args.seeds} GMI restarts x {args.labels} labels (KED-MI: {args.labels} labels), {args.iterations} timed iterations, "
+        f"lambda_H {args.hsic_lambda}; GAN training: {args.gan_images} images, batch {args.batch_size}, n_critic {args.n_critic}, "
+        f"{args.epochs} timed epoch(s); each after one untimed run; median of {args.repeats} repeats, {args.threads} thread(s), "
+        f"{args.device}."
+    )
     print(f"Machine: {machine()}" + (f", {torch.cuda.get_device_name()}" if args.device == "cuda" else ""))
     print()
     print(markdown_table(["task, implementation", "throughput", "ratio (fdattack/plain)", memory], rows))

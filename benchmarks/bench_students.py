@@ -32,10 +32,10 @@ sys.path.insert(0, str(REPO))
 from fdattack.config import compose  # noqa: E402
 from fdattack.data.federated import build_split  # noqa: E402
 from fdattack.engine import FitJob, LocalTrainer, make_fabric  # noqa: E402
-from fdattack.randomness import derive_seed  # noqa: E402
 from fdattack.engine.malloc import keep_freed_memory  # noqa: E402
 from fdattack.lit.student import DistillationStudent  # noqa: E402
 from fdattack.models import build_classifier  # noqa: E402
+from fdattack.randomness import derive_seed  # noqa: E402
 
 torch.set_num_threads(1)
 IMPLEMENTATIONS = ("vectorised", "per-model", "plain")
@@ -72,7 +72,11 @@ def train_fdattack(images: torch.Tensor, teacher: torch.Tensor, arch: str, k: in
     for i, rows in enumerate(shares(k, len(images))):
         torch.manual_seed(i)
         student = DistillationStudent(arch, teacher.shape[1], "l1", in_channels=images.shape[1], image_size=images.shape[2])
-        jobs.append(FitJob(engine.setup(f"student{i}", student), public.subset(rows), epochs, student.objective, derive_seed(i), targets=teacher[rows]))
+        jobs.append(
+            FitJob(
+                engine.setup(f"student{i}", student), public.subset(rows), epochs, student.objective, derive_seed(i), targets=teacher[rows]
+            )
+        )
     engine.fit_many(jobs)
 
 
@@ -119,22 +123,34 @@ def main() -> None:
         for data in args.data:
             for k in args.students:
                 for impl in IMPLEMENTATIONS:
-                    proc = subprocess.run([sys.executable, __file__, "--epochs", str(args.epochs), "--worker", impl, data, str(k)],
-                                          capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"}, check=True, cwd=REPO)
+                    proc = subprocess.run(
+                        [sys.executable, __file__, "--epochs", str(args.epochs), "--worker", impl, data, str(k)],
+                        capture_output=True,
+                        text=True,
+                        env={**os.environ, "OMP_NUM_THREADS": "1"},
+                        check=True,
+                        cwd=REPO,
+                    )
                     row = json.loads(proc.stdout.strip().splitlines()[-1])
                     entry = results.setdefault((data, impl, k), {"seconds": [], "peak_mb": []})
                     entry["seconds"].append(row["seconds"])
                     entry["peak_mb"].append(row["peak_mb"])
-    print(f"Shadow students of one target (L1 distillation, batch {BATCH}, {int(FRACTION * 100)} % of the public rows each), "
-          f"{args.epochs} epochs, {args.repeats} repeats, 1 thread per process; medians.")
-    print(f"{'data':>6} {'K':>4} {'vectorised st/min':>18} {'per-model st/min':>17} {'plain st/min':>13} {'speed-up vs plain':>18} "
-          f"{'peak RSS MB (vec/per-model/plain)':>34}")
+    print(
+        f"Shadow students of one target (L1 distillation, batch {BATCH}, {int(FRACTION * 100)} % of the public rows each), "
+        f"{args.epochs} epochs, {args.repeats} repeats, 1 thread per process; medians."
+    )
+    print(
+        f"{'data':>6} {'K':>4} {'vectorised st/min':>18} {'per-model st/min':>17} {'plain st/min':>13} {'speed-up vs plain':>18} "
+        f"{'peak RSS MB (vec/per-model/plain)':>34}"
+    )
     for data in args.data:
         for k in args.students:
             rate = {impl: 60 * k / statistics.median(results[(data, impl, k)]["seconds"]) for impl in IMPLEMENTATIONS}
             rss = "/".join(f"{statistics.median(results[(data, impl, k)]['peak_mb']):.0f}" for impl in IMPLEMENTATIONS)
-            print(f"{data:>6} {k:>4} {rate['vectorised']:>18.1f} {rate['per-model']:>17.1f} {rate['plain']:>13.1f} "
-                  f"{rate['vectorised'] / rate['plain']:>17.2f}x {rss:>34}")
+            print(
+                f"{data:>6} {k:>4} {rate['vectorised']:>18.1f} {rate['per-model']:>17.1f} {rate['plain']:>13.1f} "
+                f"{rate['vectorised'] / rate['plain']:>17.2f}x {rss:>34}"
+            )
 
 
 if __name__ == "__main__":

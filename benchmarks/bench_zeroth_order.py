@@ -102,11 +102,21 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     parser.add_argument("--batch", type=int, default=100, help="B, generator samples per estimate (the paper's batch)")
     parser.add_argument("--m", type=int, nargs="+", default=[5, 10, 20], help="directions per sample (the paper's values)")
-    parser.add_argument("--answers", nargs="+", choices=("logits", "labelavg"), default=["logits", "labelavg"],
-                        help="what the victim answers: raw logits (FedMD) or LabelAvg's top-K labels")
+    parser.add_argument(
+        "--answers",
+        nargs="+",
+        choices=("logits", "labelavg"),
+        default=["logits", "labelavg"],
+        help="what the victim answers: raw logits (FedMD) or LabelAvg's top-K labels",
+    )
     parser.add_argument("--top-k", type=int, default=3, help="K of the labelavg answers")
     parser.add_argument("--model", default="pdafd_cnn", help="the victim's classifier registry name")
-    parser.add_argument("--predict-batch", type=int, default=512, help="rows per pass of fdattack's victim (the engine's predict batch size); 0 = all in one")
+    parser.add_argument(
+        "--predict-batch",
+        type=int,
+        default=512,
+        help="rows per pass of fdattack's victim (the engine's predict batch size); 0 = all in one",
+    )
     parser.add_argument("--steps", type=int, default=10, help="timed estimates per measurement")
     parser.add_argument("--warmup", type=int, default=2, help="untimed estimates first")
     parser.add_argument("--repeats", type=int, default=3, help="measurements per implementation, alternating")
@@ -131,17 +141,32 @@ def main() -> None:
             diff = float((estimates[0] - estimates[1]).abs().max())
             rates: dict[str, list[float]] = {impl: [] for impl in IMPLEMENTATIONS}
             for repeat in range(args.repeats):
-                for impl in (list(IMPLEMENTATIONS) if repeat % 2 == 0 else list(reversed(IMPLEMENTATIONS))):
+                for impl in list(IMPLEMENTATIONS) if repeat % 2 == 0 else list(reversed(IMPLEMENTATIONS)):
                     rates[impl].append(queries_per_second(ESTIMATES[impl], losses[impl], x, m, args))
             fd, plain = (statistics.median(rates[impl]) for impl in IMPLEMENTATIONS)
             rows.append([answer, str(m), str(args.batch * (m + 1)), f"{fd:.0f}", f"{plain:.0f}", f"{fd / plain:.2f}", f"{diff:.1e}"])
-    print(f"L-Attack zeroth-order estimate (Eq. 6, eps {EPSILON}): victim {args.model} on 1x28x28, C = 10, B = {args.batch}, "
-          f"LabelAvg K = {args.top_k}, fdattack's victim in passes of {args.predict_batch or 'all'} rows; {args.steps} timed estimates after {args.warmup}, median of {args.repeats} alternating repeats, "
-          f"{args.threads} thread(s), {args.device}.")
+    print(
+        f"L-Attack zeroth-order estimate (Eq. 6, eps {EPSILON}): victim {args.model} on 1x28x28, C = 10, B = {args.batch}, "
+        f"LabelAvg K = {args.top_k}, fdattack's victim in passes of {args.predict_batch or 'all'} rows; {args.steps} timed estimates "
+        f"after {args.warmup}, median of {args.repeats} alternating repeats, "
+        f"{args.threads} thread(s), {args.device}."
+    )
     print(f"Machine: {machine()}" + (f", {torch.cuda.get_device_name()}" if args.device == "cuda" else ""))
     print()
-    print(markdown_table(["answer", "m", "queries/estimate", f"{IMPLEMENTATIONS['fdattack']} q/s", f"{IMPLEMENTATIONS['plain']} q/s",
-                          "ratio (fdattack/plain)", "max |diff|"], rows))
+    print(
+        markdown_table(
+            [
+                "answer",
+                "m",
+                "queries/estimate",
+                f"{IMPLEMENTATIONS['fdattack']} q/s",
+                f"{IMPLEMENTATIONS['plain']} q/s",
+                "ratio (fdattack/plain)",
+                "max |diff|",
+            ],
+            rows,
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -41,24 +41,61 @@ class Row:
 
 #: per table: its rows and the metrics shown (metric key, column title)
 TABLES: dict[str, tuple[list[Row], list[tuple[str, str]]]] = {
-    "default": ([Row("fedmd_digits (the default run, with the public mean)", None, ("attacks=[pli,tbi,ldia,public_mean]",))],
-                [("attack/pli/accuracy", "PLI acc."), ("attack/pli/eval_top1", "PLI eval top-1"), ("attack/tbi/accuracy", "TBI acc."),
-                 ("attack/public_mean/accuracy", "public mean acc."), ("attack/pli/chance", "chance"), ("attack/ldia/kl", "LDIA KL"),
-                 ("attack/ldia/uniform_kl", "uniform KL"), ("protocol/client_acc_mean", "client acc.")]),
-    "pli": ([Row(f"{data} {protocol}", f"conf/experiment/pli_{protocol}_{data}.yaml") for data in ("att_faces", "mnist")
-             for protocol in ("fedmd", "fedgems", "dsfl")],
-            [("attack/pli/accuracy", "PLI acc."), ("attack/pli/ssim", "PLI SSIM"), ("attack/pli/prior_accuracy", "prior acc."),
-             ("attack/tbi/accuracy", "TBI acc."), ("attack/pli/eval_top1", "PLI eval top-1"), ("protocol/client_acc_mean", "client acc.")]),
-    "defenses": ([Row(f"Laplace b = {b}", "conf/experiment/pli_fedmd_att_faces.yaml", ("defenses=[laplace]", f"defense.laplace.scale={b}"))
-                  for b in (1.0, 2.0, 0.5)]
-                 + [Row(f"top-{k}", "conf/experiment/pli_fedmd_att_faces.yaml", ("defenses=[topk]", f"defense.topk.k={k}")) for k in (1, 3)]
-                 + [Row("none", "conf/experiment/pli_fedmd_att_faces.yaml", home="pli/att_faces_fedmd")],
-                 [("attack/pli/accuracy", "PLI acc."), ("attack/pli/ssim", "PLI SSIM"), ("attack/tbi/accuracy", "TBI acc."),
-                  ("protocol/client_acc_mean", "client acc.")]),
-    "pdafd": ([Row(protocol, f"conf/experiment/ldia_lira_{protocol}_mnist.yaml", ("protocol.rounds=5", "data.dirichlet_alpha=1"))
-               for protocol in ("fedmd", "dsfl", "cronus")],
-              [("attack/ldia/kl", "LDIA KL"), ("attack/ldia/uniform_kl", "uniform KL"), ("attack/lira_distill/tpr_at_1pct_fpr", "distill. LiRA TPR@1%"),
-               ("attack/lira_distill/auc", "distill. LiRA AUC"), ("protocol/client_acc_mean", "client acc.")]),
+    "default": (
+        [Row("fedmd_digits (the default run, with the public mean)", None, ("attacks=[pli,tbi,ldia,public_mean]",))],
+        [
+            ("attack/pli/accuracy", "PLI acc."),
+            ("attack/pli/eval_top1", "PLI eval top-1"),
+            ("attack/tbi/accuracy", "TBI acc."),
+            ("attack/public_mean/accuracy", "public mean acc."),
+            ("attack/pli/chance", "chance"),
+            ("attack/ldia/kl", "LDIA KL"),
+            ("attack/ldia/uniform_kl", "uniform KL"),
+            ("protocol/client_acc_mean", "client acc."),
+        ],
+    ),
+    "pli": (
+        [
+            Row(f"{data} {protocol}", f"conf/experiment/pli_{protocol}_{data}.yaml")
+            for data in ("att_faces", "mnist")
+            for protocol in ("fedmd", "fedgems", "dsfl")
+        ],
+        [
+            ("attack/pli/accuracy", "PLI acc."),
+            ("attack/pli/ssim", "PLI SSIM"),
+            ("attack/pli/prior_accuracy", "prior acc."),
+            ("attack/tbi/accuracy", "TBI acc."),
+            ("attack/pli/eval_top1", "PLI eval top-1"),
+            ("protocol/client_acc_mean", "client acc."),
+        ],
+    ),
+    "defenses": (
+        [
+            Row(f"Laplace b = {b}", "conf/experiment/pli_fedmd_att_faces.yaml", ("defenses=[laplace]", f"defense.laplace.scale={b}"))
+            for b in (1.0, 2.0, 0.5)
+        ]
+        + [Row(f"top-{k}", "conf/experiment/pli_fedmd_att_faces.yaml", ("defenses=[topk]", f"defense.topk.k={k}")) for k in (1, 3)]
+        + [Row("none", "conf/experiment/pli_fedmd_att_faces.yaml", home="pli/att_faces_fedmd")],
+        [
+            ("attack/pli/accuracy", "PLI acc."),
+            ("attack/pli/ssim", "PLI SSIM"),
+            ("attack/tbi/accuracy", "TBI acc."),
+            ("protocol/client_acc_mean", "client acc."),
+        ],
+    ),
+    "pdafd": (
+        [
+            Row(protocol, f"conf/experiment/ldia_lira_{protocol}_mnist.yaml", ("protocol.rounds=5", "data.dirichlet_alpha=1"))
+            for protocol in ("fedmd", "dsfl", "cronus")
+        ],
+        [
+            ("attack/ldia/kl", "LDIA KL"),
+            ("attack/ldia/uniform_kl", "uniform KL"),
+            ("attack/lira_distill/tpr_at_1pct_fpr", "distill. LiRA TPR@1%"),
+            ("attack/lira_distill/auc", "distill. LiRA AUC"),
+            ("protocol/client_acc_mean", "client acc."),
+        ],
+    ),
 }
 
 
@@ -69,8 +106,18 @@ def folder_name(row: Row) -> str:
 def run_row(row: Row, seeds: list[int], root: Path, table: str) -> dict:
     """Run (or continue) the row's replicas under ``root`` (in its table's folder, or its home); returns their aggregate."""
     out = root / (row.home or f"{table}/{folder_name(row)}")
-    cmd = [sys.executable, "-m", "fdattack", "run", *([row.experiment] if row.experiment else []), *row.overrides,
-           f"seeds=[{','.join(map(str, seeds))}]", f"output_dir={out}", "logger.wandb.mode=disabled", "logger.progress=never"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "fdattack",
+        "run",
+        *([row.experiment] if row.experiment else []),
+        *row.overrides,
+        f"seeds=[{','.join(map(str, seeds))}]",
+        f"output_dir={out}",
+        "logger.wandb.mode=disabled",
+        "logger.progress=never",
+    ]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
     started = time.perf_counter()
     proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True)
@@ -84,7 +131,9 @@ def cell(metrics: dict, key: str) -> str:
     value, low, high = metrics.get(key), metrics.get(key + "_ci_low"), metrics.get(key + "_ci_high")
     if value is None or not math.isfinite(value):
         return "–"
-    interval = f" [{low:.3g}, {high:.3g}]" if low is not None and high is not None and math.isfinite(low) and f"{low:.3g}" != f"{high:.3g}" else ""
+    interval = (
+        f" [{low:.3g}, {high:.3g}]" if low is not None and high is not None and math.isfinite(low) and f"{low:.3g}" != f"{high:.3g}" else ""
+    )
     return f"{value:.3g}{interval}"
 
 
@@ -111,8 +160,13 @@ def main() -> None:
         print("|---|" + "---|" * len(columns))
         for row, metrics in results:
             print(f"| {row.name} | " + " | ".join(cell(metrics, key) for key, _ in columns) + " |")
-        surviving = [f"{a.name} vs {b.name}: {title}" for i, (a, ma) in enumerate(results) for b, mb in results[i + 1:]
-                     for key, title in columns if separated(ma, mb, key)]
+        surviving = [
+            f"{a.name} vs {b.name}: {title}"
+            for i, (a, ma) in enumerate(results)
+            for b, mb in results[i + 1 :]
+            for key, title in columns
+            if separated(ma, mb, key)
+        ]
         print("\nDifferences whose intervals do not overlap: " + ("; ".join(surviving) if surviving else "none"))
 
 

@@ -31,23 +31,49 @@ from fdattack.functional.intervals import t_interval
 
 REPO = Path(__file__).resolve().parents[1]
 ATTACKS = ("kedmi", "gmi")
-SMALL_MNIST = ["data=mnist_fedinverse", "data.image_size=16", "data.max_per_class=200", "protocol.num_clients=5", "protocol.fraction=1.0",
-               "protocol.rounds=1", "evaluation.inversion.epochs=5", f"attacks=[{','.join(ATTACKS)}]"]
-SMALL_MNIST += [f"attack.{a}.{key}" for a in ATTACKS for key in ("gan_width=16", "gan_epochs=15", "gan_batch_size=64", "gan_lr=1e-3", "iterations=200")]
+SMALL_MNIST = [
+    "data=mnist_fedinverse",
+    "data.image_size=16",
+    "data.max_per_class=200",
+    "protocol.num_clients=5",
+    "protocol.fraction=1.0",
+    "protocol.rounds=1",
+    "evaluation.inversion.epochs=5",
+    f"attacks=[{','.join(ATTACKS)}]",
+]
+SMALL_MNIST += [
+    f"attack.{a}.{key}" for a in ATTACKS for key in ("gan_width=16", "gan_epochs=15", "gan_batch_size=64", "gan_lr=1e-3", "iterations=200")
+]
 DEFENSES = {"none": [], "mid": ["defenses=[mid]"], "mid_beta0.1": ["defenses=[mid]", "defense.mid.beta=0.1"], "bido": ["defenses=[bido]"]}
 #: (metric key, column title)
 METRICS = [("protocol/server_acc", "server acc.")] + [
-    (f"attack/{a}/{key}", f"{a} {title}") for a in ATTACKS for key, title in (("top1", "eval top-1"), ("target_top1", "target top-1"), ("knn_dist", "KNN dist."))]
+    (f"attack/{a}/{key}", f"{a} {title}")
+    for a in ATTACKS
+    for key, title in (("top1", "eval top-1"), ("target_top1", "target top-1"), ("knn_dist", "KNN dist."))
+]
 
 
 def run(defense: str, seed: int, root: Path) -> dict:
     """The metrics of one (defense, seed) run, running it unless its folder holds them."""
     out = root / f"{defense}_{seed}"
     if not (out / "metrics.json").exists():
-        cmd = [sys.executable, "-m", "fdattack", "run", str(REPO / "conf" / "experiment" / "kedmi_fedavg_digits.yaml"), *SMALL_MNIST,
-               *DEFENSES[defense], f"seed={seed}", f"output_dir={out}", *(["resume=true"] if (out / "checkpoints").is_dir() else []),
-               "logger.wandb.mode=disabled", "logger.progress=never"]
-        proc = subprocess.run(cmd, cwd=REPO, env={**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}, capture_output=True, text=True)
+        cmd = [
+            sys.executable,
+            "-m",
+            "fdattack",
+            "run",
+            str(REPO / "conf" / "experiment" / "kedmi_fedavg_digits.yaml"),
+            *SMALL_MNIST,
+            *DEFENSES[defense],
+            f"seed={seed}",
+            f"output_dir={out}",
+            *(["resume=true"] if (out / "checkpoints").is_dir() else []),
+            "logger.wandb.mode=disabled",
+            "logger.progress=never",
+        ]
+        proc = subprocess.run(
+            cmd, cwd=REPO, env={**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}, capture_output=True, text=True
+        )
         if proc.returncode != 0:
             raise SystemExit(f"{defense}, seed {seed}: fdattack run failed ({proc.returncode}):\n{proc.stderr[-2000:]}")
         print(f"  {defense}, seed {seed}: done", file=sys.stderr)

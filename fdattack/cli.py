@@ -30,8 +30,12 @@ def _parser() -> argparse.ArgumentParser:
     report.add_argument("--out", required=True, help="folder for index.html and its plots")
     sweep = sub.add_parser("sweep", help="run a W&B sweep file locally with W&B's sweeps engine (no server needed)")
     sweep.add_argument("file", help="sweep YAML (the same file `wandb sweep` takes)")
-    sweep.add_argument("--count", type=int, default=None, help="number of trials, those finished by an earlier call included "
-                       "(default: the whole grid; needed for random/bayes)")
+    sweep.add_argument(
+        "--count",
+        type=int,
+        default=None,
+        help="number of trials, those finished by an earlier call included (default: the whole grid; needed for random/bayes)",
+    )
     sweep.add_argument("--root", default="runs/sweeps", help="folder for the trials' run directories")
     sweep.add_argument("overrides", nargs="*", help="extra key=value overrides for every trial")
     return parser

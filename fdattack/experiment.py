@@ -25,18 +25,27 @@ from fdattack.config.validation import check_names
 from fdattack.data.domains import DOMAIN_TRANSFORMS
 from fdattack.data.federated import FederatedData
 from fdattack.defenses import DEFENSES, Defense
+from fdattack.engine import LocalTrainer, make_fabric
 from fdattack.errors import FdattackError
 from fdattack.evaluation import SCORERS, ConfidenceGapDiagnostic, Evaluator, Oracle, Report, ScoringContext
 from fdattack.evaluation.membership import CandidatePool, candidate_pool
-from fdattack.engine import LocalTrainer, make_fabric
-from fdattack.seeds import run_seeds
-from fdattack.randomness import derive_seed, seed_everything_quietly
 from fdattack.fd.orchestrator import RoundOrchestrator
 from fdattack.fd.protocols import PROTOCOLS
 from fdattack.fd.protocols.base import Protocol
 from fdattack.fd.threat import AttackerView, Degradation, ViewPart, attacker_view
-from fdattack.tracking import (Progress, RunDirectory, WandbRun, attack_summary, load_checkpoint, resolve_mode, rng_state, save_checkpoint,
-                               set_rng_state)
+from fdattack.randomness import derive_seed, seed_everything_quietly
+from fdattack.seeds import run_seeds
+from fdattack.tracking import (
+    Progress,
+    RunDirectory,
+    WandbRun,
+    attack_summary,
+    load_checkpoint,
+    resolve_mode,
+    rng_state,
+    save_checkpoint,
+    set_rng_state,
+)
 from fdattack.tracking.exit_record import exit_record
 from fdattack.tracking.machine import machine_info
 
@@ -70,10 +79,17 @@ def membership_candidates(cfg: DictConfig, data: FederatedData) -> CandidatePool
 def view_for(cfg: DictConfig, protocol: Protocol, data: FederatedData, candidates: CandidatePool | None = None) -> AttackerView:
     """The attacker's view of this run, from the protocol's declared threat model."""
     shared = set(protocol.client_archs)
-    return attacker_view(data.split, protocol.threat_model, protocol.name, protocol.server is not None, known_degradation(cfg),
-                         candidates=None if candidates is None else candidates.as_known(),
-                         architecture=shared.pop() if len(shared) == 1 else None, network_changes=tuple(protocol.network_changes.values()),
-                         aggregation=protocol.aggregation())
+    return attacker_view(
+        data.split,
+        protocol.threat_model,
+        protocol.name,
+        protocol.server is not None,
+        known_degradation(cfg),
+        candidates=None if candidates is None else candidates.as_known(),
+        architecture=shared.pop() if len(shared) == 1 else None,
+        network_changes=tuple(protocol.network_changes.values()),
+        aggregation=protocol.aggregation(),
+    )
 
 
 def build_defenses(cfg: DictConfig) -> list[Defense]:
@@ -87,8 +103,9 @@ def attacker_seed(run_seed: int) -> int:
     return derive_seed(run_seed, "attacker")
 
 
-def build_attacks(cfg: DictConfig, view: AttackerView, protocol: Protocol, engine: LocalTrainer | None = None,
-                  state_root: Path | None = None) -> list[Attack]:
+def build_attacks(
+    cfg: DictConfig, view: AttackerView, protocol: Protocol, engine: LocalTrainer | None = None, state_root: Path | None = None
+) -> list[Attack]:
     """The attacks of ``cfg.attacks``, each built from its own copy of the attacker's view
     (:meth:`~fdattack.fd.threat.AttackerView.for_attack`), its own ``attack.<name>`` settings and a context; an attack
     that needs server powers gets an :class:`~fdattack.fd.adversary.Adversary` with exactly those.
@@ -115,8 +132,13 @@ def build_attacks(cfg: DictConfig, view: AttackerView, protocol: Protocol, engin
     return attacks
 
 
-def build_evaluator(cfg: DictConfig, oracle: Oracle, progress: Progress | None = None, candidates: CandidatePool | None = None,
-                    cache_dir: Path | None = None) -> Evaluator:
+def build_evaluator(
+    cfg: DictConfig,
+    oracle: Oracle,
+    progress: Progress | None = None,
+    candidates: CandidatePool | None = None,
+    cache_dir: Path | None = None,
+) -> Evaluator:
     """The evaluation side: the diagnostics and, for each result type the attacks declare in ``produces``, its registered
     scorer (:data:`~fdattack.evaluation.SCORERS`) built from one :class:`~fdattack.evaluation.ScoringContext` (the
     membership scorer against ``candidates``, the evaluation classifiers of inversions kept under ``cache_dir``)."""
@@ -178,21 +200,29 @@ class Experiment:
         self.data.setup()
         self.progress.activity(f"building {cfg.protocol.name} with {cfg.protocol.num_clients} clients")
         self.engine = LocalTrainer(self.fabric, batch_size=cfg.protocol.optim.batch_size, vectorise=t.vectorise)
-        self.protocol = PROTOCOLS.get(cfg.protocol.name)(cfg.protocol, cfg.model, self.data.split, self.engine, cfg.seed, build_defenses(cfg))
-        self.oracle = Oracle(self.data.split, self.engine, tuple(self.protocol.clients), self.protocol.server, self.protocol.client_accuracy)
+        self.protocol = PROTOCOLS.get(cfg.protocol.name)(
+            cfg.protocol, cfg.model, self.data.split, self.engine, cfg.seed, build_defenses(cfg)
+        )
+        self.oracle = Oracle(
+            self.data.split, self.engine, tuple(self.protocol.clients), self.protocol.server, self.protocol.client_accuracy
+        )
         candidates = membership_candidates(cfg, self.data)
         self.view = view_for(cfg, self.protocol, self.data, candidates)
         # only rank 0 writes the run directory; the other ranks keep their attack states in a scratch folder
         self._scratch = None if self.fabric.is_global_zero else tempfile.TemporaryDirectory(prefix="fdattack-attack-state-")
         state_root = self.output_dir / "attack_state" if self._scratch is None else Path(self._scratch.name)
         # the attacks' own Fabric on the same devices: the run's Fabric lists every client module it set up
-        attack_engine = LocalTrainer(make_fabric(t.accelerator, t.devices, t.strategy, t.num_nodes, t.precision), batch_size=cfg.protocol.optim.batch_size,
-                                     vectorise=t.vectorise)
+        attack_engine = LocalTrainer(
+            make_fabric(t.accelerator, t.devices, t.strategy, t.num_nodes, t.precision),
+            batch_size=cfg.protocol.optim.batch_size,
+            vectorise=t.vectorise,
+        )
         self.attacks = build_attacks(cfg, self.view, self.protocol, attack_engine, state_root)
         self.evaluator = build_evaluator(cfg, self.oracle, self.progress, candidates, self.output_dir / "artifacts")
 
     def run(self) -> dict[str, float]:
-        """Run (or resume) every round; write the run directory; return the final metrics. The run directory's lock is released at the end."""
+        """Run (or resume) every round; write the run directory; return the final metrics. The run directory's lock is
+        released at the end."""
         try:
             return self._run()
         finally:
@@ -291,14 +321,17 @@ class Experiment:
             raise error
 
     def _checkpoint(self, round_index: int, elapsed_before: float, tracker: WandbRun) -> None:
-        self.run_dir.checkpoints.save(round_index, {
-            "round": round_index,
-            "protocol": self.protocol.state_dict(),
-            "attacks": {a.name: a.state_dict() for a in self.attacks},
-            "rng": rng_state(),
-            "elapsed_s": elapsed_before + time.perf_counter() - self.started,
-            "wandb_id": tracker.run_id,
-        })
+        self.run_dir.checkpoints.save(
+            round_index,
+            {
+                "round": round_index,
+                "protocol": self.protocol.state_dict(),
+                "attacks": {a.name: a.state_dict() for a in self.attacks},
+                "rng": rng_state(),
+                "elapsed_s": elapsed_before + time.perf_counter() - self.started,
+                "wandb_id": tracker.run_id,
+            },
+        )
 
 
 def run(cfg: DictConfig) -> dict[str, float]:

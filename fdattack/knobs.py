@@ -52,8 +52,12 @@ class Range:
         if isinstance(value, (int, float)) and not isinstance(value, bool):
             if self.finite and not math.isfinite(value):
                 return False
-            return not ((self.gt is not None and not value > self.gt) or (self.ge is not None and not value >= self.ge)
-                        or (self.lt is not None and not value < self.lt) or (self.le is not None and not value <= self.le))
+            return not (
+                (self.gt is not None and not value > self.gt)
+                or (self.ge is not None and not value >= self.ge)
+                or (self.lt is not None and not value < self.lt)
+                or (self.le is not None and not value <= self.le)
+            )
         return True
 
     def describe(self) -> str:
@@ -74,8 +78,17 @@ def _number(bound: float) -> str:
     return str(int(bound)) if float(bound).is_integer() else f"{bound:g}"
 
 
-def knob(default: Any, help: str, *, gt: Optional[float] = None, ge: Optional[float] = None, lt: Optional[float] = None,
-         le: Optional[float] = None, finite: bool = True, among: Optional[tuple[Any, ...]] = None) -> Any:
+def knob(
+    default: Any,
+    help: str,
+    *,
+    gt: Optional[float] = None,
+    ge: Optional[float] = None,
+    lt: Optional[float] = None,
+    le: Optional[float] = None,
+    finite: bool = True,
+    among: Optional[tuple[Any, ...]] = None,
+) -> Any:
     """A dataclass field with its help text and allowed range (a list or dataclass default is copied per instance).
 
     Numbers are finite unless ``finite=False`` (inf and NaN are refused like any out-of-range value).

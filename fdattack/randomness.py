@@ -22,7 +22,6 @@ def derive_seed(*keys: object) -> int:
     return int.from_bytes(digest, "little") & ((1 << 63) - 1)
 
 
-
 def seed_everything_quietly(seed: int) -> None:
     """Seed python, numpy and torch with ``seed`` (Lightning's ``seed_everything`` without its log line), so that nothing
     in the process reports the run seed back, from which the run's secrets derive: no environment variable holds it

@@ -101,5 +101,8 @@ def run_seeds(cfg: DictConfig, root: Path, run: RunOne) -> dict[str, float]:
     table = attack_summary(aggregate)
     if table:
         print(f"mean over seeds {', '.join(map(str, seeds))} [95 % interval across the seeds]:\n{table}")
-    print(f"fdattack: {len(seeds)} seeds, aggregate in {root.resolve()} (metrics.json, seeds.csv, rounds.jsonl; replicas in {REPLICA_PREFIX}*/)")
+    print(
+        f"fdattack: {len(seeds)} seeds, aggregate in {root.resolve()} (metrics.json, seeds.csv, rounds.jsonl; replicas in "
+        f"{REPLICA_PREFIX}*/)"
+    )
     return aggregate

@@ -118,7 +118,7 @@ def earlier_trials(folder: Path, keys: list[str]) -> list[Trial]:
 
 def _next_folder(folder: Path) -> Path:
     """``trial_NNN`` after the highest one under ``folder``."""
-    numbers = [int(p.name[len(TRIAL_PREFIX):]) for p in folder.glob(f"{TRIAL_PREFIX}*") if p.name[len(TRIAL_PREFIX):].isdigit()]
+    numbers = [int(p.name[len(TRIAL_PREFIX) :]) for p in folder.glob(f"{TRIAL_PREFIX}*") if p.name[len(TRIAL_PREFIX) :].isdigit()]
     return folder / f"{TRIAL_PREFIX}{max(numbers, default=-1) + 1:03d}"
 
 
@@ -128,9 +128,12 @@ def _has_checkpoint(folder: Path) -> bool:
 
 def _finished_run(sweeps: ModuleType, trial: Trial) -> Any:
     """A trial as the engine's ``SweepRun`` (metrics without the NaNs recorded as null)."""
-    return sweeps.SweepRun(name=trial.folder.name, state=sweeps.RunState.finished if trial.state in ("done", "finished") else sweeps.RunState.failed,
-                           config={key: {"value": value} for key, value in trial.params.items()},
-                           summary_metrics={k: v for k, v in trial.metrics.items() if v is not None})
+    return sweeps.SweepRun(
+        name=trial.folder.name,
+        state=sweeps.RunState.finished if trial.state in ("done", "finished") else sweeps.RunState.failed,
+        config={key: {"value": value} for key, value in trial.params.items()},
+        summary_metrics={k: v for k, v in trial.metrics.items() if v is not None},
+    )
 
 
 def run_sweep(path: Path, count: int | None, root: Path, extra: list[str]) -> list[Trial]:
@@ -163,8 +166,14 @@ def run_sweep(path: Path, count: int | None, root: Path, extra: list[str]) -> li
         cut_short = next((t for t in earlier if t.state == "incomplete" and t.params == params and _has_checkpoint(t.folder)), None)
         out = cut_short.folder if cut_short is not None else _next_folder(folder)
         identity = {"project": config.get("project"), "group": name, "job_type": "sweep-trial", "name": trial_label(params)}
-        overrides = [*fixed, *(f"{k}={v}" for k, v in params.items()), *(f"logger.wandb.{k}={json.dumps(v)}" for k, v in identity.items() if v),
-                     f"output_dir={out}", *(["resume=true"] if cut_short is not None else []), *extra]
+        overrides = [
+            *fixed,
+            *(f"{k}={v}" for k, v in params.items()),
+            *(f"logger.wandb.{k}={json.dumps(v)}" for k, v in identity.items() if v),
+            f"output_dir={out}",
+            *(["resume=true"] if cut_short is not None else []),
+            *extra,
+        ]
         trial = Trial(out, params, "finished")
         try:
             trial.metrics = dict(run(compose(experiment, overrides)))
@@ -185,8 +194,15 @@ def format_trials(trials: list[Trial], metric: str | None) -> str:
         return "no trials"
     short = short_names(list(trials[0].params))
     keys = ["trial", "state", *short.values(), metric or "metric"]
-    rows = [[t.folder.name, t.state, *(format_value(t.params.get(k)) for k in short),
-             format_value(t.metrics.get(metric, math.nan)) if metric and t.state != "failed" else "-"] for t in trials]
+    rows = [
+        [
+            t.folder.name,
+            t.state,
+            *(format_value(t.params.get(k)) for k in short),
+            format_value(t.metrics.get(metric, math.nan)) if metric and t.state != "failed" else "-",
+        ]
+        for t in trials
+    ]
     widths = [max(len(k), *(len(r[i]) for r in rows)) for i, k in enumerate(keys)]
     return "\n".join("  ".join(f"{v:<{w}}" for v, w in zip(row, widths)).rstrip() for row in [keys, *rows])
 

@@ -14,8 +14,8 @@ from typing import Any
 import torch
 
 from fdattack.config import compose
-from fdattack.experiment import Experiment
 from fdattack.engine import LocalTrainer
+from fdattack.experiment import Experiment
 
 #: one entry per fit_module call: {"model": name, "n": rows in its data, "epochs": [rows of epoch 0, ...]}
 FITS: list[dict[str, Any]] = []

@@ -11,9 +11,9 @@ import torch
 
 from fdattack.attacks import ATTACKS, Attack
 from fdattack.config import compose
+from fdattack.engine import predict_logits
 from fdattack.errors import ConfigError
 from fdattack.experiment import Experiment
-from fdattack.engine import predict_logits
 from fdattack.fd.record import QueryRefusedError, RoundRecord, StaleQueryError
 from fdattack.fd.threat import Capability
 from tests.conftest import tiny
@@ -30,8 +30,9 @@ class ActiveAttack(Attack):
 
     name = "active"
     Settings = ActiveSettings
-    needs = frozenset({Capability.choose_public_batch, Capability.add_public_samples, Capability.send_aggregate,
-                       Capability.query_chosen_batch})
+    needs = frozenset(
+        {Capability.choose_public_batch, Capability.add_public_samples, Capability.send_aggregate, Capability.query_chosen_batch}
+    )
     probes = torch.linspace(-1, 1, 3 * 64).reshape(3, 1, 8, 8)
     seen: dict[str, object] = {}
 
@@ -60,13 +61,20 @@ def active(monkeypatch: pytest.MonkeyPatch) -> type[ActiveAttack]:
 
 
 def test_every_power_acts_and_is_counted(tmp_path: Path, active: type[ActiveAttack]) -> None:
-    exp = Experiment(compose(None, tiny(tmp_path, "attacks=[active]", "evaluation.confidence_gap.enabled=false", "evaluation.classifier=null")))
+    exp = Experiment(
+        compose(None, tiny(tmp_path, "attacks=[active]", "evaluation.confidence_gap.enabled=false", "evaluation.classifier=null"))
+    )
     targets: dict[int, torch.Tensor] = {}
     fit_many = exp.engine.fit_many
 
     def spy(jobs):  # type: ignore[no-untyped-def]
         for job in jobs:
-            if job.targets is not None and job.targets.shape[0] > 0 and job.epochs == exp.cfg.protocol.digest_epochs and "client" in job.handle.name:
+            if (
+                job.targets is not None
+                and job.targets.shape[0] > 0
+                and job.epochs == exp.cfg.protocol.digest_epochs
+                and "client" in job.handle.name
+            ):
                 targets.setdefault(int(job.handle.name.removeprefix("client")), job.targets)
         return fit_many(jobs)
 
@@ -95,9 +103,13 @@ def test_every_power_acts_and_is_counted(tmp_path: Path, active: type[ActiveAtta
     assert seen["upload_shape"] == (13, exp.data.split.num_classes)
     rounds = [json.loads(line) for line in (tmp_path / "run" / "rounds.jsonl").read_text().splitlines()]
     assert {k: v for k, v in rounds[1].items() if k.startswith("adversary/")} == {
-        "adversary/active/added_samples": 3.0, "adversary/active/chosen_rows": 10.0, "adversary/active/queries": 1.0,
-        "adversary/active/query_bytes": 3 * exp.data.split.num_classes * 4.0, "adversary/active/query_samples": 3.0,
-        "adversary/active/sent_aggregates": 1.0}
+        "adversary/active/added_samples": 3.0,
+        "adversary/active/chosen_rows": 10.0,
+        "adversary/active/queries": 1.0,
+        "adversary/active/query_bytes": 3 * exp.data.split.num_classes * 4.0,
+        "adversary/active/query_samples": 3.0,
+        "adversary/active/sent_aggregates": 1.0,
+    }
     assert not any(k.startswith("adversary/") for k in rounds[2])
     # while open, the adversary reaches no network (it holds its answerer's token), the protocol, its data or a module
     private = {p.images.untyped_storage().data_ptr() for p in exp.data.split.private}
@@ -108,8 +120,11 @@ def test_every_power_acts_and_is_counted(tmp_path: Path, active: type[ActiveAtta
 
 
 def test_powers_are_checked_against_the_grant_and_the_phase(tmp_path: Path, active: type[ActiveAttack]) -> None:
-    with pytest.raises(ConfigError, match=r"attacks: active needs the power to add images to the round's public batch \(add_public_samples\), "
-                                          r"which protocol.name=fedgems does not offer here"):
+    with pytest.raises(
+        ConfigError,
+        match=r"attacks: active needs the power to add images to the round's public batch \(add_public_samples\), "
+        r"which protocol.name=fedgems does not offer here",
+    ):
         compose(None, tiny(tmp_path, "protocol=fedgems", "attacks=[active]"))
     exp = Experiment(compose(None, tiny(tmp_path, "attacks=[tbi]")))
     adversary = exp.protocol.grant_adversary(frozenset({Capability.query_chosen_batch}))

@@ -9,7 +9,6 @@ import pytest
 import torch
 from torch import nn
 
-from fdattack.functional import entropy
 from fdattack.fd.aggregation import (
     diakonikolas_filter,
     era,
@@ -22,6 +21,7 @@ from fdattack.fd.aggregation import (
     robust_mean,
     softmax_uploads,
 )
+from fdattack.functional import entropy
 
 ATOL = 1e-5
 
@@ -107,8 +107,9 @@ KL_STANDARD = 0.462117
 
 
 def test_fusion_loss_s1_row() -> None:
-    loss, s1 = fedgems_fusion_loss(torch.tensor([[2.0, 0.0]]), torch.tensor([0]), torch.zeros(1, 2),
-                                   torch.tensor([False]), None, 0.75, "code")
+    loss, s1 = fedgems_fusion_loss(
+        torch.tensor([[2.0, 0.0]]), torch.tensor([0]), torch.zeros(1, 2), torch.tensor([False]), None, 0.75, "code"
+    )
     assert loss.item() == pytest.approx(0.126928, abs=1e-6) and CE_RIGHT == pytest.approx(0.126928, abs=1e-6)
     assert s1.tolist() == [True]
 
@@ -116,16 +117,30 @@ def test_fusion_loss_s1_row() -> None:
 @pytest.mark.parametrize(("kl_mode", "kl"), [("code", KL_CODE), ("standard", KL_STANDARD)])
 def test_fusion_loss_s2_row_uses_the_pool(kl_mode: str, kl: float) -> None:
     # 0.75 * 1.313262 + 0.25 * KL: code 1.042711, standard 1.100476.
-    loss, s1 = fedgems_fusion_loss(torch.tensor([[0.0, 1.0]]), torch.tensor([0]), torch.tensor([[1.0, 0.0]]),
-                                   torch.tensor([True]), torch.tensor([[9.0, -9.0]]), 0.75, kl_mode)
+    loss, s1 = fedgems_fusion_loss(
+        torch.tensor([[0.0, 1.0]]),
+        torch.tensor([0]),
+        torch.tensor([[1.0, 0.0]]),
+        torch.tensor([True]),
+        torch.tensor([[9.0, -9.0]]),
+        0.75,
+        kl_mode,
+    )
     assert loss.item() == pytest.approx(0.75 * CE_WRONG + 0.25 * kl, abs=1e-5)
     assert loss.item() == pytest.approx({"code": 1.042711, "standard": 1.100476}[kl_mode], abs=1e-5)
     assert s1.tolist() == [False]
 
 
 def test_fusion_loss_s3_row_uses_the_ensemble() -> None:
-    loss, _ = fedgems_fusion_loss(torch.tensor([[0.0, 1.0]]), torch.tensor([0]), torch.tensor([[-9.0, 9.0]]),
-                                  torch.tensor([False]), torch.tensor([[1.0, 0.0]]), 0.75, "code")
+    loss, _ = fedgems_fusion_loss(
+        torch.tensor([[0.0, 1.0]]),
+        torch.tensor([0]),
+        torch.tensor([[-9.0, 9.0]]),
+        torch.tensor([False]),
+        torch.tensor([[1.0, 0.0]]),
+        0.75,
+        "code",
+    )
     assert loss.item() == pytest.approx(1.042711, abs=1e-5)
     with pytest.raises(ValueError, match="S3"):
         fedgems_fusion_loss(torch.tensor([[0.0, 1.0]]), torch.tensor([0]), torch.zeros(1, 2), torch.tensor([False]), None, 0.75, "code")
@@ -269,8 +284,11 @@ def test_filter_argument_checks() -> None:
 
 # ---------------------------------------------------------------------------------------------- FedAvg
 def test_fedavg_weighted_mean_max_counter_and_module_prefix() -> None:
-    a = {"module.w": torch.tensor([1.0, 2.0]), "module.bn.running_mean": torch.tensor([0.0]),
-         "module.bn.num_batches_tracked": torch.tensor(3)}
+    a = {
+        "module.w": torch.tensor([1.0, 2.0]),
+        "module.bn.running_mean": torch.tensor([0.0]),
+        "module.bn.num_batches_tracked": torch.tensor(3),
+    }
     b = {"w": torch.tensor([5.0, 6.0]), "bn.running_mean": torch.tensor([4.0]), "bn.num_batches_tracked": torch.tensor(7)}
     out = fedavg([a, b], [1.0, 3.0])
     assert list(out) == ["w", "bn.running_mean", "bn.num_batches_tracked"]

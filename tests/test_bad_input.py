@@ -20,10 +20,10 @@ from lightning.fabric.accelerators import CUDAAccelerator, MPSAccelerator
 from fdattack.cli import main
 from fdattack.config import compose
 from fdattack.config.composition import registries, schema_for
-from fdattack.knobs import Range, _leaves
 from fdattack.errors import ConfigError
 from fdattack.functional import topk_accuracy
 from fdattack.functional.attack_accuracy import attack_accuracy
+from fdattack.knobs import Range, _leaves
 from tests.conftest import REPO, tiny
 from tests.test_data import _fake_faces
 
@@ -63,22 +63,28 @@ def _corrupt_deflate() -> bytes:
     return bad
 
 
-@pytest.mark.parametrize("content", [
-    pytest.param(_corrupt_deflate, id="zlib_error"),
-    pytest.param(lambda: _idx_images_gz()[:300], id="truncated_gz"),
-    pytest.param(lambda: gzip.compress(struct.pack(">IIII", 1234, 4, 28, 28), mtime=0), id="bad_magic"),
-])
+@pytest.mark.parametrize(
+    "content",
+    [
+        pytest.param(_corrupt_deflate, id="zlib_error"),
+        pytest.param(lambda: _idx_images_gz()[:300], id="truncated_gz"),
+        pytest.param(lambda: gzip.compress(struct.pack(">IIII", 1234, 4, 28, 28), mtime=0), id="bad_magic"),
+    ],
+)
 def test_corrupt_mnist_gz_names_the_file(capsys: pytest.CaptureFixture[str], tmp_path: Path, content: Any) -> None:
     images = _mnist_folder(tmp_path / "mnist", content())
     _one_line(capsys, ["run", "data.name=mnist", f"data.root={tmp_path / 'mnist'}", *tiny(tmp_path)], str(images))
     assert not (tmp_path / "run").exists()
 
 
-@pytest.mark.parametrize(("header", "why"), [
-    (b"P5\n60000 60000\n255\n", "decompression bomb"),  # PIL raises DecompressionBombError (> 2x its pixel limit)
-    (b"P5\n14000 14000\n255\n", "decompression bomb"),  # PIL only warns (DecompressionBombWarning): refused too
-    (b"not an image at all", "cannot identify image file"),
-])
+@pytest.mark.parametrize(
+    ("header", "why"),
+    [
+        (b"P5\n60000 60000\n255\n", "decompression bomb"),  # PIL raises DecompressionBombError (> 2x its pixel limit)
+        (b"P5\n14000 14000\n255\n", "decompression bomb"),  # PIL only warns (DecompressionBombWarning): refused too
+        (b"not an image at all", "cannot identify image file"),
+    ],
+)
 def test_image_with_absurd_header_names_the_file(capsys: pytest.CaptureFixture[str], tmp_path: Path, header: bytes, why: str) -> None:
     faces = tmp_path / "faces"
     _fake_faces(faces, subjects=4, per=2)
@@ -96,17 +102,21 @@ def no_gpu(monkeypatch: pytest.MonkeyPatch) -> None:
         monkeypatch.setattr(accelerator, "is_available", staticmethod(lambda: False))
 
 
-@pytest.mark.parametrize(("override", "named"), [
-    ("trainer.accelerator=gpu", ["trainer.accelerator='gpu'", "no GPU", "available here: auto, cpu"]),
-    ("trainer.accelerator=cuda", ["trainer.accelerator='cuda'", "available here: auto, cpu"]),
-    ("trainer.accelerator=quantum", ["trainer.accelerator='quantum'", "available here: auto, cpu"]),
-    ("trainer.precision=bogus", ["trainer.precision='bogus'", "32-true", "bf16-mixed", "16"]),
-    ("trainer.strategy=bogus", ["trainer.strategy='bogus'", "ddp", "fsdp"]),
-    ("trainer.devices=0", ["trainer.devices=0", "at least one device"]),
-    ("trainer.devices=many", ["trainer.devices='many' with trainer.accelerator=cpu"]),
-])
-def test_trainer_keys_are_checked_before_anything_is_built(capsys: pytest.CaptureFixture[str], no_gpu: None, override: str,
-                                                           named: list[str]) -> None:
+@pytest.mark.parametrize(
+    ("override", "named"),
+    [
+        ("trainer.accelerator=gpu", ["trainer.accelerator='gpu'", "no GPU", "available here: auto, cpu"]),
+        ("trainer.accelerator=cuda", ["trainer.accelerator='cuda'", "available here: auto, cpu"]),
+        ("trainer.accelerator=quantum", ["trainer.accelerator='quantum'", "available here: auto, cpu"]),
+        ("trainer.precision=bogus", ["trainer.precision='bogus'", "32-true", "bf16-mixed", "16"]),
+        ("trainer.strategy=bogus", ["trainer.strategy='bogus'", "ddp", "fsdp"]),
+        ("trainer.devices=0", ["trainer.devices=0", "at least one device"]),
+        ("trainer.devices=many", ["trainer.devices='many' with trainer.accelerator=cpu"]),
+    ],
+)
+def test_trainer_keys_are_checked_before_anything_is_built(
+    capsys: pytest.CaptureFixture[str], no_gpu: None, override: str, named: list[str]
+) -> None:
     _one_line(capsys, ["run", override, "--print-config"], *named)  # --print-config builds nothing
 
 
@@ -116,24 +126,32 @@ def test_a_combination_only_lightning_refuses_is_one_line_and_writes_nothing(cap
 
 
 def test_bad_precision_in_a_real_process_has_no_traceback(tmp_path: Path) -> None:
-    proc = subprocess.run([sys.executable, "-m", "fdattack", "run", "trainer.precision=bogus", *tiny(tmp_path)],
-                          capture_output=True, text=True, timeout=600, cwd=REPO)
+    proc = subprocess.run(
+        [sys.executable, "-m", "fdattack", "run", "trainer.precision=bogus", *tiny(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=REPO,
+    )
     assert proc.returncode == 2
     assert len(proc.stderr.strip().splitlines()) == 1 and "trainer.precision='bogus'" in proc.stderr
     assert not (tmp_path / "run").exists()
 
 
 # ----------------------------------------------------------------------------- ranges
-@pytest.mark.parametrize(("override", "named"), [
-    ("seed=-1", "seed=-1 is out of range; allowed: [0, 4294967295]"),
-    ("seed=4294967296", "seed=4294967296 is out of range"),
-    ("data.seed=-1", "data.seed=-1 is out of range; allowed: null or [0, 4294967295]"),
-    ("attack.pli.lr=inf", "attack.pli.lr=inf is out of range; allowed: a finite number > 0"),
-    ("attack.pli.lr=nan", "attack.pli.lr=nan is out of range"),
-    ("attack.tbi.lr=-inf", "attack.tbi.lr=-inf is out of range"),
-    ("evaluation.confidence_gap.max_samples=0", "evaluation.confidence_gap.max_samples=0 is out of range; allowed: an integer >= 1"),
-    ("data.image_size=100000", "data.image_size=100000 is out of range"),
-])
+@pytest.mark.parametrize(
+    ("override", "named"),
+    [
+        ("seed=-1", "seed=-1 is out of range; allowed: [0, 4294967295]"),
+        ("seed=4294967296", "seed=4294967296 is out of range"),
+        ("data.seed=-1", "data.seed=-1 is out of range; allowed: null or [0, 4294967295]"),
+        ("attack.pli.lr=inf", "attack.pli.lr=inf is out of range; allowed: a finite number > 0"),
+        ("attack.pli.lr=nan", "attack.pli.lr=nan is out of range"),
+        ("attack.tbi.lr=-inf", "attack.tbi.lr=-inf is out of range"),
+        ("evaluation.confidence_gap.max_samples=0", "evaluation.confidence_gap.max_samples=0 is out of range; allowed: an integer >= 1"),
+        ("data.image_size=100000", "data.image_size=100000 is out of range"),
+    ],
+)
 def test_out_of_range_values_are_refused(capsys: pytest.CaptureFixture[str], override: str, named: str) -> None:
     _one_line(capsys, ["run", override, "--print-config"], named)
 
@@ -164,8 +182,13 @@ def _outside(bounds: Range, number: type) -> list[Any]:
 
 def test_every_knob_with_a_range_refuses_values_outside_it_wherever_it_is_nested() -> None:
     knobs = list(_ranged_knobs())
-    assert {"evaluation.confidence_gap.max_samples", "protocol.optim.lr", "attack.pli.prior.lr", "defense.laplace.scale",
-            "protocol.filter_eps"} <= {key for _, key, _, _ in knobs}
+    assert {
+        "evaluation.confidence_gap.max_samples",
+        "protocol.optim.lr",
+        "attack.pli.prior.lr",
+        "defense.laplace.scale",
+        "protocol.filter_eps",
+    } <= {key for _, key, _, _ in knobs}
     accepted = []
     for protocol, key, bounds, number in knobs:
         for value in _outside(bounds, number):
@@ -198,11 +221,14 @@ def test_empty_group_file_is_refused_naming_it(capsys: pytest.CaptureFixture[str
     _one_line(capsys, ["run", "protocol=blank", "--print-config"], "blank.yaml", "is empty")
 
 
-@pytest.mark.parametrize(("text", "named"), [
-    (b"seed: 3\nname: \xff\xfe\n", "not valid YAML"),  # not UTF-8
-    (b"- a\n- list\n", "must hold a mapping"),
-    (b"defaults:\n  - fedmd\n", "'defaults' must be a mapping group: name"),  # was an AttributeError traceback
-])
+@pytest.mark.parametrize(
+    ("text", "named"),
+    [
+        (b"seed: 3\nname: \xff\xfe\n", "not valid YAML"),  # not UTF-8
+        (b"- a\n- list\n", "must hold a mapping"),
+        (b"defaults:\n  - fedmd\n", "'defaults' must be a mapping group: name"),  # was an AttributeError traceback
+    ],
+)
 def test_malformed_experiment_file_is_named(capsys: pytest.CaptureFixture[str], tmp_path: Path, text: bytes, named: str) -> None:
     bad = tmp_path / "bad.yaml"
     bad.write_bytes(text)
@@ -210,26 +236,38 @@ def test_malformed_experiment_file_is_named(capsys: pytest.CaptureFixture[str], 
 
 
 def test_override_value_that_is_not_yaml_names_its_token(capsys: pytest.CaptureFixture[str]) -> None:
-    _one_line(capsys, ["run", "seed=3", "evaluation={confidence_gap:{max_samples:0}}", "--print-config"],
-              "evaluation={confidence_gap:{max_samples:0}}", "not valid YAML")
+    _one_line(
+        capsys,
+        ["run", "seed=3", "evaluation={confidence_gap:{max_samples:0}}", "--print-config"],
+        "evaluation={confidence_gap:{max_samples:0}}",
+        "not valid YAML",
+    )
 
 
 # ----------------------------------------------------------------------------- registry names, each under its own key
 CLASSIFIER_LIST = "choose one of: fedinverse_cnn, lattack_cnn, mlp, mobilenet_v2, pdafd_cnn, pli_cnn, resnet18_gn, scnn, vgg16_bn"
 
 
-@pytest.mark.parametrize(("override", "named"), [
-    ("model.clients=[pli_cnn,bogus]", f"model.clients[1]='bogus' is not a known classifier; {CLASSIFIER_LIST}"),
-    ("evaluation.classifier=bogus", f"evaluation.classifier='bogus' is not a known classifier; {CLASSIFIER_LIST}"),
-    ("model.server=bogus", f"model.server='bogus' is not a known classifier; {CLASSIFIER_LIST}"),
-    ("model.name=bogus", f"model.name='bogus' is not a known classifier; {CLASSIFIER_LIST}"),
-    ("data.name=bogus", "data.name='bogus' is not a known dataset; choose one of: att_faces, celeba"),
-    ("data.aux_domain=bogus", "data.aux_domain='bogus' is not known; choose one of: blur, none, second_look"),
-    ("attacks=[pli,bogus]", "attacks[1]='bogus' is not a known attack; choose one of: gmi, kedmi, lattack, ldia, lira_coop, lira_distill, pli, public_mean, tbi, vmi"),
-    ("defenses=[bogus]", "defenses[0]='bogus' is not a known defense; choose one of: bido, dpsgd, laplace, mid, rounding, topk"),
-])
-def test_registry_names_are_checked_at_config_time_under_their_own_key(capsys: pytest.CaptureFixture[str], override: str,
-                                                                       named: str) -> None:
+@pytest.mark.parametrize(
+    ("override", "named"),
+    [
+        ("model.clients=[pli_cnn,bogus]", f"model.clients[1]='bogus' is not a known classifier; {CLASSIFIER_LIST}"),
+        ("evaluation.classifier=bogus", f"evaluation.classifier='bogus' is not a known classifier; {CLASSIFIER_LIST}"),
+        ("model.server=bogus", f"model.server='bogus' is not a known classifier; {CLASSIFIER_LIST}"),
+        ("model.name=bogus", f"model.name='bogus' is not a known classifier; {CLASSIFIER_LIST}"),
+        ("data.name=bogus", "data.name='bogus' is not a known dataset; choose one of: att_faces, celeba"),
+        ("data.aux_domain=bogus", "data.aux_domain='bogus' is not known; choose one of: blur, none, second_look"),
+        (
+            "attacks=[pli,bogus]",
+            "attacks[1]='bogus' is not a known attack; choose one of: gmi, kedmi, lattack, ldia, lira_coop, lira_distill, pli, "
+            "public_mean, tbi, vmi",
+        ),
+        ("defenses=[bogus]", "defenses[0]='bogus' is not a known defense; choose one of: bido, dpsgd, laplace, mid, rounding, topk"),
+    ],
+)
+def test_registry_names_are_checked_at_config_time_under_their_own_key(
+    capsys: pytest.CaptureFixture[str], override: str, named: str
+) -> None:
     _one_line(capsys, ["run", override, "--print-config"], named)
 
 

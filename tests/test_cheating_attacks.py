@@ -25,13 +25,13 @@ import torch
 from fdattack.attacks import ATTACKS, Attack
 from fdattack.attacks.results import Reconstructions
 from fdattack.config import compose
+from fdattack.data.imageset import ImageSet
 from fdattack.evaluation.membership import candidate_pool
 from fdattack.experiment import Experiment, membership_candidates
-from fdattack.randomness import derive_seed
 from fdattack.fd.boundary import BoundaryError
 from fdattack.fd.record import QueryRefusedError, RoundRecord, StaleQueryError
-from fdattack.data.imageset import ImageSet
 from fdattack.fd.threat import SERVER_POWERS, Capability, Undeclared, UndeclaredPartError, ViewPart
+from fdattack.randomness import derive_seed
 from tests.conftest import REPO, tiny
 from tests.object_graph import reachable
 
@@ -77,18 +77,27 @@ class CheatingAttack(Attack):
         return [] if type(self).result is None else [type(self).result(self)]  # type: ignore[misc]
 
 
-def _cheater(monkeypatch: pytest.MonkeyPatch, cheat: Callable[[CheatingAttack, RoundRecord], None],
-             needs: frozenset[Capability] = frozenset(), result: Callable[[CheatingAttack], Any] | None = None,
-             reads: frozenset[ViewPart] = frozenset({ViewPart.public})) -> type[CheatingAttack]:
-    cls = type("Cheater", (CheatingAttack,), {"cheat": staticmethod(cheat), "needs": needs, "reads": reads,
-                                              "result": staticmethod(result) if result else None})
+def _cheater(
+    monkeypatch: pytest.MonkeyPatch,
+    cheat: Callable[[CheatingAttack, RoundRecord], None],
+    needs: frozenset[Capability] = frozenset(),
+    result: Callable[[CheatingAttack], Any] | None = None,
+    reads: frozenset[ViewPart] = frozenset({ViewPart.public}),
+) -> type[CheatingAttack]:
+    cls = type(
+        "Cheater",
+        (CheatingAttack,),
+        {"cheat": staticmethod(cheat), "needs": needs, "reads": reads, "result": staticmethod(result) if result else None},
+    )
     cls.outcome = {}
     monkeypatch.setattr(ATTACKS, "_items", {**ATTACKS._items, "cheat": cls})
     return cls  # type: ignore[return-value]
 
 
 def _experiment(tmp_path: Path, *extra: str) -> Experiment:
-    return Experiment(compose(None, tiny(tmp_path, "attacks=[cheat]", "evaluation.confidence_gap.enabled=false", "evaluation.classifier=null", *extra)))
+    return Experiment(
+        compose(None, tiny(tmp_path, "attacks=[cheat]", "evaluation.confidence_gap.enabled=false", "evaluation.classifier=null", *extra))
+    )
 
 
 def _parameters(exp: Experiment) -> set[int]:
@@ -107,6 +116,7 @@ def _tries(outcome: dict[str, object], key: str, attempt: Callable[[], object]) 
 def test_a_tensor_subclass_is_refused_wherever_an_attack_hands_one_to_the_protocol(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Through the adversary's query and its other powers and the public query: refused by type, before any torch call
     could hand the spy a client's weights."""
+
     def cheat(attack: CheatingAttack, record: RoundRecord) -> None:
         adversary, out = attack.context.adversary, attack.outcome
         if record.round != 1 or record.phase != "upload" or adversary is None:
@@ -124,8 +134,7 @@ def test_a_tensor_subclass_is_refused_wherever_an_attack_hands_one_to_the_protoc
     exp = _experiment(tmp_path)
     exp.run()
     seen = cheater.outcome.pop("seen")
-    assert cheater.outcome == {key: BoundaryError for key in
-                               ("query", "add", "rows", "aggregate", "public_query")}
+    assert cheater.outcome == {key: BoundaryError for key in ("query", "add", "rows", "aggregate", "public_query")}
     weights = _parameters(exp)
     assert not [t for t in seen if t.untyped_storage().data_ptr() in weights]  # type: ignore[union-attr]
 
@@ -133,6 +142,7 @@ def test_a_tensor_subclass_is_refused_wherever_an_attack_hands_one_to_the_protoc
 def test_widened_powers_and_queues_written_directly_are_refused_by_the_protocol(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Granted only queries on chosen images, the attack widens its ``powers`` and queues rows: the protocol, which keeps
     its own record of the grant, stops the run at the next draw and names the power."""
+
     def cheat(attack: CheatingAttack, record: RoundRecord) -> None:
         adversary = attack.context.adversary
         if record.round == 1 and record.phase == "upload" and adversary is not None:
@@ -155,7 +165,9 @@ def test_an_aggregate_queued_past_the_checks_is_refused(tmp_path: Path, monkeypa
         _experiment(tmp_path).run()
 
 
-def test_an_attack_without_the_query_power_gets_no_answerer_even_when_it_widens_its_powers(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_an_attack_without_the_query_power_gets_no_answerer_even_when_it_widens_its_powers(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     def cheat(attack: CheatingAttack, record: RoundRecord) -> None:
         adversary = attack.context.adversary
         if record.round == 1 and record.phase == "upload" and adversary is not None:
@@ -170,6 +182,7 @@ def test_an_attack_without_the_query_power_gets_no_answerer_even_when_it_widens_
 
 def test_writing_into_the_views_public_images_changes_nothing_the_clients_train_on(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """FedGEMS withholds the power to change the public set: the view's images are the attacker's own copy."""
+
     def cheat(attack: CheatingAttack, record: RoundRecord) -> None:
         assert attack.view.public is not None
         attack.view.public.images.fill_(1.0)
@@ -184,7 +197,9 @@ def test_writing_into_the_views_public_images_changes_nothing_the_clients_train_
     assert not torch.equal(public, torch.ones_like(public))
 
 
-def test_a_result_holding_a_spy_or_of_a_result_subclass_never_meets_the_ground_truth(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_result_holding_a_spy_or_of_a_result_subclass_never_meets_the_ground_truth(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     def result(attack: CheatingAttack) -> Reconstructions:
         targets = torch.tensor(attack.view.target_labels)
         return Reconstructions(spy((len(targets), *attack.view.image_shape)), targets)
@@ -197,8 +212,13 @@ def test_a_result_holding_a_spy_or_of_a_result_subclass_never_meets_the_ground_t
     class Sly(Reconstructions):
         pass
 
-    _cheater(monkeypatch, lambda attack, record: None,
-             result=lambda attack: Sly(torch.zeros(len(attack.view.target_labels), *attack.view.image_shape), torch.tensor(attack.view.target_labels)))
+    _cheater(
+        monkeypatch,
+        lambda attack, record: None,
+        result=lambda attack: Sly(
+            torch.zeros(len(attack.view.target_labels), *attack.view.image_shape), torch.tensor(attack.view.target_labels)
+        ),
+    )
     with pytest.raises(BoundaryError, match="results must be exactly one of"):
         _experiment(tmp_path / "sly", "protocol.rounds=1").run()
 
@@ -213,20 +233,35 @@ def test_trained_networks_keep_no_gradient_of_their_last_private_batch(tmp_path:
 
 
 def test_each_attack_holds_only_the_view_parts_it_declares_and_no_two_attacks_share_an_image(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Beside a membership attack, another attack (PLI, say) would otherwise hold every client's private samples with
     their labels, the candidates; LDIA would hold the public set and the server's aggregation rule it never uses. And
     the attacks' public images would be one tensor, which one could write for all."""
     cheater = _cheater(monkeypatch, lambda attack, record: None)
     member = type("Member", (cheater,), {"reads": frozenset({ViewPart.candidates, ViewPart.public})})
     monkeypatch.setattr(ATTACKS, "_items", {**ATTACKS._items, "member": member})
-    exp = _experiment(tmp_path, "attacks=[cheat,member,ldia]", "protocol.rounds=1", "data.split=classes", "data.public_classes=[5,6,7,8,9]",
-                      "data.partition=iid")
+    exp = _experiment(
+        tmp_path,
+        "attacks=[cheat,member,ldia]",
+        "protocol.rounds=1",
+        "data.split=classes",
+        "data.public_classes=[5,6,7,8,9]",
+        "data.partition=iid",
+    )
     exp.run()
     cheat_view, member_view, ldia_view = (attack.view for attack in exp.attacks)
     assert exp.view.prior_data is not None and exp.view.aggregation is not None  # FedMD's server grants both
-    undeclared = [cheat_view.candidates, cheat_view.prior_data, cheat_view.aggregation,
-                  ldia_view.public, ldia_view.candidates, ldia_view.prior_data, ldia_view.aggregation, member_view.prior_data]
+    undeclared = [
+        cheat_view.candidates,
+        cheat_view.prior_data,
+        cheat_view.aggregation,
+        ldia_view.public,
+        ldia_view.candidates,
+        ldia_view.prior_data,
+        ldia_view.aggregation,
+        member_view.prior_data,
+    ]
     assert all(isinstance(part, Undeclared) for part in undeclared)
     for use in (lambda part: part.images, lambda part: len(part), lambda part: part[0], lambda part: bool(part)):
         for part in undeclared:
@@ -241,6 +276,7 @@ def test_each_attack_holds_only_the_view_parts_it_declares_and_no_two_attacks_sh
 @pytest.mark.parametrize("protocol", ["dsfl", "fedmd"])
 def test_queries_open_only_after_the_upload_and_at_the_attack_point(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, protocol: str) -> None:
     """A passive attack querying after DS-FL's distillation would read client states that never cross the wire."""
+
     def cheat(attack: CheatingAttack, record: RoundRecord) -> None:
         attack.outcome.setdefault(record.round, []).append((record.phase, record.attack_point, record.query is not None))  # type: ignore[union-attr]
 
@@ -255,6 +291,7 @@ def test_the_attack_holds_no_run_seed_to_rebuild_the_runs_secrets_from(tmp_path:
     """With the run seed, an attack would rebuild the membership candidates' order (which are whose, which are test
     samples: AUC 1) and the defenses' noise. It gets the attacker's seed, derived from it, and finds the run seed in
     no environment variable (Lightning's ``seed_everything`` writes ``PL_GLOBAL_SEED``) and not in ``torch.initial_seed()``."""
+
     def cheat(attack: CheatingAttack, record: RoundRecord) -> None:
         attack.outcome.update(seed=attack.context.seed, environment=dict(os.environ), initial=torch.initial_seed())
 
@@ -276,6 +313,7 @@ def test_the_attack_holds_no_run_seed_to_rebuild_the_runs_secrets_from(tmp_path:
 def test_no_object_an_attack_holds_leads_to_a_network_even_while_its_phase_is_open(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The answerer behind a query (live networks, upload defenses, the evasive clients' digests) stays protocol-side:
     the query handle and the adversary hold its token, which answers nothing once the phase closes."""
+
     def cheat(attack: CheatingAttack, record: RoundRecord) -> None:
         if record.query is not None:
             attack.outcome.setdefault("walks", []).append(list(reachable(attack, record)))  # type: ignore[union-attr]
@@ -295,40 +333,50 @@ def test_no_object_an_attack_holds_leads_to_a_network_even_while_its_phase_is_op
 
 def test_fedavgs_participating_client_sees_the_global_model_and_no_ones_upload(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A participant receives the aggregate; every client's weights and private-set size went to the server only."""
+
     def cheat(attack: CheatingAttack, record: RoundRecord) -> None:
         attack.outcome.setdefault("uploads", []).append(dict(record.uploads))  # type: ignore[union-attr]
         attack.outcome["global"] = attack.outcome.get("global") or record.global_state is not None
 
     cheater = _cheater(monkeypatch, cheat)
-    Experiment(compose(REPO / "conf" / "experiment" / "fedavg_digits.yaml",
-                       tiny(tmp_path, "attacks=[cheat]", "protocol.rounds=1", "evaluation.classifier=null"))).run()
+    Experiment(
+        compose(
+            REPO / "conf" / "experiment" / "fedavg_digits.yaml",
+            tiny(tmp_path, "attacks=[cheat]", "protocol.rounds=1", "evaluation.classifier=null"),
+        )
+    ).run()
     assert cheater.outcome["global"] is True
     assert cheater.outcome["uploads"] and not any(cheater.outcome["uploads"])  # type: ignore[union-attr]
 
 
 @pytest.mark.parametrize(("protocol", "labels_known"), [("dsfl", False), ("cronus", False), ("fedmd", True)])
-def test_the_prior_data_brings_no_public_label_the_threat_model_withholds(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                                                         protocol: str, labels_known: bool) -> None:
+def test_the_prior_data_brings_no_public_label_the_threat_model_withholds(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, protocol: str, labels_known: bool
+) -> None:
     """With data.split=classes the prior data is the labelled public set: DS-FL's and Cronus's server, which does not
     know the public labels, gets no prior; FedMD's, which knows them, keeps it."""
     _cheater(monkeypatch, lambda attack, record: None, reads=frozenset({ViewPart.public, ViewPart.prior_data}))
-    exp = _experiment(tmp_path, f"protocol={protocol}", "data.split=classes", "data.public_classes=[5,6,7,8,9]", "data.partition=iid", "protocol.rounds=1")
+    exp = _experiment(
+        tmp_path, f"protocol={protocol}", "data.split=classes", "data.public_classes=[5,6,7,8,9]", "data.partition=iid", "protocol.rounds=1"
+    )
     view = exp.attacks[0].view
     assert view.public is not None and bool((view.public.labels >= 0).any()) == labels_known
     assert (view.prior_data is not None) == labels_known
 
 
 def test_the_attack_state_store_holds_no_path_to_the_run_directory_and_its_keys_cannot_climb_out(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """The attacks' state folder sits inside the run directory, beside ``partition.json`` (membership and label
     truth), the checkpoints and the evaluation classifier: a path to it would reach them by ``..``. The store keeps its
     folder behind a token; nothing an attack holds names the run directory, and a key that climbs is refused."""
+
     def cheat(attack: CheatingAttack, record: RoundRecord) -> None:
         store = attack.context.store
         attack.outcome["names"] = [o for o in reachable(attack, record, atoms=True) if isinstance(o, (str, bytes, os.PathLike))]
         for key in ("../../partition", "../cheat/x", "/etc/passwd", ".hidden", "a//b", "a/../b"):
-            _tries(attack.outcome, key, lambda: store.load_artifact(key))
-            _tries(attack.outcome, key + " (saved)", lambda: store.save_artifact(key, torch.ones(1)))
+            _tries(attack.outcome, key, lambda key=key: store.load_artifact(key))
+            _tries(attack.outcome, key + " (saved)", lambda key=key: store.save_artifact(key, torch.ones(1)))
         store.save_artifact("kept/state", {"w": torch.arange(3)})
         attack.outcome["read back"] = store.load_artifact("kept/state")
 
@@ -354,7 +402,8 @@ GAUNTLET = {  # protocol: its experiment (None: the embedded default) and what i
 
 @pytest.mark.parametrize("protocol", list(GAUNTLET))
 def test_every_passive_cheat_at_once_gains_nothing_under_each_protocol_with_defenses_and_evasive_clients(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, protocol: str) -> None:
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, protocol: str
+) -> None:
     """One attack tries, on every record of a run: walking to anything private (a network, a private image, the split,
     the oracle, a gradient, the run seed, a path to the run directory); handing a query a tensor subclass; keeping a
     query past its phase; writing into the public images; reading a view part it did not declare."""
@@ -374,9 +423,20 @@ def test_every_passive_cheat_at_once_gains_nothing_under_each_protocol_with_defe
 
     cheater = _cheater(monkeypatch, cheat)
     experiment, switched_on = GAUNTLET[protocol]
-    exp = Experiment(compose(None if experiment is None else REPO / "conf" / "experiment" / f"{experiment}.yaml",
-                             tiny(tmp_path, "attacks=[cheat]", "evaluation.confidence_gap.enabled=false", "evaluation.classifier=null",
-                                  "protocol.rounds=1", f"seed={RUN_SEED}", *switched_on)))
+    exp = Experiment(
+        compose(
+            None if experiment is None else REPO / "conf" / "experiment" / f"{experiment}.yaml",
+            tiny(
+                tmp_path,
+                "attacks=[cheat]",
+                "evaluation.confidence_gap.enabled=false",
+                "evaluation.classifier=null",
+                "protocol.rounds=1",
+                f"seed={RUN_SEED}",
+                *switched_on,
+            ),
+        )
+    )
     public = None if exp.protocol.split.public is None else exp.protocol.split.public.images.clone()
     exp.run()
     out, run_dir = cheater.outcome, str(exp.output_dir.resolve())

@@ -109,8 +109,9 @@ def test_corrupt_image_file_is_named(capsys: pytest.CaptureFixture[str], tmp_pat
 
 
 @pytest.mark.parametrize("relative", [True, False])
-def test_group_token_that_is_a_path_reads_nothing_outside_conf(capsys: pytest.CaptureFixture[str], tmp_path: Path,
-                                                               monkeypatch: pytest.MonkeyPatch, relative: bool) -> None:
+def test_group_token_that_is_a_path_reads_nothing_outside_conf(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch, relative: bool
+) -> None:
     (tmp_path / "conf" / "data").mkdir(parents=True)
     (tmp_path / "outside.yaml").write_text("name: digits\n")  # a valid group file, but outside conf/
     monkeypatch.chdir(tmp_path)

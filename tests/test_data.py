@@ -13,8 +13,7 @@ from omegaconf import OmegaConf
 from PIL import Image
 
 from fdattack.config import DataConfig, compose
-from fdattack.data import AUXILIARY, SENSITIVE, UNLABELED, box_blur, build_split
-from fdattack.data import partitions
+from fdattack.data import AUXILIARY, SENSITIVE, UNLABELED, box_blur, build_split, partitions
 from fdattack.data.datasets import DATASETS, read_idx
 from fdattack.errors import ConfigError, DataError
 from tests.conftest import REPO, SHARED_DATA
@@ -157,7 +156,9 @@ def test_image_folder_second_look_layouts(tmp_path: Path) -> None:
                 Image.fromarray(rng.integers(0, 255, (6, 6, 3), dtype=np.uint8)).save(tmp_path / tree / ident / name)
         (tmp_path / "clean" / ident / "y").mkdir()
         Image.fromarray(rng.integers(0, 255, (6, 6, 3), dtype=np.uint8)).save(tmp_path / "clean" / ident / "y" / "young.png")
-    parallel = DATASETS.get("image_folder")(data_cfg(name="image_folder", root=str(tmp_path / "clean"), second_look_root=str(tmp_path / "masked")))
+    parallel = DATASETS.get("image_folder")(
+        data_cfg(name="image_folder", root=str(tmp_path / "clean"), second_look_root=str(tmp_path / "masked"))
+    )
     assert parallel.images.shape == (4, 3, 6, 6) and parallel.second_look is not None
     masked = np.asarray(Image.open(tmp_path / "masked" / "b" / "2.jpg").convert("RGB"))
     assert torch.allclose(parallel.second_look[3], torch.as_tensor(masked.copy()).permute(2, 0, 1).float() / 255 * 2 - 1)
@@ -208,7 +209,9 @@ def test_classes_split_gives_the_attacker_the_public_classes() -> None:
 
 def test_private_classes_takes_the_most_frequent_labels_first_and_caps_the_public_set() -> None:
     """Digits per label: 178 182 177 183 181 182 181 179 174 180, so the three largest are 3, then 1 and 5 (a tie)."""
-    cfg = data_cfg(name="digits", split="classes", private_classes=3, max_public=100, partition="iid", label_space="targets", test_fraction=0.2)
+    cfg = data_cfg(
+        name="digits", split="classes", private_classes=3, max_public=100, partition="iid", label_space="targets", test_fraction=0.2
+    )
     split = build_split(cfg, 2, seed=0)
     assert split.num_classes == 3 and split.target_labels == [0, 1, 2]
     private = torch.bincount(torch.cat([*(p.labels for p in split.private), split.test.labels]), minlength=3)
@@ -221,7 +224,9 @@ def test_private_classes_takes_the_most_frequent_labels_first_and_caps_the_publi
 
 
 def test_classes_split_with_target_label_space_outputs_the_private_classes_only() -> None:
-    split = build_split(data_cfg(name="digits", split="classes", public_classes=[5, 6, 7, 8, 9], partition="iid", label_space="targets"), 3, seed=0)
+    split = build_split(
+        data_cfg(name="digits", split="classes", public_classes=[5, 6, 7, 8, 9], partition="iid", label_space="targets"), 3, seed=0
+    )
     assert split.num_classes == 5 and split.target_labels == [0, 1, 2, 3, 4]
     assert set(split.attacker.labels.tolist()) == {5, 6, 7, 8, 9}  # the auxiliary classes keep their labels
     with pytest.raises(ConfigError, match="public classes above every private label"):

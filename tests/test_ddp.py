@@ -39,11 +39,24 @@ def test_two_process_ddp_round(tmp_path: Path) -> None:
     weights = tmp_path / "weights"
     weights.mkdir()
     cmd = [
-        sys.executable, str(REPO / "tests" / "ddp_worker.py"), str(weights),
-        f"output_dir={out}", "trainer.strategy=ddp", "trainer.devices=2", "trainer.accelerator=cpu",
-        "protocol.rounds=1", "protocol.num_clients=2", "protocol.transfer_public_epochs=1", "protocol.transfer_private_epochs=1",
-        "logger.wandb.mode=offline", "logger.progress=never", "attacks=[tbi]", "attack.tbi.max_width=16", "attack.tbi.epochs_per_round=2",
-        "evaluation.classifier=null", "evaluation.confidence_gap.enabled=false",
+        sys.executable,
+        str(REPO / "tests" / "ddp_worker.py"),
+        str(weights),
+        f"output_dir={out}",
+        "trainer.strategy=ddp",
+        "trainer.devices=2",
+        "trainer.accelerator=cpu",
+        "protocol.rounds=1",
+        "protocol.num_clients=2",
+        "protocol.transfer_public_epochs=1",
+        "protocol.transfer_private_epochs=1",
+        "logger.wandb.mode=offline",
+        "logger.progress=never",
+        "attacks=[tbi]",
+        "attack.tbi.max_width=16",
+        "attack.tbi.epochs_per_round=2",
+        "evaluation.classifier=null",
+        "evaluation.confidence_gap.enabled=false",
     ]
     proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stderr[-3000:]

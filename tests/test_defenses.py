@@ -79,8 +79,12 @@ def test_communication_cost_is_counted_per_round_and_shrinks_with_topk(tmp_path:
     dense.run()
     row = _round_metrics(tmp_path / "dense" / "run")[1]
     assert row["comm/upload_bytes"] == 2 * n * j * 4 and row["comm/download_bytes"] == 2 * n * j * 4
-    topk = Experiment(compose(None, tiny(tmp_path / "topk", "protocol.rounds=1", "evaluation.confidence_gap.enabled=false",
-                                         "defenses=[topk]", "defense.topk.k=2")))
+    topk = Experiment(
+        compose(
+            None,
+            tiny(tmp_path / "topk", "protocol.rounds=1", "evaluation.confidence_gap.enabled=false", "defenses=[topk]", "defense.topk.k=2"),
+        )
+    )
     topk.run()
     row = _round_metrics(tmp_path / "topk" / "run")[1]
     assert row["comm/upload_bytes"] == 2 * n * (2 * (4 + 1) + 4) and row["comm/download_bytes"] == 2 * n * j * 4
@@ -88,8 +92,19 @@ def test_communication_cost_is_counted_per_round_and_shrinks_with_topk(tmp_path:
 
 def test_uploads_in_the_records_carry_the_defense(tmp_path: Path) -> None:
     """What the server receives is the defended payload: the clients' logits plus reproducible Laplace noise."""
-    exp = Experiment(compose(None, tiny(tmp_path, "protocol.rounds=1", "evaluation.confidence_gap.enabled=false",
-                                        "defenses=[laplace,rounding]", "defense.laplace.scale=2.0", "defense.rounding.decimals=1")))
+    exp = Experiment(
+        compose(
+            None,
+            tiny(
+                tmp_path,
+                "protocol.rounds=1",
+                "evaluation.confidence_gap.enabled=false",
+                "defenses=[laplace,rounding]",
+                "defense.laplace.scale=2.0",
+                "defense.rounding.decimals=1",
+            ),
+        )
+    )
     uploads: dict[int, torch.Tensor] = {}
     clean: dict[int, torch.Tensor] = {}
 
@@ -102,7 +117,7 @@ def test_uploads_in_the_records_carry_the_defense(tmp_path: Path) -> None:
                     uploads[k] = upload.outputs
                     clean[k] = exp.engine.predict(exp.protocol.clients[k], exp.data.split.public.subset(upload.batch.rows))
 
-    exp.protocol.upload_defenses  # the order given: laplace, then rounding
+    assert [d.name for d in exp.protocol.upload_defenses] == ["laplace", "rounding"]  # the order given
     from fdattack.fd.orchestrator import RoundOrchestrator
 
     orchestrator = RoundOrchestrator(exp.protocol, [Spy()])  # type: ignore[list-item]
@@ -141,8 +156,18 @@ class FreezeClients(TrainingDefense):
 def test_training_defense_hooks_wrap_every_client(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(DEFENSES, "_items", {**DEFENSES._items, "freeze": FreezeClients})
     FreezeClients.calls = {}
-    exp = Experiment(compose(None, tiny(tmp_path, "protocol.rounds=1", "evaluation.confidence_gap.enabled=false", "defenses=[freeze]",
-                                        "protocol.optim.fresh_per_phase=true")))
+    exp = Experiment(
+        compose(
+            None,
+            tiny(
+                tmp_path,
+                "protocol.rounds=1",
+                "evaluation.confidence_gap.enabled=false",
+                "defenses=[freeze]",
+                "protocol.optim.fresh_per_phase=true",
+            ),
+        )
+    )
     before = [{n: t.clone() for n, t in c.module.state_dict().items()} for c in exp.protocol.clients]
     server_before = {n: t.clone() for n, t in exp.protocol.server.module.state_dict().items()}  # type: ignore[union-attr]
     exp.run()

@@ -76,7 +76,9 @@ class _Engine:
 def _split(test_labels: list[int], owner: dict[int, int], num_classes: int) -> FederatedSplit:
     n = len(test_labels)
     test = ImageSet(torch.zeros(n, 1, 2, 2), torch.tensor(test_labels), torch.zeros(n, dtype=torch.long), torch.arange(n))
-    empty = ImageSet(torch.zeros(0, 1, 2, 2), torch.zeros(0, dtype=torch.long), torch.zeros(0, dtype=torch.long), torch.zeros(0, dtype=torch.long))
+    empty = ImageSet(
+        torch.zeros(0, 1, 2, 2), torch.zeros(0, dtype=torch.long), torch.zeros(0, dtype=torch.long), torch.zeros(0, dtype=torch.long)
+    )
     return FederatedSplit(empty, [empty, empty], test, None, num_classes, sorted(owner), owner, (1, 2, 2))
 
 
@@ -104,7 +106,12 @@ def test_on_att_faces_an_untrained_client_scores_far_below_one(tmp_path: Path) -
     """The AT&T setting whose own-label figure read 1.00 in every cell: 20 target identities, one test image each.
     Clients before any training score near chance on the whole test set (1/40) and on their own 5 identities,
     so the figure is not saturated by construction; 20 test images per client, 5 of them its own."""
-    exp = Experiment(compose(str(REPO / "conf" / "experiment" / "pli_fedmd_att_faces.yaml"), _overrides(tmp_path / "run", "attacks=[]", "evaluation.classifier=null")))
+    exp = Experiment(
+        compose(
+            str(REPO / "conf" / "experiment" / "pli_fedmd_att_faces.yaml"),
+            _overrides(tmp_path / "run", "attacks=[]", "evaluation.classifier=null"),
+        )
+    )
     assert len(exp.data.split.test) == 20
     m = protocol_metrics(exp.oracle)
     assert m["protocol/client_acc_max"] < 0.5 and m["protocol/client_acc_own_max"] < 1.0, m
@@ -125,8 +132,10 @@ def lattack_probe(tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[di
     """conf/experiment/lattack_probe_fedmd_digits.yaml (one round, one generator step: only the zeroth-order estimate
     is scored) for each arm and seed; a few seconds a run."""
     root = tmp_path_factory.mktemp("lattack_probe")
-    return {arm: [run(root / f"{arm}_{seed}", "lattack_probe_fedmd_digits", f"seed={seed}", *extra) for seed in LATTACK_SEEDS]
-            for arm, extra in LATTACK_ARMS.items()}
+    return {
+        arm: [run(root / f"{arm}_{seed}", "lattack_probe_fedmd_digits", f"seed={seed}", *extra) for seed in LATTACK_SEEDS]
+        for arm, extra in LATTACK_ARMS.items()
+    }
 
 
 def _per_seed(runs: list[dict[str, float]], key: str) -> list[float]:
@@ -159,12 +168,16 @@ def test_labelavg_top1_labels_leave_the_lattack_no_gradient_estimate_on_digits(l
     fedmd, labelavg = _per_seed(lattack_probe["fedmd"], GRAD), _per_seed(lattack_probe["labelavg_k1"], GRAD)
     for seed, plain, defended in zip(LATTACK_SEEDS, fedmd, labelavg):
         assert abs(defended) <= 0.05 and plain - defended >= 0.15, (seed, plain, defended)
-    for seed, plain, defended in zip(LATTACK_SEEDS, _per_seed(lattack_probe["fedmd"], UTILITY), _per_seed(lattack_probe["labelavg_k1"], UTILITY)):
+    for seed, plain, defended in zip(
+        LATTACK_SEEDS, _per_seed(lattack_probe["fedmd"], UTILITY), _per_seed(lattack_probe["labelavg_k1"], UTILITY)
+    ):
         assert defended >= plain - 0.05, (seed, plain, defended)
 
 
 @pytest.mark.slow
-def test_laplace_noise_of_scale_one_drowns_the_lattacks_gradient_estimate_on_digits(lattack_probe: dict[str, list[dict[str, float]]]) -> None:
+def test_laplace_noise_of_scale_one_drowns_the_lattacks_gradient_estimate_on_digits(
+    lattack_probe: dict[str, list[dict[str, float]]],
+) -> None:
     """Laplace noise (b = 1) on the uploads against the L-Attack's zeroth-order estimate (``attack/lattack/grad_cosine``)
     on conf/experiment/lattack_probe_fedmd_digits.yaml: the victim's answers to the server's queries are noisy logits,
     and the forward differences (ε = 0.1) are far smaller than the noise.
@@ -181,7 +194,9 @@ def test_laplace_noise_of_scale_one_drowns_the_lattacks_gradient_estimate_on_dig
     fedmd, laplace = _per_seed(lattack_probe["fedmd"], GRAD), _per_seed(lattack_probe["laplace_1"], GRAD)
     for seed, plain, defended in zip(LATTACK_SEEDS, fedmd, laplace):
         assert abs(defended) <= 0.06 and plain - defended >= 0.15, (seed, plain, defended)
-    for seed, plain, defended in zip(LATTACK_SEEDS, _per_seed(lattack_probe["fedmd"], UTILITY), _per_seed(lattack_probe["laplace_1"], UTILITY)):
+    for seed, plain, defended in zip(
+        LATTACK_SEEDS, _per_seed(lattack_probe["fedmd"], UTILITY), _per_seed(lattack_probe["laplace_1"], UTILITY)
+    ):
         assert defended >= plain - 0.05, (seed, plain, defended)
 
 
@@ -193,12 +208,16 @@ def lira_overfit(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str
     """conf/experiment/lira_overfit_fedmd_digits.yaml at seed 0, undefended and with DP-SGD (σ = 1); about 5 and 8
     seconds."""
     root = tmp_path_factory.mktemp("lira_overfit")
-    return {"none": run(root / "none", "lira_overfit_fedmd_digits", "seed=0"),
-            "dpsgd_1": run(root / "dpsgd_1", "lira_overfit_fedmd_digits", "seed=0", "defenses=[dpsgd]", "defense.dpsgd.noise_multiplier=1")}
+    return {
+        "none": run(root / "none", "lira_overfit_fedmd_digits", "seed=0"),
+        "dpsgd_1": run(root / "dpsgd_1", "lira_overfit_fedmd_digits", "seed=0", "defenses=[dpsgd]", "defense.dpsgd.noise_multiplier=1"),
+    }
 
 
 @pytest.mark.slow
-def test_dpsgd_brings_co_op_and_distillation_lira_toward_chance_on_overfit_digits_clients(lira_overfit: dict[str, dict[str, float]]) -> None:
+def test_dpsgd_brings_co_op_and_distillation_lira_toward_chance_on_overfit_digits_clients(
+    lira_overfit: dict[str, dict[str, float]],
+) -> None:
     """DP-SGD (σ = 1, C = 10, on the private phases) against membership inference on clients that overfit
     (conf/experiment/lira_overfit_fedmd_digits.yaml: 10 clients, about 36 private digits each). Seed 0 runs here.
 

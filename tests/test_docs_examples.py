@@ -32,12 +32,18 @@ import pytest
 from tests.conftest import REPO
 
 PAGES = [REPO / "README.md", *sorted((REPO / "docs").rglob("*.md"))]
-FENCE = re.compile(r"^(?P<indent>[ \t]*)(?P<fence>```+|~~~+)(?P<info>[^\n`]*)\n(?P<body>.*?)^(?P=indent)(?P=fence)[ \t]*$",
-                   re.M | re.S)
+FENCE = re.compile(r"^(?P<indent>[ \t]*)(?P<fence>```+|~~~+)(?P<info>[^\n`]*)\n(?P<body>.*?)^(?P=indent)(?P=fence)[ \t]*$", re.M | re.S)
 NOT_RUN = re.compile(r"^[ \t]*<!--[ \t]*not run:(?P<reason>.*?)-->[ \t]*$", re.M)
 SHELL = {"bash", "sh", "console", "shell"}
-ENV = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "PYTHONDONTWRITEBYTECODE": "1", "NO_MKDOCS_2_WARNING": "1",
-       "WANDB_MODE": "disabled", "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
+ENV = {
+    **os.environ,
+    "OMP_NUM_THREADS": "1",
+    "MKL_NUM_THREADS": "1",
+    "PYTHONDONTWRITEBYTECODE": "1",
+    "NO_MKDOCS_2_WARNING": "1",
+    "WANDB_MODE": "disabled",
+    "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]),
+}
 
 
 @dataclass(frozen=True)
@@ -58,12 +64,19 @@ def blocks(page: Path) -> list[Block]:
     text = page.read_text(encoding="utf-8")
     found = []
     for match in FENCE.finditer(text):
-        before = text[:match.start()].rstrip("\n").rsplit("\n", 1)[-1]
+        before = text[: match.start()].rstrip("\n").rsplit("\n", 1)[-1]
         marker = NOT_RUN.fullmatch(before)
         indent = match.group("indent")
         code = "".join(line.removeprefix(indent) for line in match.group("body").splitlines(keepends=True))
-        found.append(Block(page_name(page), text.count("\n", 0, match.start()) + 1, match.group("info").split(" ")[0].strip(),
-                           code, marker.group("reason").strip() if marker else None))
+        found.append(
+            Block(
+                page_name(page),
+                text.count("\n", 0, match.start()) + 1,
+                match.group("info").split(" ")[0].strip(),
+                code,
+                marker.group("reason").strip() if marker else None,
+            )
+        )
     return found
 
 
@@ -81,6 +94,7 @@ def test_every_not_run_marker_has_a_reason_and_precedes_a_block() -> None:
 
 
 # --- (a) python blocks -------------------------------------------------------------------------------------------
+
 
 def _inversion_learns(stdout: str) -> None:
     before, after = map(float, re.findall(r"(\d+\.\d+) (?:before|after)", stdout))
@@ -142,8 +156,14 @@ def test_page_python_blocks_run_in_order_and_write_nothing(tmp_path: Path, page:
     shutil.copytree(REPO / "conf", work / "conf")  # the examples run "from the repository root"
     (tmp_path / "driver.py").write_text(DRIVER)
     (tmp_path / "blocks.json").write_text(json.dumps([{"code": b.code, "where": f"{page}:{b.line}"} for _, b in runnable]))
-    proc = subprocess.run([sys.executable, str(tmp_path / "driver.py"), str(tmp_path / "blocks.json"), str(tmp_path / "out.json")],
-                          cwd=work, env=ENV, capture_output=True, text=True, timeout=900)
+    proc = subprocess.run(
+        [sys.executable, str(tmp_path / "driver.py"), str(tmp_path / "blocks.json"), str(tmp_path / "out.json")],
+        cwd=work,
+        env=ENV,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     outputs = json.loads((tmp_path / "out.json").read_text())
     assert len(outputs) == len(runnable)
@@ -151,11 +171,14 @@ def test_page_python_blocks_run_in_order_and_write_nothing(tmp_path: Path, page:
         if (page, index) in CHECKS:
             CHECKS[page, index](stdout)
     # a run writes its run directory under runs/, as the command does; nothing else may be left behind
-    left = sorted(p.relative_to(work).as_posix() for p in work.rglob("*") if not (p.is_relative_to(work / "conf") or p.is_relative_to(work / "runs")))
+    left = sorted(
+        p.relative_to(work).as_posix() for p in work.rglob("*") if not (p.is_relative_to(work / "conf") or p.is_relative_to(work / "runs"))
+    )
     assert left == [], f"{page}'s examples left files in their working directory: {left}"
 
 
 # --- (b) `fdattack run` lines ------------------------------------------------------------------------------------
+
 
 def _commands(line: str) -> list[list[str]]:
     """The simple commands of a shell line (split at ``&&``, ``||``, ``;``, ``|``, ``&`` and parentheses)."""
@@ -173,8 +196,8 @@ def _commands(line: str) -> list[list[str]]:
 def _run_args(command: list[str]) -> list[str] | None:
     """The tokens after ``run`` of an ``fdattack run`` or ``python -m fdattack run`` command, else None."""
     for prefix in (["fdattack", "run"], ["python", "-m", "fdattack", "run"], ["python3", "-m", "fdattack", "run"]):
-        if command[:len(prefix)] == prefix:
-            return command[len(prefix):]
+        if command[: len(prefix)] == prefix:
+            return command[len(prefix) :]
     return None
 
 
@@ -230,9 +253,25 @@ def test_fdattack_run_line_composes(tmp_path: Path, monkeypatch: pytest.MonkeyPa
 
 # --- (c) the site ------------------------------------------------------------------------------------------------
 
+
 def test_mkdocs_builds_the_site_strictly(tmp_path: Path) -> None:
-    proc = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "--config-file", str(REPO / "mkdocs.yml"),
-                           "--site-dir", str(tmp_path / "site")],
-                          cwd=tmp_path, env=ENV, capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "mkdocs",
+            "build",
+            "--strict",
+            "--config-file",
+            str(REPO / "mkdocs.yml"),
+            "--site-dir",
+            str(tmp_path / "site"),
+        ],
+        cwd=tmp_path,
+        env=ENV,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0, f"mkdocs build --strict failed (pip install -e '.[test]' installs mkdocs):\n{proc.stderr[-5000:]}"
     assert (tmp_path / "site" / "index.html").is_file() and (tmp_path / "site" / "api" / "attacker" / "index.html").is_file()

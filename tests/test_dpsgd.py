@@ -17,9 +17,9 @@ from fdattack.cli import main
 from fdattack.config import compose
 from fdattack.data.imageset import ImageSet
 from fdattack.defenses.dpsgd import DPSGDDefense, DPSGDSettings, poisson_batches
+from fdattack.engine import FitJob, default_engine
 from fdattack.errors import ConfigError
 from fdattack.experiment import Experiment
-from fdattack.engine import FitJob, default_engine
 from fdattack.lit.classifier import ClassifierLitModule, cross_entropy
 from tests.conftest import tiny
 
@@ -73,7 +73,9 @@ def test_noise_has_std_sigma_c_over_b_and_is_seeded_by_the_job() -> None:
     assert torch.equal(_one_step(images, labels, noisy, seed=3), _one_step(images, labels, noisy, seed=3))
     steps = torch.cat([_one_step(images, labels, noisy, seed=s) for s in range(40)])
     assert float(steps.std()) == pytest.approx(2.0 * 0.5 / 4, rel=0.15)
-    assert torch.count_nonzero(_one_step(images, labels, DPSGDSettings(noise_multiplier=0.0, max_grad_norm=0.5, poisson_sampling=False))) == 0
+    assert (
+        torch.count_nonzero(_one_step(images, labels, DPSGDSettings(noise_multiplier=0.0, max_grad_norm=0.5, poisson_sampling=False))) == 0
+    )
 
 
 def test_poisson_batches_are_opacus_sampling_seeded_per_epoch() -> None:
@@ -106,8 +108,19 @@ def test_without_noise_clipping_or_poisson_sampling_training_is_unchanged(tmp_pa
     common = ("protocol.name=dsfl", "protocol.rounds=1", "protocol.optim.batch_size=1000", "trainer.vectorise=false", *QUIET)
     plain = Experiment(compose(None, tiny(tmp_path / "plain", *common)))
     plain.run()
-    dp = Experiment(compose(None, tiny(tmp_path / "dp", *common, "defenses=[dpsgd]", "defense.dpsgd.noise_multiplier=0",
-                                       "defense.dpsgd.max_grad_norm=1e9", "defense.dpsgd.poisson_sampling=false")))
+    dp = Experiment(
+        compose(
+            None,
+            tiny(
+                tmp_path / "dp",
+                *common,
+                "defenses=[dpsgd]",
+                "defense.dpsgd.noise_multiplier=0",
+                "defense.dpsgd.max_grad_norm=1e9",
+                "defense.dpsgd.poisson_sampling=false",
+            ),
+        )
+    )
     dp.run()
     for a, b in zip(plain.protocol.clients, dp.protocol.clients, strict=True):
         assert a.module.state_dict().keys() == b.module.state_dict().keys()
@@ -118,9 +131,23 @@ def test_without_noise_clipping_or_poisson_sampling_training_is_unchanged(tmp_pa
 
 def test_epsilon_is_opacus_rdp_over_the_private_steps_and_grows(tmp_path: Path) -> None:
     sigma, batch, delta = 1.3, 8, 1e-4
-    exp = Experiment(compose(None, tiny(tmp_path, "protocol.name=dsfl", "protocol.rounds=2", "protocol.private_epochs=2",
-                                        "protocol.distill_epochs=1", f"protocol.optim.batch_size={batch}", "defenses=[dpsgd]",
-                                        f"defense.dpsgd.noise_multiplier={sigma}", f"defense.dpsgd.delta={delta}", *QUIET)))
+    exp = Experiment(
+        compose(
+            None,
+            tiny(
+                tmp_path,
+                "protocol.name=dsfl",
+                "protocol.rounds=2",
+                "protocol.private_epochs=2",
+                "protocol.distill_epochs=1",
+                f"protocol.optim.batch_size={batch}",
+                "defenses=[dpsgd]",
+                f"defense.dpsgd.noise_multiplier={sigma}",
+                f"defense.dpsgd.delta={delta}",
+                *QUIET,
+            ),
+        )
+    )
     exp.run()
     rows = _rows(tmp_path / "run")
     assert rows[0]["defense/dpsgd/epsilon"] == 0.0  # DS-FL without warm-up: no private step before round 1
@@ -136,8 +163,10 @@ def test_epsilon_is_opacus_rdp_over_the_private_steps_and_grows(tmp_path: Path) 
     assert 0 < rows[1]["defense/dpsgd/epsilon"] < rows[2]["defense/dpsgd/epsilon"]
 
 
-@pytest.mark.parametrize(("key", "named"), [("model.name=vgg16_bn", "model.name=vgg16_bn"),
-                                            ("model.clients=[pdafd_cnn,fedinverse_cnn]", "model.clients[1]=fedinverse_cnn")])
+@pytest.mark.parametrize(
+    ("key", "named"),
+    [("model.name=vgg16_bn", "model.name=vgg16_bn"), ("model.clients=[pdafd_cnn,fedinverse_cnn]", "model.clients[1]=fedinverse_cnn")],
+)
 def test_batchnorm_network_is_refused_naming_the_key(tmp_path: Path, capsys: pytest.CaptureFixture[str], key: str, named: str) -> None:
     assert main(["run", *tiny(tmp_path, "protocol.name=dsfl", "defenses=[dpsgd]", key)]) == 2
     err = capsys.readouterr().err.strip()
@@ -153,12 +182,16 @@ def test_ddp_is_refused_at_build_time(monkeypatch: pytest.MonkeyPatch) -> None:
         DPSGDDefense(DPSGDSettings(), seed=0).wrap_network(0, nn.Linear(2, 2))
 
 
-@pytest.mark.parametrize("protocol", [
-    ("protocol.name=fedmd", "protocol.transfer_public_epochs=1", "protocol.transfer_private_epochs=1", "protocol.digest_epochs=1"),
-    ("protocol.name=dsfl", "protocol.warmup_private_epochs=1", "protocol.private_epochs=1", "protocol.distill_epochs=1"),
-    ("protocol.name=cronus", "protocol.private_epochs=1", "protocol.kd_epochs=1"),
-    ("protocol.name=fedavg",),
-], ids=["fedmd", "dsfl", "cronus", "fedavg"])
+@pytest.mark.parametrize(
+    "protocol",
+    [
+        ("protocol.name=fedmd", "protocol.transfer_public_epochs=1", "protocol.transfer_private_epochs=1", "protocol.digest_epochs=1"),
+        ("protocol.name=dsfl", "protocol.warmup_private_epochs=1", "protocol.private_epochs=1", "protocol.distill_epochs=1"),
+        ("protocol.name=cronus", "protocol.private_epochs=1", "protocol.kd_epochs=1"),
+        ("protocol.name=fedavg",),
+    ],
+    ids=["fedmd", "dsfl", "cronus", "fedavg"],
+)
 def test_every_protocol_trains_its_local_phases_with_dpsgd(tmp_path: Path, protocol: tuple[str, ...]) -> None:
     exp = Experiment(compose(None, tiny(tmp_path, *protocol, "protocol.rounds=1", "defenses=[dpsgd]", *QUIET)))
     exp.run()
@@ -172,8 +205,19 @@ def test_every_protocol_trains_its_local_phases_with_dpsgd(tmp_path: Path, proto
 
 def test_resume_after_a_private_round_matches_an_uninterrupted_run(tmp_path: Path) -> None:
     out = tmp_path / "run"
-    args = ["run", *tiny(tmp_path, "protocol.name=dsfl", "protocol.rounds=3", "protocol.private_epochs=1", "protocol.distill_epochs=1",
-                         "protocol.optim.batch_size=8", "defenses=[dpsgd]", *QUIET)]
+    args = [
+        "run",
+        *tiny(
+            tmp_path,
+            "protocol.name=dsfl",
+            "protocol.rounds=3",
+            "protocol.private_epochs=1",
+            "protocol.distill_epochs=1",
+            "protocol.optim.batch_size=8",
+            "defenses=[dpsgd]",
+            *QUIET,
+        ),
+    ]
     assert main(args) == 0
     finished, rows = json.loads((out / "metrics.json").read_text()), _rows(out)
     (out / "checkpoints" / "round_0003.pt").unlink()

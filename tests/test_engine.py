@@ -9,15 +9,18 @@ import pytest
 import torch
 
 from fdattack.engine import LocalTrainer, TensorRows, default_engine
-from fdattack.randomness import derive_seed, seed_everything_quietly
 from fdattack.lit import InversionLitModule, RestorerLitModule
 from fdattack.models import InversionDecoder
+from fdattack.randomness import derive_seed, seed_everything_quietly
 
 
 def _rows(n: int = 20) -> TensorRows:
     g = torch.Generator().manual_seed(0)
-    return TensorRows(input=torch.softmax(torch.randn(n, 6, generator=g), -1), x=torch.rand(n, 1, 8, 8, generator=g) * 2 - 1,
-                      prior=torch.zeros(n, 1, 8, 8))
+    return TensorRows(
+        input=torch.softmax(torch.randn(n, 6, generator=g), -1),
+        x=torch.rand(n, 1, 8, 8, generator=g) * 2 - 1,
+        prior=torch.zeros(n, 1, 8, 8),
+    )
 
 
 def test_automatic_optimisation_equals_a_hand_loop_bit_for_bit() -> None:

@@ -15,9 +15,21 @@ from fdattack.cli import main
 from fdattack.config import compose
 from tests.conftest import REPO, tiny
 
-SMALL_MNIST = ["data=mnist_fedinverse", "data.image_size=16", "data.max_per_class=200", "protocol.num_clients=5", "protocol.fraction=1.0",
-               "protocol.rounds=1", "attacks=[kedmi]", "attack.kedmi.gan_width=16", "attack.kedmi.gan_epochs=15", "attack.kedmi.gan_batch_size=64",
-               "attack.kedmi.gan_lr=1e-3", "attack.kedmi.iterations=200", "evaluation.inversion.epochs=5"]
+SMALL_MNIST = [
+    "data=mnist_fedinverse",
+    "data.image_size=16",
+    "data.max_per_class=200",
+    "protocol.num_clients=5",
+    "protocol.fraction=1.0",
+    "protocol.rounds=1",
+    "attacks=[kedmi]",
+    "attack.kedmi.gan_width=16",
+    "attack.kedmi.gan_epochs=15",
+    "attack.kedmi.gan_batch_size=64",
+    "attack.kedmi.gan_lr=1e-3",
+    "attack.kedmi.iterations=200",
+    "evaluation.inversion.epochs=5",
+]
 
 
 @pytest.fixture(autouse=True)
@@ -60,9 +72,21 @@ def test_paper_scale_experiments_compose_to_the_papers_settings(tmp_path: Path, 
     p, d = cfg.protocol, cfg.data
     assert (d.name, d.image_size, d.split, d.label_space, cfg.model.name) == (dataset, size, "classes", "targets", model)
     assert (p.name, p.num_clients, p.fraction, p.local_epochs, p.rounds) == ("fedavg", 5, 1.0, 30, 10)
-    assert (p.optim.name, p.optim.lr, p.optim.momentum, p.optim.nesterov, p.optim.weight_decay, p.optim.batch_size) == ("sgd", 0.01, 0.9, True, 1e-4, 64)
+    assert (p.optim.name, p.optim.lr, p.optim.momentum, p.optim.nesterov, p.optim.weight_decay, p.optim.batch_size) == (
+        "sgd",
+        0.01,
+        0.9,
+        True,
+        1e-4,
+        64,
+    )
     assert list(cfg.attacks) == ["gmi", "kedmi"]
-    assert (cfg.attack.gmi.iterations, cfg.attack.gmi.gan_epochs, cfg.attack.kedmi.iterations, cfg.attack.kedmi.gan_epochs) == (3000, 300, 5000, 100)
+    assert (cfg.attack.gmi.iterations, cfg.attack.gmi.gan_epochs, cfg.attack.kedmi.iterations, cfg.attack.kedmi.gan_epochs) == (
+        3000,
+        300,
+        5000,
+        100,
+    )
     if dataset == "celeba":
         assert (d.private_classes, d.max_public, cfg.attack.kedmi.label_batch) == (1000, 30000, 60)
     else:

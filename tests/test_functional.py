@@ -100,7 +100,9 @@ def test_offline_lira_variance_is_per_sample_unless_pooled() -> None:
     per_sample = torch.tensor([2 / math.sqrt(2), 1 / (2 * math.sqrt(2))], dtype=torch.float64)
     assert torch.allclose(offline_lira(target, reference), per_sample)
     pooled = math.sqrt((1 + 1 + 4 + 4) / (4 - 2))  # squared deviations from each sample's mean over K·N − N degrees of freedom
-    assert torch.allclose(offline_lira(target, reference, global_variance=True), torch.tensor([2 / pooled, 1 / pooled], dtype=torch.float64))
+    assert torch.allclose(
+        offline_lira(target, reference, global_variance=True), torch.tensor([2 / pooled, 1 / pooled], dtype=torch.float64)
+    )
 
 
 def test_online_lira_is_the_gaussian_log_likelihood_ratio() -> None:

@@ -25,8 +25,16 @@ from fdattack.evaluation.evaluator import Evaluator
 from fdattack.experiment import Experiment
 from fdattack.fd.record import RoundRecord
 from fdattack.functional.hsic import hsic_loss_term
-from fdattack.lit.gan import (KPlusOneGAN, WGANGP, critic_loss, feature_matching_loss, gradient_penalty, real_class_loss, supervised_loss,
-                              unsupervised_loss)
+from fdattack.lit.gan import (
+    WGANGP,
+    KPlusOneGAN,
+    critic_loss,
+    feature_matching_loss,
+    gradient_penalty,
+    real_class_loss,
+    supervised_loss,
+    unsupervised_loss,
+)
 from fdattack.models.gan import DGWGAN, Generator, MinibatchDiscrimination, MinibatchDiscriminator
 from tests.conftest import REPO, tiny
 from tests.object_graph import reachable
@@ -36,13 +44,36 @@ from tests.test_threat_model import _assert_nothing_private
 
 FEDAVG = REPO / "conf" / "experiment" / "fedavg_digits.yaml"
 #: FedAvg on 8x8 digits, 0-4 private, 5-9 the attacker's prior data; both attacks at their smallest
-DIGITS = ["data.split=classes", "data.public_classes=[5,6,7,8,9]", "data.partition=iid", "protocol.fraction=1.0",
-          "evaluation.classifier=null", "evaluation.confidence_gap.enabled=false"]
-SMALL = ["attack.gmi.gan_epochs=2", "attack.gmi.gan_width=8", "attack.gmi.iterations=60", "attack.gmi.seeds=3",
-         "attack.kedmi.gan_epochs=2", "attack.kedmi.gan_width=8", "attack.kedmi.gan_batch_size=16", "attack.kedmi.iterations=150", "attack.kedmi.samples=4",
-         "attack.vmi.gan_epochs=2", "attack.vmi.gan_width=8", "attack.vmi.iterations=4", "attack.vmi.steps_per_epoch=3", "attack.vmi.eval_samples=16",
-         "attack.vmi.batch_size=8", "attack.vmi.flow_steps=2", "attack.vmi.flow_levels=2", "attack.vmi.flow_hidden=16", "attack.vmi.samples=2",
-         "attack.vmi.lr=1e-3"]
+DIGITS = [
+    "data.split=classes",
+    "data.public_classes=[5,6,7,8,9]",
+    "data.partition=iid",
+    "protocol.fraction=1.0",
+    "evaluation.classifier=null",
+    "evaluation.confidence_gap.enabled=false",
+]
+SMALL = [
+    "attack.gmi.gan_epochs=2",
+    "attack.gmi.gan_width=8",
+    "attack.gmi.iterations=60",
+    "attack.gmi.seeds=3",
+    "attack.kedmi.gan_epochs=2",
+    "attack.kedmi.gan_width=8",
+    "attack.kedmi.gan_batch_size=16",
+    "attack.kedmi.iterations=150",
+    "attack.kedmi.samples=4",
+    "attack.vmi.gan_epochs=2",
+    "attack.vmi.gan_width=8",
+    "attack.vmi.iterations=4",
+    "attack.vmi.steps_per_epoch=3",
+    "attack.vmi.eval_samples=16",
+    "attack.vmi.batch_size=8",
+    "attack.vmi.flow_steps=2",
+    "attack.vmi.flow_levels=2",
+    "attack.vmi.flow_hidden=16",
+    "attack.vmi.samples=2",
+    "attack.vmi.lr=1e-3",
+]
 
 
 # ---------------------------------------------------------------------------------------------------- networks
@@ -52,13 +83,41 @@ def _shapes(net: nn.Module) -> list[tuple[int, ...]]:
 
 def test_networks_are_the_codes_at_32_and_64_px_and_shrink_for_small_digits() -> None:
     # GMI/KED-MI's GeneratorMNIST, DGWGAN32 and MinibatchDiscriminator_MNIST (fedinverse.md §4.1, §4.2), parameter by parameter
-    assert _shapes(Generator(1, 32)) == [(4096, 100), (4096,), (4096,), (256, 128, 5, 5), (128,), (128,), (128, 64, 5, 5), (64,), (64,), (64, 1, 5, 5), (1,)]
-    assert _shapes(DGWGAN(1, 32)) == [(64, 1, 5, 5), (64,), (128, 64, 5, 5), (128,), (128,), (128,), (256, 128, 5, 5), (256,), (256,), (256,), (1, 256, 4, 4), (1,)]
+    assert _shapes(Generator(1, 32)) == [
+        (4096, 100),
+        (4096,),
+        (4096,),
+        (256, 128, 5, 5),
+        (128,),
+        (128,),
+        (128, 64, 5, 5),
+        (64,),
+        (64,),
+        (64, 1, 5, 5),
+        (1,),
+    ]
+    assert _shapes(DGWGAN(1, 32)) == [
+        (64, 1, 5, 5),
+        (64,),
+        (128, 64, 5, 5),
+        (128,),
+        (128,),
+        (128,),
+        (256, 128, 5, 5),
+        (256,),
+        (256,),
+        (256,),
+        (1, 256, 4, 4),
+        (1,),
+    ]
     assert _shapes(MinibatchDiscriminator(1, 32, 5))[-3:] == [(4096, 64, 50), (5, 4160), (5,)]
     # the CelebA networks: Generator 512 -> 256 -> 128 -> 64 -> 3, DGWGAN 64 -> 512, the minibatch discriminator's k3 fourth block
     assert _shapes(Generator(3, 64))[0] == (8192, 100) and _shapes(Generator(3, 64))[-2:] == [(64, 3, 5, 5), (3,)]
     assert _shapes(DGWGAN(3, 64))[-6:] == [(512, 256, 5, 5), (512,), (512,), (512,), (1, 512, 4, 4), (1,)]
-    assert (256, 256, 3, 3) in _shapes(MinibatchDiscriminator(3, 64, 1000)) and _shapes(MinibatchDiscriminator(3, 64, 1000))[-2] == (1000, 4160)
+    assert (256, 256, 3, 3) in _shapes(MinibatchDiscriminator(3, 64, 1000)) and _shapes(MinibatchDiscriminator(3, 64, 1000))[-2] == (
+        1000,
+        4160,
+    )
     for size, blocks in ((8, 1), (16, 2)):
         g = Generator(1, size, z_dim=10, width=4).eval()
         x = g(torch.randn(3, 10))
@@ -77,7 +136,9 @@ def test_minibatch_discrimination_is_the_sum_over_the_other_samples() -> None:
     layer.T.data.mul_(0.3)
     x = torch.randn(4, 6)
     m = torch.einsum("na,abc->nbc", x, layer.T)
-    expected = torch.tensor([[sum(math.exp(-float((m[i, b] - m[j, b]).abs().sum())) for j in range(4) if j != i) for b in range(3)] for i in range(4)])
+    expected = torch.tensor(
+        [[sum(math.exp(-float((m[i, b] - m[j, b]).abs().sum())) for j in range(4) if j != i) for b in range(3)] for i in range(4)]
+    )
     out = layer(x)
     assert torch.equal(out[:, :6], x) and torch.allclose(out[:, 6:], expected, atol=1e-6)
 
@@ -183,8 +244,18 @@ def test_hsic_sign_moves_the_diversity_the_expected_way() -> None:
         found, losses = gmi_search(generator, _ZeroCritic(), target, labels, z.clone(), range(100), lr=0.02, lambda_id=0.0, hsic=hsic)
         gmi[sign] = _spread(generator(found.flatten(0, 1)).view(3, 8, 1, 8, 8))
         assert (losses["hsic_loss"] == 0) == (sign == 0)
-        mu, log_var, _ = kedmi_search(generator, discriminator, target, labels, range(100), z_dim=16, lr=0.02, lambda_id=0.0, hsic=hsic,
-                                      noise=torch.Generator().manual_seed(0))
+        mu, log_var, _ = kedmi_search(
+            generator,
+            discriminator,
+            target,
+            labels,
+            range(100),
+            z_dim=16,
+            lr=0.02,
+            lambda_id=0.0,
+            hsic=hsic,
+            noise=torch.Generator().manual_seed(0),
+        )
         draws = gaussian_latents(mu, log_var, 5, torch.Generator().manual_seed(1))
         kedmi[sign] = _spread(generator(draws.flatten(0, 1)).view(5, 8, 1, 8, 8))
     for spread in (gmi, kedmi):
@@ -206,8 +277,9 @@ def inversions(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, Inversions]]:
     return kept
 
 
-def test_attacks_return_inversions_and_reuse_their_cached_gans_on_resume(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                                                        inversions: list[tuple[str, Inversions]]) -> None:
+def test_attacks_return_inversions_and_reuse_their_cached_gans_on_resume(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, inversions: list[tuple[str, Inversions]]
+) -> None:
     """FedAvg on digits, GMI, KED-MI and VMI at their smallest, 2 rounds, then a resume from round 1's checkpoint.
 
     The attacks' own check (the attacked model's top-1 on the inversions, chance 0.1) was asserted >= 0.8 on every GMI
@@ -254,7 +326,9 @@ def test_attacks_return_inversions_and_reuse_their_cached_gans_on_resume(tmp_pat
     inversions.clear()
     assert main([*args, "resume=true"]) == 0
     assert trained == [], "a cached GAN was trained again"  # GMI's prior of round 1 and KED-MI's GAN of round 2, both restored
-    assert [name for name, _ in inversions] == ["gmi", "kedmi", "vmi"] and all(torch.equal(a, r.images) for a, (_, r) in zip(reference, inversions))
+    assert [name for name, _ in inversions] == ["gmi", "kedmi", "vmi"] and all(
+        torch.equal(a, r.images) for a, (_, r) in zip(reference, inversions)
+    )
 
 
 class _Probe(Attack):
@@ -281,8 +355,21 @@ class _Probe(Attack):
 
 
 def test_gan_attacks_reach_nothing_private_and_no_protocol_object(tmp_path: Path, inversions: list[tuple[str, Inversions]]) -> None:
-    exp = Experiment(compose(FEDAVG, [*tiny(tmp_path), *DIGITS, *SMALL, "attacks=[gmi,kedmi,vmi]", "protocol.rounds=1",
-                                         "attack.gmi.iterations=5", "attack.kedmi.iterations=5", "attack.vmi.iterations=2"]))
+    exp = Experiment(
+        compose(
+            FEDAVG,
+            [
+                *tiny(tmp_path),
+                *DIGITS,
+                *SMALL,
+                "attacks=[gmi,kedmi,vmi]",
+                "protocol.rounds=1",
+                "attack.gmi.iterations=5",
+                "attack.kedmi.iterations=5",
+                "attack.vmi.iterations=2",
+            ],
+        )
+    )
     probe = _Probe(exp)
     exp.attacks.append(probe)
     exp.run()
@@ -293,19 +380,30 @@ def test_gan_attacks_reach_nothing_private_and_no_protocol_object(tmp_path: Path
         assert attack.view.target_labels == (0, 1, 2, 3, 4)
 
 
-@pytest.mark.parametrize(("extra", "named"), [
-    (["attacks=[gmi]", "attack.gmi.hsic_lambda=0.05", "attack.gmi.label_batch=3"], ["attack.gmi.label_batch", "2 labels"]),
-    (["attacks=[kedmi]", "attack.kedmi.hsic_lambda=0.05", "attack.kedmi.hsic_estimator=unbiased"], ["attack.kedmi.label_batch", "5 labels"]),
-    (["attacks=[gmi]", "attack.gmi.hsic_sign=0"], ["attack.gmi.hsic_sign=0", "1 or -1"]),
-    (["attacks=[kedmi]", "attack.kedmi.hsic_kernel=cosine"], ["hsic_kernel"]),
-    (["attacks=[kedmi]", "data.image_size=12"], ["attack.kedmi", "data.image_size", "12x12"]),
-    (["attacks=[gmi]", "data.split=random"], ["attack.gmi", "data.split=classes"]),
-    (["attacks=[vmi]", "attack.vmi.hsic_lambda=0.05", "attack.vmi.batch_size=3"], ["attack.vmi.batch_size", "4"]),
-], ids=["hsic_halves", "unbiased_halves", "sign", "kernel", "image_size", "no_prior_data", "vmi_hsic_halves"])
-def test_bad_gan_attack_settings_exit_2_with_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str], extra: list[str], named: list[str]) -> None:
+@pytest.mark.parametrize(
+    ("extra", "named"),
+    [
+        (["attacks=[gmi]", "attack.gmi.hsic_lambda=0.05", "attack.gmi.label_batch=3"], ["attack.gmi.label_batch", "2 labels"]),
+        (
+            ["attacks=[kedmi]", "attack.kedmi.hsic_lambda=0.05", "attack.kedmi.hsic_estimator=unbiased"],
+            ["attack.kedmi.label_batch", "5 labels"],
+        ),
+        (["attacks=[gmi]", "attack.gmi.hsic_sign=0"], ["attack.gmi.hsic_sign=0", "1 or -1"]),
+        (["attacks=[kedmi]", "attack.kedmi.hsic_kernel=cosine"], ["hsic_kernel"]),
+        (["attacks=[kedmi]", "data.image_size=12"], ["attack.kedmi", "data.image_size", "12x12"]),
+        (["attacks=[gmi]", "data.split=random"], ["attack.gmi", "data.split=classes"]),
+        (["attacks=[vmi]", "attack.vmi.hsic_lambda=0.05", "attack.vmi.batch_size=3"], ["attack.vmi.batch_size", "4"]),
+    ],
+    ids=["hsic_halves", "unbiased_halves", "sign", "kernel", "image_size", "no_prior_data", "vmi_hsic_halves"],
+)
+def test_bad_gan_attack_settings_exit_2_with_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], extra: list[str], named: list[str]
+) -> None:
     _one_line(capsys, ["run", str(FEDAVG), *tiny(tmp_path), *DIGITS, *extra], *named)
     assert not (tmp_path / "run" / "attack_state").exists()
 
 
 def test_gan_attacks_need_the_global_models_weights(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    _one_line(capsys, ["run", str(REPO / "conf" / "experiment" / "fedmd_digits.yaml"), *tiny(tmp_path), "attacks=[kedmi]"], "kedmi", "white_box")
+    _one_line(
+        capsys, ["run", str(REPO / "conf" / "experiment" / "fedmd_digits.yaml"), *tiny(tmp_path), "attacks=[kedmi]"], "kedmi", "white_box"
+    )

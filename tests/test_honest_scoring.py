@@ -17,13 +17,13 @@ import wandb
 from fdattack.attacks import ATTACKS, Attack
 from fdattack.attacks.results import Inversions, Reconstructions
 from fdattack.config import compose
-from fdattack.knobs import knob
 from fdattack.evaluation.evaluator import Evaluator
 from fdattack.evaluation.inversion import InversionScorer
 from fdattack.evaluation.reconstruction import ReconstructionScorer
 from fdattack.evaluation.report import Report
 from fdattack.experiment import Experiment
 from fdattack.fd.threat import Capability
+from fdattack.knobs import knob
 from fdattack.tracking.wandb_run import WandbRun
 from tests.conftest import tiny
 
@@ -48,8 +48,10 @@ def _evaluator() -> Evaluator:
     """An evaluator over targets 0, 3, 4, 5, 7 whose scorers check the labels as the real ones and stand in for the rest."""
     none = SimpleNamespace(images=torch.zeros(0, 1, 8, 8), labels=torch.zeros(0, dtype=torch.long))
     split = SimpleNamespace(private=[none], public=none, num_classes=8, target_labels=TARGETS)
-    scorers = {Reconstructions: _StandInReconstructions(split),  # type: ignore[arg-type]
-               Inversions: _StandInInversions(split, lambda: None, grid_samples=1)}  # type: ignore[arg-type]
+    scorers = {
+        Reconstructions: _StandInReconstructions(split),  # type: ignore[arg-type]
+        Inversions: _StandInInversions(split, lambda: None, grid_samples=1),
+    }  # type: ignore[arg-type]
     return Evaluator(SimpleNamespace(split=split), scorers)  # type: ignore[arg-type]
 
 
@@ -64,12 +66,16 @@ def test_reconstructions_of_every_target_once_are_scored(labels: list[int]) -> N
         assert report.metrics
 
 
-@pytest.mark.parametrize(("labels", "n"), [
-    ([0, 3, 4, 5, 1], 5),  # a public (non-target) label in place of target 7
-    ([0, 3, 4, 5], 4),  # a target left out
-    ([0, 3, 4, 5, 5, 7], 6),  # a target twice (the best of two tries)
-    ([0, 3, 4, 5, 7], 4),  # five labels for four images
-], ids=["non_target", "missing", "duplicate", "shape"])
+@pytest.mark.parametrize(
+    ("labels", "n"),
+    [
+        ([0, 3, 4, 5, 1], 5),  # a public (non-target) label in place of target 7
+        ([0, 3, 4, 5], 4),  # a target left out
+        ([0, 3, 4, 5, 5, 7], 6),  # a target twice (the best of two tries)
+        ([0, 3, 4, 5, 7], 4),  # five labels for four images
+    ],
+    ids=["non_target", "missing", "duplicate", "shape"],
+)
 def test_reconstructions_whose_labels_are_not_the_targets_are_refused(labels: list[int], n: int) -> None:
     with pytest.raises(RuntimeError) as refused:
         _evaluator().score("cheat", [Reconstructions(_images(n), torch.tensor(labels))])
@@ -86,8 +92,11 @@ def test_inversions_of_distinct_target_labels_are_scored(labels: list[int]) -> N
 
 @pytest.mark.parametrize("labels", [[1], [0, 3, 3], [0, 3, 4, 5, 7, 9]], ids=["non_target", "duplicate", "one_too_many"])
 def test_inversions_of_other_labels_are_refused(labels: list[int]) -> None:
-    with pytest.raises(RuntimeError, match=rf"^attack lattack returned Inversions for labels \[{', '.join(map(str, labels))}\] .*"
-                                           r"distinct target labels: the target labels are \[0, 3, 4, 5, 7\]$"):
+    with pytest.raises(
+        RuntimeError,
+        match=rf"^attack lattack returned Inversions for labels \[{', '.join(map(str, labels))}\] .*"
+        r"distinct target labels: the target labels are \[0, 3, 4, 5, 7\]$",
+    ):
         _evaluator().score("lattack", [Inversions(_images(1, len(labels)), torch.tensor(labels))])
 
 
@@ -112,11 +121,25 @@ class RelabellingAttack(Attack):
 
 def test_a_run_stops_at_an_attack_that_relabels_its_reconstructions(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(ATTACKS, "_items", {**ATTACKS._items, "relabel": RelabellingAttack})
-    exp = Experiment(compose(None, tiny(tmp_path, "attacks=[relabel]", "protocol.rounds=1", "evaluation.classifier=null",
-                                        "evaluation.confidence_gap.enabled=false", "protocol.transfer_public_epochs=1",
-                                        "protocol.transfer_private_epochs=1")))
+    exp = Experiment(
+        compose(
+            None,
+            tiny(
+                tmp_path,
+                "attacks=[relabel]",
+                "protocol.rounds=1",
+                "evaluation.classifier=null",
+                "evaluation.confidence_gap.enabled=false",
+                "protocol.transfer_public_epochs=1",
+                "protocol.transfer_private_epochs=1",
+            ),
+        )
+    )
     targets = sorted(exp.data.split.target_labels)
-    with pytest.raises(RuntimeError, match=rf"attack relabel returned Reconstructions for labels .*the target labels are \[{', '.join(map(str, targets))}\]$"):
+    with pytest.raises(
+        RuntimeError,
+        match=rf"attack relabel returned Reconstructions for labels .*the target labels are \[{', '.join(map(str, targets))}\]$",
+    ):
         exp.run()
 
 
@@ -133,12 +156,17 @@ class _FakeRun:
 
 @pytest.mark.parametrize("bins", [2, 7])
 def test_confidence_gap_histograms_have_the_configured_bins_over_0_to_log_j(tmp_path: Path, bins: int) -> None:
-    exp = Experiment(compose(None, tiny(tmp_path, "protocol.rounds=1", f"evaluation.confidence_gap.bins={bins}",
-                                        "evaluation.confidence_gap.max_samples=40")))
+    exp = Experiment(
+        compose(
+            None, tiny(tmp_path, "protocol.rounds=1", f"evaluation.confidence_gap.bins={bins}", "evaluation.confidence_gap.max_samples=40")
+        )
+    )
     (diagnostic,) = exp.evaluator.diagnostics
     report = diagnostic.report()
     top = math.log(exp.data.split.num_classes)
-    assert set(report.histograms) == {f"diag/confidence_gap/{k}_entropy" for k in ("client_public", "client_private", "server_public", "server_private")}
+    assert set(report.histograms) == {
+        f"diag/confidence_gap/{k}_entropy" for k in ("client_public", "client_private", "server_public", "server_private")
+    }
     samples = {"client_public": 40 * 2, "client_private": 40 * 2, "server_public": 40, "server_private": 40 * 2}  # 2 clients
     for key, (counts, edges) in report.histograms.items():
         assert counts.shape == (bins,) and edges.shape == (bins + 1,)

@@ -30,7 +30,7 @@ D3 = torch.tensor([[0.0, 1.0, 4.0], [1.0, 0.0, 5.0], [4.0, 5.0, 0.0]], dtype=tor
 def _random_kernels(m: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
     g = torch.Generator().manual_seed(seed)
     x, y = torch.randn(m, 3, generator=g, dtype=torch.float64), torch.randn(m, 2, generator=g, dtype=torch.float64)
-    return torch.exp(-torch.cdist(x, x) ** 2 / 4), torch.exp(-torch.cdist(y, y) ** 2 / 2)
+    return torch.exp(-(torch.cdist(x, x) ** 2) / 4), torch.exp(-(torch.cdist(y, y) ** 2) / 2)
 
 
 def _uniform_halves(m: int, d: int, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
@@ -256,8 +256,13 @@ def test_sign_convention() -> None:
 
 def test_bad_arguments_raise() -> None:
     x = torch.randn(6, 2)
-    bad = [HSICOptions(estimator="cka"), HSICOptions(kernel="rbf"), HSICOptions(kernel_y="rbf"),  # type: ignore
-           HSICOptions(sigma=-1.0), HSICOptions(sigma=0.0, median="mean")]  # type: ignore[arg-type]
+    bad = [
+        HSICOptions(estimator="cka"),
+        HSICOptions(kernel="rbf"),
+        HSICOptions(kernel_y="rbf"),  # type: ignore
+        HSICOptions(sigma=-1.0),
+        HSICOptions(sigma=0.0, median="mean"),
+    ]  # type: ignore[arg-type]
     for options in bad:
         with pytest.raises(ValueError):
             dependence(x, x, options)

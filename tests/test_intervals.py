@@ -12,8 +12,14 @@ import torch
 from fdattack.attacks.results import LabelDistributions, MembershipScores
 from fdattack.evaluation.label_distribution import LabelDistributionScorer
 from fdattack.evaluation.membership import CandidatePool, MembershipScorer
-from fdattack.functional.intervals import (bootstrap_interval, bootstrap_mean_interval, membership_bootstrap, membership_points,
-                                           t_interval, wilson_interval)
+from fdattack.functional.intervals import (
+    bootstrap_interval,
+    bootstrap_mean_interval,
+    membership_bootstrap,
+    membership_points,
+    t_interval,
+    wilson_interval,
+)
 from fdattack.functional.membership_metrics import FPR_LEVELS, membership_metrics
 from fdattack.tracking.summary import attack_summary, format_score
 
@@ -64,9 +70,13 @@ def test_membership_points_equal_the_reported_metrics_with_ties() -> None:
         n1, n0 = int(rng.integers(2, 200)), int(rng.integers(2, 1500))
         decimals = int(rng.integers(0, 3))
         members, non_members = np.round(rng.normal(0.4, 1, n1), decimals), np.round(rng.normal(0, 1, n0), decimals)
-        reported = membership_metrics(torch.cat([torch.ones(n1), torch.zeros(n0)]).bool(), torch.tensor(np.concatenate([members, non_members])))
+        reported = membership_metrics(
+            torch.cat([torch.ones(n1), torch.zeros(n0)]).bool(), torch.tensor(np.concatenate([members, non_members]))
+        )
         expected = [reported[key] for key in (*FPR_LEVELS, "auc", "balanced_accuracy")]
-        assert membership_points(members[None], non_members[None], list(FPR_LEVELS.values()))[0] == pytest.approx(expected, abs=1e-6)  # torchmetrics: float32
+        assert membership_points(members[None], non_members[None], list(FPR_LEVELS.values()))[0] == pytest.approx(
+            expected, abs=1e-6
+        )  # torchmetrics: float32
 
 
 def test_membership_bootstrap_brackets_the_mean_over_clients_and_narrows_with_more_samples() -> None:
@@ -117,9 +127,17 @@ def test_label_distribution_intervals_are_the_spread_over_clients() -> None:
 
 # ------------------------------------------------------------------------------------------------ the summary
 def test_the_summary_prints_each_interval_after_its_value() -> None:
-    final = {"attack/pli/accuracy": 0.4, "attack/pli/accuracy_ci_low": 0.118, "attack/pli/accuracy_ci_high": 0.769,
-             "attack/pli/chance": 0.2, "attack/pli/chance_ci_low": 0.2, "attack/pli/chance_ci_high": 0.2,
-             "attack/ldia/uniform_kl": 2.1293, "attack/ldia/uniform_kl_ci_low": 2.12926, "attack/ldia/uniform_kl_ci_high": 2.12934}
+    final = {
+        "attack/pli/accuracy": 0.4,
+        "attack/pli/accuracy_ci_low": 0.118,
+        "attack/pli/accuracy_ci_high": 0.769,
+        "attack/pli/chance": 0.2,
+        "attack/pli/chance_ci_low": 0.2,
+        "attack/pli/chance_ci_high": 0.2,
+        "attack/ldia/uniform_kl": 2.1293,
+        "attack/ldia/uniform_kl_ci_low": 2.12926,
+        "attack/ldia/uniform_kl_ci_high": 2.12934,
+    }
     assert format_score(final, "attack/pli/accuracy", "{:.2f}") == "0.40 [0.12, 0.77]"
     assert format_score(final, "attack/pli/chance", "{:.2f}") == "0.20"  # no width: no interval
     assert format_score(final, "attack/ldia/uniform_kl", "{:.3f}") == "2.129"  # float noise across seeds: none either

@@ -31,12 +31,20 @@ def test_inversion_module_learns_one_hot_to_pattern_with_a_plain_trainer(tmp_pat
     torch.manual_seed(0)
     patterns = torch.rand(4, 1, 8, 8) * 2 - 1
     labels = torch.arange(4).repeat(16)
-    batches = [{"input": torch.nn.functional.one_hot(labels[i:i + 8], 4).float(), "x": patterns[labels[i:i + 8]]} for i in range(0, 64, 8)]
+    batches = [
+        {"input": torch.nn.functional.one_hot(labels[i : i + 8], 4).float(), "x": patterns[labels[i : i + 8]]} for i in range(0, 64, 8)
+    ]
     module = InversionLitModule(InversionDecoder(4, 1, 8, max_width=64), lr=3e-3, gamma=0.0)
     probe = torch.eye(4)
     before = torch.nn.functional.mse_loss(module.reconstruct(probe), patterns).item()
-    L.Trainer(max_epochs=15, logger=False, enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
-              default_root_dir=tmp_path).fit(module, DataLoader(batches, batch_size=None))
+    L.Trainer(
+        max_epochs=15,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        default_root_dir=tmp_path,
+    ).fit(module, DataLoader(batches, batch_size=None))
     after = torch.nn.functional.mse_loss(module.reconstruct(probe), patterns).item()
     assert after < 0.3 * before
 

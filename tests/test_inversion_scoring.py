@@ -21,23 +21,23 @@ from fdattack.attacks import ATTACKS, Attack
 from fdattack.attacks.results import Inversions
 from fdattack.cli import main
 from fdattack.config import compose
-from fdattack.knobs import knob
-from fdattack.evaluation.inversion_classifier import InversionEvaluationSettings
 from fdattack.data.federated import FederatedSplit, build_split
 from fdattack.data.imageset import ImageSet
+from fdattack.engine import LocalTrainer, ModelHandle, default_engine
 from fdattack.evaluation import Evaluator
 from fdattack.evaluation.inception import load_inception
 from fdattack.evaluation.inversion import InversionScorer
-from fdattack.evaluation.inversion_classifier import EvaluationClassifier, inversion_classifier, training_sets
+from fdattack.evaluation.inversion_classifier import EvaluationClassifier, InversionEvaluationSettings, inversion_classifier, training_sets
 from fdattack.experiment import Experiment
-from fdattack.engine import LocalTrainer, ModelHandle, default_engine
 from fdattack.fd.record import RoundRecord
 from fdattack.fd.threat import Capability, ViewPart
 from fdattack.functional.inversion_metrics import feature_cosine, feature_diversity, inversion_grid, topk_per_sample
+from fdattack.knobs import knob
 from fdattack.tracking.report import write_report
 from fdattack.tracking.summary import attack_summary
 from tests.conftest import tiny
 from tests.object_graph import reachable
+
 
 @dataclass
 class PriorSettings:
@@ -60,8 +60,18 @@ class PriorInversion(Attack):
         return [Inversions(images, targets, details={"final_loss": 1.5})]
 
 
-DIGITS = ("protocol=fedavg", "data=digits", "data.split=classes", "data.public_classes=[5,6,7,8,9]", "data.partition=iid", "data.label_space=targets",
-          "protocol.fraction=1.0", "protocol.rounds=1", "model.name=pdafd_cnn", "evaluation.confidence_gap.enabled=false")
+DIGITS = (
+    "protocol=fedavg",
+    "data=digits",
+    "data.split=classes",
+    "data.public_classes=[5,6,7,8,9]",
+    "data.partition=iid",
+    "data.label_space=targets",
+    "protocol.fraction=1.0",
+    "protocol.rounds=1",
+    "model.name=pdafd_cnn",
+    "evaluation.confidence_gap.enabled=false",
+)
 SEED = 42  # the runs' seed: the fixture's split is theirs
 
 
@@ -108,12 +118,14 @@ def of_labels(pool: ImageSet, labels: list[int], samples: int) -> torch.Tensor:
 # ------------------------------------------------------------------ hand-computed scores on a fake classifier
 J = 6
 #: logits of S = 4 samples × T = 2 targets (labels 0 and 1); the images are the logits (the fake classifier is the identity)
-HAND_LOGITS = torch.tensor([
-    [[0.9, 0.1, 0.2, 0.3, 0.4, 0.5], [0.1, 0.9, 0.2, 0.3, 0.4, 0.5]],  # s=0: both top-1 hits
-    [[0.9, 0.1, 0.2, 0.3, 0.4, 0.5], [0.1, 0.8, 0.2, 0.9, 0.4, 0.5]],  # s=1: label 1 second -> top-1 1/2, top-5 2/2
-    [[-0.9, 0.1, 0.2, 0.3, 0.4, 0.5], [0.6, 0.5, 0.3, 0.7, 0.8, 0.9]],  # s=2: label 0 last, label 1 fifth -> 0/2, 1/2
-    [[0.2, 0.1, 0.9, 0.3, 0.4, 0.5], [0.9, 0.5, 0.2, 0.3, 0.4, 0.1]],  # s=3: both in the top-5 only -> 0/2, 2/2
-])
+HAND_LOGITS = torch.tensor(
+    [
+        [[0.9, 0.1, 0.2, 0.3, 0.4, 0.5], [0.1, 0.9, 0.2, 0.3, 0.4, 0.5]],  # s=0: both top-1 hits
+        [[0.9, 0.1, 0.2, 0.3, 0.4, 0.5], [0.1, 0.8, 0.2, 0.9, 0.4, 0.5]],  # s=1: label 1 second -> top-1 1/2, top-5 2/2
+        [[-0.9, 0.1, 0.2, 0.3, 0.4, 0.5], [0.6, 0.5, 0.3, 0.7, 0.8, 0.9]],  # s=2: label 0 last, label 1 fifth -> 0/2, 1/2
+        [[0.2, 0.1, 0.9, 0.3, 0.4, 0.5], [0.9, 0.5, 0.2, 0.3, 0.4, 0.1]],  # s=3: both in the top-5 only -> 0/2, 2/2
+    ]
+)
 
 
 def fake_split() -> FederatedSplit:
@@ -187,7 +199,11 @@ def test_fid_is_zero_for_the_private_images_themselves_and_the_squared_shift_for
 def test_feature_cosine_matches_the_hand_computation() -> None:
     """Group means (0.5, 0.5), (2, 1), (-2, -1): μ = (1/6, 1/6), the real centroid − μ = (11/6, 5/6). Generated − μ:
     (5/6, -1/6) and (-1/6, 5/6), cosines 50/√3796 and 14/√3796; noise − μ: (-7/6, -7/6) and (-19/6, -7/6)."""
-    generated, real, noise = torch.tensor([[1.0, 0.0], [0.0, 1.0]]), torch.tensor([[2.0, 0.0], [2.0, 2.0]]), torch.tensor([[-1.0, -1.0], [-3.0, -1.0]])
+    generated, real, noise = (
+        torch.tensor([[1.0, 0.0], [0.0, 1.0]]),
+        torch.tensor([[2.0, 0.0], [2.0, 2.0]]),
+        torch.tensor([[-1.0, -1.0], [-3.0, -1.0]]),
+    )
     scores = feature_cosine(generated, real, noise)
     assert scores["feature_cosine"] == pytest.approx(32 / math.sqrt(3796))  # (50 + 14) / 2 / √(26·146)
     assert scores["feature_cosine_noise"] == pytest.approx(-(112 / math.sqrt(98 * 146) + 244 / math.sqrt(410 * 146)) / 2)
@@ -265,7 +281,9 @@ def test_the_grid_has_a_row_per_label_and_a_column_per_shown_sample() -> None:
 
 def test_the_evaluator_refuses_inversions_an_attack_does_not_declare() -> None:
     evaluator = Evaluator(None)  # type: ignore[arg-type]  # scoring never reaches the oracle
-    with pytest.raises(RuntimeError, match=r"attack gmi returned Inversions but does not declare them: set produces = frozenset\(\{Inversions\}\)"):
+    with pytest.raises(
+        RuntimeError, match=r"attack gmi returned Inversions but does not declare them: set produces = frozenset\(\{Inversions\}\)"
+    ):
         evaluator.score("gmi", [Inversions(torch.zeros(2, 1, 1, 4, 4), torch.tensor([0]))])
 
 
@@ -285,8 +303,11 @@ def test_private_images_of_the_targets_score_full_top1_and_a_low_fid(digits: Sim
     private = ImageSet.from_images(torch.cat([p.images for p in digits.split.private]), torch.cat([p.labels for p in digits.split.private]))
     targets = digits.split.target_labels
     real = metrics_of(scorer_for(digits), of_labels(private, targets, 8), targets)
-    noise = metrics_of(scorer_for(digits), torch.rand(8, len(targets), *digits.split.image_shape, generator=torch.Generator().manual_seed(0)) * 2 - 1,
-                       targets)
+    noise = metrics_of(
+        scorer_for(digits),
+        torch.rand(8, len(targets), *digits.split.image_shape, generator=torch.Generator().manual_seed(0)) * 2 - 1,
+        targets,
+    )
     assert real["top1"] >= 0.95 and real["top5"] == 1.0
     assert noise["top1"] <= noise["chance"] + 1e-9  # noise is one class at best: never above 1/T
     assert real["fid"] < noise["fid"] / 5
@@ -318,7 +339,9 @@ def test_images_of_the_auxiliary_classes_score_no_top1(digits: SimpleNamespace) 
 def test_a_checkpoint_is_loaded_not_trained(digits: SimpleNamespace, monkeypatch: pytest.MonkeyPatch) -> None:
     engine = default_engine()
     monkeypatch.setattr(engine, "fit_module", lambda *args, **kwargs: pytest.fail("trained despite evaluation.inversion.checkpoint"))
-    loaded = inversion_classifier(digits.split, engine, InversionEvaluationSettings(checkpoint=str(digits.checkpoint), epochs=50), SEED + 1, None)()
+    loaded = inversion_classifier(
+        digits.split, engine, InversionEvaluationSettings(checkpoint=str(digits.checkpoint), epochs=50), SEED + 1, None
+    )()
     for a, b in zip(loaded.net.state_dict().values(), digits.classifier.net.state_dict().values()):
         torch.testing.assert_close(a.cpu(), b.cpu())
 
@@ -333,10 +356,20 @@ def test_a_cached_classifier_is_reused_not_trained_again(digits: SimpleNamespace
 
 
 # ------------------------------------------------------------------ in a run: metrics, grid, summary, report, bad checkpoint
-def test_a_run_records_the_scores_the_grid_the_summary_and_the_report(stand_in: None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_run_records_the_scores_the_grid_the_summary_and_the_report(
+    stand_in: None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """The run trains its evaluation classifier once and keeps it in artifacts/; resumed from round 1, it reuses it."""
-    args = tiny(tmp_path, *DIGITS, "attacks=[prior_inversion]", "evaluation.inversion.classifier=pdafd_cnn", "evaluation.inversion.epochs=4",
-                "evaluation.inversion.grid_samples=2", "protocol.rounds=2", "keep_checkpoints=2")
+    args = tiny(
+        tmp_path,
+        *DIGITS,
+        "attacks=[prior_inversion]",
+        "evaluation.inversion.classifier=pdafd_cnn",
+        "evaluation.inversion.epochs=4",
+        "evaluation.inversion.grid_samples=2",
+        "protocol.rounds=2",
+        "keep_checkpoints=2",
+    )
     fitted: list[str] = []
     fit_module = LocalTrainer.fit_module
 
@@ -361,8 +394,24 @@ def test_a_run_records_the_scores_the_grid_the_summary_and_the_report(stand_in: 
     assert all(o is not scorer.classifier().net for o in walk), "the attack reaches the evaluation classifier"
     run_dir = tmp_path / "run"
     stored = json.loads((run_dir / "metrics.json").read_text())
-    keys = ("top1", "top1_std", "top5", "top5_std", "chance", "chance_top5", "diversity", "fid", "fid_images", "knn_dist",
-            "feature_cosine", "feature_cosine_noise", "feature_cosine_raw", "feature_cosine_noise_raw", "eval_classifier_accuracy", "final_loss")
+    keys = (
+        "top1",
+        "top1_std",
+        "top5",
+        "top5_std",
+        "chance",
+        "chance_top5",
+        "diversity",
+        "fid",
+        "fid_images",
+        "knn_dist",
+        "feature_cosine",
+        "feature_cosine_noise",
+        "feature_cosine_raw",
+        "feature_cosine_noise_raw",
+        "eval_classifier_accuracy",
+        "final_loss",
+    )
     assert {f"attack/prior_inversion/{k}" for k in keys} <= set(stored)
     top1 = stored["attack/prior_inversion/top1"]
     assert top1 == metrics["attack/prior_inversion/top1"] < stored["attack/prior_inversion/chance"] / 2  # auxiliary digits: misses
@@ -378,23 +427,28 @@ def test_a_run_records_the_scores_the_grid_the_summary_and_the_report(stand_in: 
     assert "Inversions, latest round" in page and "sample 2</div>" in page and "sample 3" not in page and "label 4</div>" in page
 
 
-@pytest.mark.parametrize(("override", "message"), [
-    ("evaluation.inversion.epochs=0", "evaluation.inversion.epochs=0 is out of range; allowed: an integer >= 1"),
-    ("evaluation.inversion.lr=0", "evaluation.inversion.lr=0.0 is out of range; allowed: a number > 0"),
-    ("evaluation.inversion.batch_size=0", "evaluation.inversion.batch_size=0 is out of range"),
-    ("evaluation.inversion.grid_samples=0", "evaluation.inversion.grid_samples=0 is out of range"),
-    ("evaluation.inversion.classifier=nope", "evaluation.inversion.classifier='nope' is not a known classifier; choose one of: "),
-])
-def test_a_bad_evaluation_inversion_value_is_one_line_and_exit_2(override: str, message: str, tmp_path: Path,
-                                                                  capsys: pytest.CaptureFixture[str]) -> None:
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        ("evaluation.inversion.epochs=0", "evaluation.inversion.epochs=0 is out of range; allowed: an integer >= 1"),
+        ("evaluation.inversion.lr=0", "evaluation.inversion.lr=0.0 is out of range; allowed: a number > 0"),
+        ("evaluation.inversion.batch_size=0", "evaluation.inversion.batch_size=0 is out of range"),
+        ("evaluation.inversion.grid_samples=0", "evaluation.inversion.grid_samples=0 is out of range"),
+        ("evaluation.inversion.classifier=nope", "evaluation.inversion.classifier='nope' is not a known classifier; choose one of: "),
+    ],
+)
+def test_a_bad_evaluation_inversion_value_is_one_line_and_exit_2(
+    override: str, message: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     assert main(["run", *tiny(tmp_path, *DIGITS, override)]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith(f"fdattack: error: {message}")
     assert not (tmp_path / "run").exists()
 
 
-def test_a_weights_file_that_is_missing_or_does_not_fit_is_one_line_and_exit_2(digits: SimpleNamespace, stand_in: None, tmp_path: Path,
-                                                                          capsys: pytest.CaptureFixture[str]) -> None:
+def test_a_weights_file_that_is_missing_or_does_not_fit_is_one_line_and_exit_2(
+    digits: SimpleNamespace, stand_in: None, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     args = ["run", *tiny(tmp_path, *DIGITS, "attacks=[prior_inversion]")]
     assert main([*args, f"evaluation.inversion.checkpoint={tmp_path / 'nope.pt'}"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
@@ -406,7 +460,11 @@ def test_a_weights_file_that_is_missing_or_does_not_fit_is_one_line_and_exit_2(d
     checkpoint = f"evaluation.inversion.checkpoint={digits.checkpoint}"
     assert main([*args, checkpoint, f"evaluation.inversion.inception_weights={tmp_path / 'garbage.pt'}"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and err[0].startswith("fdattack: error: evaluation.inversion.inception_weights=") and "not a readable torch file" in err[0]
+    assert (
+        len(err) == 1
+        and err[0].startswith("fdattack: error: evaluation.inversion.inception_weights=")
+        and "not a readable torch file" in err[0]
+    )
     assert main([*args, checkpoint, f"evaluation.inversion.inception_weights={digits.checkpoint}"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "does not fit torchvision's Inception-v3 (size mismatch for fc.bias" in err[0]

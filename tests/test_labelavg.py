@@ -27,9 +27,13 @@ from tests.conftest import tiny
 
 
 def test_top_k_labels_beta_weights_and_ties_to_the_lowest_index() -> None:
-    probs = torch.tensor([[0.10, 0.50, 0.25, 0.15],   # top-2: 1 (0.5), 2 (0.25)          β = 1, 0.25/0.5
-                          [0.40, 0.20, 0.20, 0.20],   # 1, 2, 3 tie at 0.2: 1 is kept      β = 1, 0.2/0.4
-                          [0.25, 0.25, 0.25, 0.25]])  # all tie: 0 then 1                  β = 1, 1
+    probs = torch.tensor(
+        [
+            [0.10, 0.50, 0.25, 0.15],  # top-2: 1 (0.5), 2 (0.25)          β = 1, 0.25/0.5
+            [0.40, 0.20, 0.20, 0.20],  # 1, 2, 3 tie at 0.2: 1 is kept      β = 1, 0.2/0.4
+            [0.25, 0.25, 0.25, 0.25],
+        ]
+    )  # all tie: 0 then 1                  β = 1, 1
     labels, weights = top_k_labels(probs, 2)
     assert labels.dtype == torch.long and labels.tolist() == [[1, 2], [0, 1], [0, 1]]
     torch.testing.assert_close(weights, torch.tensor([[1.0, 0.5], [1.0, 0.5], [1.0, 1.0]]))
@@ -66,14 +70,20 @@ def test_label_vector_is_dense_w_times_v() -> None:
 
 # ------------------------------------------------------------------ Eqs. 11-12: voting-based smoothing
 # Two clients P = A, B, three public samples, four classes, K = 2 (each row below is w_P ⊙ v_P).
-UPLOADS = torch.tensor([
-    [[1.0, 0.0, 0.0, 0.5],    # A, s0: labels 0 (β 1), 3 (β 0.5)
-     [0.0, 0.0, 0.25, 1.0],   # A, s1: labels 3, 2
-     [0.5, 1.0, 0.0, 0.0]],   # A, s2: labels 1, 0
-    [[0.0, 1.0, 0.0, 0.5],    # B, s0: labels 1, 3
-     [0.0, 0.0, 1.0, 0.75],   # B, s1: labels 2, 3
-     [0.0, 0.0, 1.0, 0.5]],   # B, s2: labels 2, 3
-])
+UPLOADS = torch.tensor(
+    [
+        [
+            [1.0, 0.0, 0.0, 0.5],  # A, s0: labels 0 (β 1), 3 (β 0.5)
+            [0.0, 0.0, 0.25, 1.0],  # A, s1: labels 3, 2
+            [0.5, 1.0, 0.0, 0.0],
+        ],  # A, s2: labels 1, 0
+        [
+            [0.0, 1.0, 0.0, 0.5],  # B, s0: labels 1, 3
+            [0.0, 0.0, 1.0, 0.75],  # B, s1: labels 2, 3
+            [0.0, 0.0, 1.0, 0.5],
+        ],  # B, s2: labels 2, 3
+    ]
+)
 # Eq. 11, mass / (K N) = mass / 4:
 #   s0: mass [1, 1, 0, 1]         -> [0.25, 0.25, 0, 0.25]
 #   s1: mass [0, 0, 1.25, 1.75]   -> [0, 0, 0.3125, 0.4375]
@@ -119,11 +129,21 @@ def test_all_ones_weights_make_v_smooth_the_vote_histogram() -> None:
 # ------------------------------------------------------------------ §3.6: communication volume, Table V (N = 10, C = 16)
 
 
-@pytest.mark.parametrize(("public", "rounds", "k", "mib"), [
-    (120, 50, None, 7.3242), (120, 50, 2, 4.5776), (120, 50, 3, 5.0354), (120, 50, 4, 5.4932), (120, 50, 5, 5.9509),
-    (3000, 200, None, 732.4219), (3000, 200, 2, 457.7637), (3000, 200, 3, 503.5400), (3000, 200, 4, 549.3164),
-    (3000, 200, 5, 595.0928),
-])
+@pytest.mark.parametrize(
+    ("public", "rounds", "k", "mib"),
+    [
+        (120, 50, None, 7.3242),
+        (120, 50, 2, 4.5776),
+        (120, 50, 3, 5.0354),
+        (120, 50, 4, 5.4932),
+        (120, 50, 5, 5.9509),
+        (3000, 200, None, 732.4219),
+        (3000, 200, 2, 457.7637),
+        (3000, 200, 3, 503.5400),
+        (3000, 200, 4, 549.3164),
+        (3000, 200, 5, 595.0928),
+    ],
+)
 def test_communication_reproduces_table_v(public: int, rounds: int, k: int | None, mib: float) -> None:
     assert round(labelavg_comm_mib(10, rounds, public, 16, k), 4) == mib
 
@@ -178,10 +198,23 @@ def labelavg_run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Exp
     tmp_path = tmp_path_factory.mktemp("labelavg")
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(ATTACKS, "_items", {**ATTACKS._items, "label_probe": LabelProbe})
-        cfg = compose(None, ["protocol=labelavg", *tiny(tmp_path, f"protocol.top_k={K}", f"protocol.public_per_round={PUBLIC}",
-                                                      "protocol.transfer_public_epochs=1", "protocol.transfer_private_epochs=1",
-                                                      "protocol.revisit_epochs=1", "attacks=[label_probe]", "evaluation.classifier=null",
-                                                      "evaluation.confidence_gap.enabled=false")])
+        cfg = compose(
+            None,
+            [
+                "protocol=labelavg",
+                *tiny(
+                    tmp_path,
+                    f"protocol.top_k={K}",
+                    f"protocol.public_per_round={PUBLIC}",
+                    "protocol.transfer_public_epochs=1",
+                    "protocol.transfer_private_epochs=1",
+                    "protocol.revisit_epochs=1",
+                    "attacks=[label_probe]",
+                    "evaluation.classifier=null",
+                    "evaluation.confidence_gap.enabled=false",
+                ),
+            ],
+        )
         exp = Experiment(cfg)
         exp.run()
         yield exp, [json.loads(line) for line in (tmp_path / "run" / "rounds.jsonl").read_text().splitlines()]

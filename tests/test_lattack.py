@@ -22,11 +22,10 @@ from fdattack.cli import main
 from fdattack.config import compose
 from fdattack.defenses import Release
 from fdattack.defenses.labelavg import LabelAvgUpload, LabelAvgUploadSettings
+from fdattack.engine import default_engine
 from fdattack.evaluation.evaluator import Evaluator
 from fdattack.evaluation.gradient_check import gradient_cosines, true_gradient
 from fdattack.experiment import Experiment
-from fdattack.engine import default_engine
-from fdattack.randomness import derive_seed
 from fdattack.fd.protocols.fedmd import consensus
 from fdattack.fd.protocols.labelavg import vote_smoothing
 from fdattack.fd.record import RoundRecord
@@ -34,15 +33,24 @@ from fdattack.fd.threat import ServerAggregation
 from fdattack.functional import smooth_labels, target_class_loss
 from fdattack.functional.zeroth_order import forward_difference_gradient
 from fdattack.lit.lattack import LAttackGenerator
+from fdattack.randomness import derive_seed
 from tests.conftest import REPO, tiny
 from tests.object_graph import reachable
 from tests.test_bad_input import _one_line
 from tests.test_threat_model import _assert_nothing_private
 
 #: 8x8 digits: classes 5-9 public, client k holds classes k and k+1; the L-Attack and the evaluation at their smallest
-DIGITS = ["data.split=classes", "data.public_classes=[5,6,7,8,9]", "data.partition=two_classes", "evaluation.classifier=null",
-          "evaluation.confidence_gap.enabled=false", "evaluation.inversion.epochs=1", "attacks=[lattack]", "attack.lattack.width=8",
-          "attack.lattack.samples=4"]
+DIGITS = [
+    "data.split=classes",
+    "data.public_classes=[5,6,7,8,9]",
+    "data.partition=two_classes",
+    "evaluation.classifier=null",
+    "evaluation.confidence_gap.enabled=false",
+    "evaluation.inversion.epochs=1",
+    "attacks=[lattack]",
+    "attack.lattack.width=8",
+    "attack.lattack.samples=4",
+]
 #: FedMD's (and LabelAvg's) transfer phase at its shortest
 SHORT = ["protocol.transfer_public_epochs=1", "protocol.transfer_private_epochs=1"]
 FEDMD_LOGITS = ServerAggregation(consensus, "logits")
@@ -112,7 +120,7 @@ def test_labelavg_answers_give_zero_differences_unless_c_star_is_in_the_top_k_be
 
     x = torch.zeros(6, 1, 4, 4)
     for target, blind in ((0, True), (3, True), (1, False)):
-        loss = lambda points: answer_loss(answers(points), target, "ce", view, LABELAVG_K3)  # noqa: E731
+        loss = lambda points, target=target: answer_loss(answers(points), target, "ce", view, LABELAVG_K3)  # noqa: E731
         estimate, used = forward_difference_gradient(loss, x, 8, 0.1, torch.Generator().manual_seed(1))
         assert used == 6 * 9 and bool((estimate == 0).all()) == blind, (target, view)
 
@@ -125,8 +133,10 @@ def test_zeroth_order_estimates_approach_the_true_gradient_with_many_directions(
     loss = lambda x: target_class_loss(net(x), 2, "ce", "logits").detach()  # noqa: E731
     truth = true_gradient(net, points, 2, "ce")
     assert not any(p.grad is not None for p in net.parameters())  # the truth leaves the victim's parameters alone
-    cosine = {m: float(gradient_cosines(forward_difference_gradient(loss, points, m, 0.01, torch.Generator().manual_seed(m))[0], truth).mean())
-              for m in (5, 2000)}
+    cosine = {
+        m: float(gradient_cosines(forward_difference_gradient(loss, points, m, 0.01, torch.Generator().manual_seed(m))[0], truth).mean())
+        for m in (5, 2000)
+    }
     # small d, large m (spec §9): near the truth; m = 5 at d = 16: E cos ≈ sqrt(5/21) ≈ 0.5
     assert cosine[2000] > 0.9 and cosine[5] < 0.75, cosine
 
@@ -150,7 +160,9 @@ def results(monkeypatch: pytest.MonkeyPatch) -> list[AttackResult]:
 def unscored_inversions(monkeypatch: pytest.MonkeyPatch) -> None:
     """Inversions are left out of the evaluator (no evaluation classifier to train where a test checks other things)."""
     score = Evaluator.score
-    monkeypatch.setattr(Evaluator, "score", lambda self, attack, found: score(self, attack, [r for r in found if not isinstance(r, Inversions)]))
+    monkeypatch.setattr(
+        Evaluator, "score", lambda self, attack, found: score(self, attack, [r for r in found if not isinstance(r, Inversions)])
+    )
 
 
 class _Spy(Attack):
@@ -202,9 +214,24 @@ def _spied(exp: Experiment) -> tuple[_Spy, dict[int, Tensor]]:
 @pytest.mark.parametrize("protocol", ["fedmd", "labelavg"])
 @pytest.mark.usefixtures("unscored_inversions")
 def test_victim_distils_toward_its_own_upload_and_queries_are_counted(tmp_path: Path, protocol: str) -> None:
-    exp = Experiment(compose(None, tiny(tmp_path, *DIGITS, f"protocol={protocol}", *SHORT, "protocol.num_clients=3", "protocol.rounds=1",
-                                        "attack.lattack.victim=1", "attack.lattack.target_class=1", "attack.lattack.m=3",
-                                        "attack.lattack.batch_size=4", "attack.lattack.steps_per_round=2")))
+    exp = Experiment(
+        compose(
+            None,
+            tiny(
+                tmp_path,
+                *DIGITS,
+                f"protocol={protocol}",
+                *SHORT,
+                "protocol.num_clients=3",
+                "protocol.rounds=1",
+                "attack.lattack.victim=1",
+                "attack.lattack.target_class=1",
+                "attack.lattack.m=3",
+                "attack.lattack.batch_size=4",
+                "attack.lattack.steps_per_round=2",
+            ),
+        )
+    )
     spy, targets = _spied(exp)
     exp.run()
     assert spy.walks >= 5 and spy.aggregate is not None
@@ -228,9 +255,23 @@ def test_victim_distils_toward_its_own_upload_and_queries_are_counted(tmp_path: 
 def test_decoy_images_join_the_next_batch_and_the_victim_alone_is_told_they_are_the_decoy(tmp_path: Path, protocol: str) -> None:
     """§2.1's optional Hitaj decoy: the images added after round 1's steps are the last rows of round 2's batch; the victim's
     targets there are the decoy class (logits 10 at it under FedMD, one-hot under LabelAvg), the others' the real aggregate."""
-    exp = Experiment(compose(None, tiny(tmp_path, *DIGITS, f"protocol={protocol}", *SHORT, "protocol.num_clients=3", "attack.lattack.m=2",
-                                        "attack.lattack.batch_size=4", "attack.lattack.steps_per_round=1", "attack.lattack.decoy_class=6",
-                                        "attack.lattack.decoy_samples=5")))
+    exp = Experiment(
+        compose(
+            None,
+            tiny(
+                tmp_path,
+                *DIGITS,
+                f"protocol={protocol}",
+                *SHORT,
+                "protocol.num_clients=3",
+                "attack.lattack.m=2",
+                "attack.lattack.batch_size=4",
+                "attack.lattack.steps_per_round=1",
+                "attack.lattack.decoy_class=6",
+                "attack.lattack.decoy_samples=5",
+            ),
+        )
+    )
     spy, targets = _spied(exp)
     exp.run()
     rows = len(exp.protocol.public_rows(2))
@@ -245,8 +286,18 @@ def test_decoy_images_join_the_next_batch_and_the_victim_alone_is_told_they_are_
 
 def test_run_scores_the_attack_checks_its_gradients_and_resumes_the_same_generator(tmp_path: Path, results: list[AttackResult]) -> None:
     # many directions on a tiny input: the estimates follow the victim's true gradient at the round's end (its state at the attack point)
-    args = ["run", *tiny(tmp_path, *DIGITS, *SHORT, "attack.lattack.m=1000", "attack.lattack.batch_size=2", "attack.lattack.steps_per_round=2",
-                         "keep_checkpoints=3")]
+    args = [
+        "run",
+        *tiny(
+            tmp_path,
+            *DIGITS,
+            *SHORT,
+            "attack.lattack.m=1000",
+            "attack.lattack.batch_size=2",
+            "attack.lattack.steps_per_round=2",
+            "keep_checkpoints=3",
+        ),
+    ]
     assert main(args) == 0  # `fdattack run`
     rounds = [json.loads(line) for line in (tmp_path / "run" / "rounds.jsonl").read_text().splitlines()]
     for t, row in enumerate(rounds[1:], start=1):  # 2 steps a round, B(m + 1) = 2002 query images each
@@ -273,8 +324,12 @@ def test_run_scores_the_attack_checks_its_gradients_and_resumes_the_same_generat
 def lattack_on_digits(tmp_path: Path, *extra: str, scored: bool = True) -> tuple[Experiment, LAttack, Inversions]:
     """conf/experiment/lattack_fedmd_digits.yaml as shipped (3 rounds of 50 steps), W&B off: the run and its last images
     (left out of the run's own scoring unless ``scored``)."""
-    exp = Experiment(compose(str(REPO / "conf" / "experiment" / "lattack_fedmd_digits.yaml"),
-                             [f"output_dir={tmp_path / 'run'}", "logger.wandb.mode=disabled", "logger.progress=never", *extra]))
+    exp = Experiment(
+        compose(
+            str(REPO / "conf" / "experiment" / "lattack_fedmd_digits.yaml"),
+            [f"output_dir={tmp_path / 'run'}", "logger.wandb.mode=disabled", "logger.progress=never", *extra],
+        )
+    )
     kept: list[Inversions] = []
     score = exp.evaluator.score
 
@@ -330,15 +385,24 @@ def test_on_real_digits_the_attack_makes_its_victim_far_surer_of_c_star_than_an_
     assert p_trained > p_untrained + 0.3, (p_trained, p_untrained)
 
 
-@pytest.mark.parametrize(("extra", "named"), [
-    (["attack.lattack.victim=4"], ["attack.lattack.victim=4", "0 to 1"]),
-    (["attack.lattack.target_class=10"], ["attack.lattack.target_class=10", "0 to 9"]),
-    (["protocol=labelavg", "attack.lattack.loss=neg_logit"], ["attack.lattack.loss=neg_logit", "probs"]),
-    (["protocol=cronus"], ["lattack", "protocol.name=cronus", "protocol=labelavg"]),
-    (["attack.lattack.decoy_class=0"], ["attack.lattack.decoy_class=0", "target_class=0"]),
-    (["attack.lattack.decoy_class=3", "attack.lattack.return_own_outputs=false"], ["attack.lattack.decoy_class", "return_own_outputs=true"]),
-], ids=["victim", "target_class", "neg_logit_on_labels", "no_server_rule", "decoy_is_the_target", "decoy_without_own_outputs"])
-def test_bad_lattack_settings_exit_2_with_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str], extra: list[str], named: list[str]) -> None:
+@pytest.mark.parametrize(
+    ("extra", "named"),
+    [
+        (["attack.lattack.victim=4"], ["attack.lattack.victim=4", "0 to 1"]),
+        (["attack.lattack.target_class=10"], ["attack.lattack.target_class=10", "0 to 9"]),
+        (["protocol=labelavg", "attack.lattack.loss=neg_logit"], ["attack.lattack.loss=neg_logit", "probs"]),
+        (["protocol=cronus"], ["lattack", "protocol.name=cronus", "protocol=labelavg"]),
+        (["attack.lattack.decoy_class=0"], ["attack.lattack.decoy_class=0", "target_class=0"]),
+        (
+            ["attack.lattack.decoy_class=3", "attack.lattack.return_own_outputs=false"],
+            ["attack.lattack.decoy_class", "return_own_outputs=true"],
+        ),
+    ],
+    ids=["victim", "target_class", "neg_logit_on_labels", "no_server_rule", "decoy_is_the_target", "decoy_without_own_outputs"],
+)
+def test_bad_lattack_settings_exit_2_with_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], extra: list[str], named: list[str]
+) -> None:
     _one_line(capsys, ["run", *tiny(tmp_path, *DIGITS, *extra)], *named)
 
 
@@ -363,7 +427,12 @@ def test_lattack_experiments_compose_to_the_specs_setting(tmp_path: Path, experi
     dataset, m, public, pairs = LATTACK_EXPERIMENTS[experiment]
     root = [f"data.root={tmp_path}"] if experiment in PAPER_SCALE else []
     cfg = compose(str(REPO / "conf" / "experiment" / f"{experiment}.yaml"), root)
-    assert (cfg.data.name, cfg.data.partition, cfg.data.label_space, list(cfg.data.public_classes)) == (dataset, "two_classes", "all", public)
+    assert (cfg.data.name, cfg.data.partition, cfg.data.label_space, list(cfg.data.public_classes)) == (
+        dataset,
+        "two_classes",
+        "all",
+        public,
+    )
     assert (cfg.protocol.name, cfg.protocol.num_clients, cfg.protocol.server_model) == ("fedmd", 7, False)
     assert (list(cfg.attacks), cfg.attack.lattack.m, cfg.attack.lattack.epsilon) == (["lattack"], m, 0.1)
     assert (cfg.data.public_dataset.name == "noise") == (not public)  # no public classes: the server sends dummy noise

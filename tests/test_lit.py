@@ -21,8 +21,14 @@ from fdattack.models import InversionDecoder
 
 def trainer(tmp_path: Path, **kwargs: object) -> L.Trainer:
     """A quiet CPU Trainer that writes nothing outside ``tmp_path``."""
-    options = dict(accelerator="cpu", logger=False, enable_checkpointing=False, enable_progress_bar=False,
-                   enable_model_summary=False, default_root_dir=tmp_path)
+    options = dict(
+        accelerator="cpu",
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        default_root_dir=tmp_path,
+    )
     return L.Trainer(**{**options, **kwargs})  # type: ignore[arg-type]
 
 
@@ -74,7 +80,9 @@ def test_tuple_batches_and_unlabeled_rows_left_out_of_loss_and_accuracy(tmp_path
     assert tested["test/loss"] == pytest.approx(float(F.cross_entropy(logits[:4], y[:4])), rel=1e-5)
     (predicted,) = trainer(tmp_path).predict(module, loader)
     assert torch.equal(predicted, logits)  # type: ignore[arg-type]
-    assert float(ClassifierLitModule(nn.Flatten(), num_classes=3).training_step((logits, y), 0)) == pytest.approx(float(F.cross_entropy(logits[:4], y[:4])), rel=1e-5)
+    assert float(ClassifierLitModule(nn.Flatten(), num_classes=3).training_step((logits, y), 0)) == pytest.approx(
+        float(F.cross_entropy(logits[:4], y[:4])), rel=1e-5
+    )
 
 
 def _classifier() -> tuple[L.LightningModule, DataLoader, torch.Tensor]:
@@ -102,7 +110,9 @@ def _restorer() -> tuple[L.LightningModule, DataLoader, torch.Tensor]:
 
 
 @pytest.mark.parametrize("make", [_classifier, _inversion, _cyclegan, _restorer], ids=lambda f: f.__name__.strip("_"))
-def test_load_from_checkpoint_needs_no_network(tmp_path: Path, make: Callable[[], tuple[L.LightningModule, DataLoader, torch.Tensor]]) -> None:
+def test_load_from_checkpoint_needs_no_network(
+    tmp_path: Path, make: Callable[[], tuple[L.LightningModule, DataLoader, torch.Tensor]]
+) -> None:
     torch.manual_seed(0)
     module, loader, probe = make()
     t = trainer(tmp_path, max_steps=2)
@@ -123,5 +133,7 @@ def test_a_network_given_as_a_module_is_passed_again_on_load(tmp_path: Path) -> 
     t.save_checkpoint(tmp_path / "module.ckpt")
     with pytest.raises(TypeError, match="needs a decoder"):
         InversionLitModule.load_from_checkpoint(tmp_path / "module.ckpt")
-    loaded = InversionLitModule.load_from_checkpoint(tmp_path / "module.ckpt", decoder=nn.Sequential(nn.Linear(4, 64), nn.Unflatten(1, (1, 8, 8))))
+    loaded = InversionLitModule.load_from_checkpoint(
+        tmp_path / "module.ckpt", decoder=nn.Sequential(nn.Linear(4, 64), nn.Unflatten(1, (1, 8, 8)))
+    )
     assert loaded.hparams.gamma == 0.5 and torch.equal(loaded.decoder[0].weight, module.decoder[0].weight)

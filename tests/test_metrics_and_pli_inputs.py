@@ -111,8 +111,8 @@ def test_eq6_maximises_q_against_a_numerical_optimiser(alpha: float) -> None:
 
 
 def test_topk_accuracy_and_identity_scorer_by_hand() -> None:
-    from fdattack.functional import topk_accuracy
     from fdattack.evaluation.identity import IdentityScorer
+    from fdattack.functional import topk_accuracy
 
     logits = torch.tensor([[0.1, 0.9, 0.0], [0.8, 0.15, 0.05], [0.2, 0.3, 0.5]])
     labels = torch.tensor([1, 1, 0])

@@ -23,8 +23,8 @@ from fdattack.data.imageset import ImageSet
 from fdattack.defenses.base import TrainingDefense
 from fdattack.defenses.bido import BiDODefense, BiDOSettings, Capture, hidden_layers
 from fdattack.defenses.mid import MIDDefense, MIDSettings, VIBHead, output_layer, with_vib_head
-from fdattack.experiment import Experiment
 from fdattack.engine import FitJob, default_engine
+from fdattack.experiment import Experiment
 from fdattack.fd.record import RoundRecord
 from fdattack.functional.hsic import HSICOptions, dependence
 from fdattack.lit.classifier import ClassifierLitModule, cross_entropy
@@ -32,8 +32,15 @@ from fdattack.models import CLASSIFIERS, build_classifier
 from tests.conftest import own_messages, tiny
 from tests.object_graph import reachable
 
-FEDINVERSE_DIGITS = ("protocol=fedavg", "data.split=classes", "data.partition=iid", "data.public_classes=[5,6,7,8,9]",
-                     "model.name=fedinverse_cnn", "evaluation.classifier=null", "evaluation.confidence_gap.enabled=false")
+FEDINVERSE_DIGITS = (
+    "protocol=fedavg",
+    "data.split=classes",
+    "data.partition=iid",
+    "data.public_classes=[5,6,7,8,9]",
+    "model.name=fedinverse_cnn",
+    "evaluation.classifier=null",
+    "evaluation.confidence_gap.enabled=false",
+)
 
 
 def _batch(n: int = 6, seed: int = 0, dtype: torch.dtype = torch.float64) -> dict[str, Tensor]:
@@ -137,11 +144,13 @@ def test_every_classifier_takes_the_vib_head_and_bido_reads_its_hidden_layers(na
     torch.manual_seed(0)
     net = build_classifier(name, 3, 8, 5)
     layers = hidden_layers(net)
-    expected = {"fedinverse_cnn": ["features.3", "features.7", "fc (input)"],  # the code's three MCNN blocks
-                "scnn": ["features.3", "features.7", "fc (input)"],  # its two pooled blocks, then the 512-d features
-                "vgg16_bn": ["features.6", "features.13", "features.23", "features.33", "classifier (input)"],  # its five
-                "pdafd_cnn": ["2", "5", "8", "13 (input)"],
-                "lattack_cnn": ["3", "7", "13 (input)"]}  # its first two pooled blocks (the third has no conv after it)
+    expected = {
+        "fedinverse_cnn": ["features.3", "features.7", "fc (input)"],  # the code's three MCNN blocks
+        "scnn": ["features.3", "features.7", "fc (input)"],  # its two pooled blocks, then the 512-d features
+        "vgg16_bn": ["features.6", "features.13", "features.23", "features.33", "classifier (input)"],  # its five
+        "pdafd_cnn": ["2", "5", "8", "13 (input)"],
+        "lattack_cnn": ["3", "7", "13 (input)"],
+    }  # its first two pooled blocks (the third has no conv after it)
     assert layers == expected.get(name, [f"{output_layer(net)[0]} (input)"])
     capture = Capture(net, layers)
     net.train()(torch.randn(2, 3, 8, 8))
@@ -266,7 +275,10 @@ class Probe(Attack):
 
 @pytest.mark.parametrize("defense", ["mid", "bido"])
 def test_fdattack_run_trains_fedavg_under_the_defense(tmp_path: Path, defense: str) -> None:
-    assert main(["run", *tiny(tmp_path, *FEDINVERSE_DIGITS, "protocol.rounds=1", "protocol.optim.batch_size=16", f"defenses=[{defense}]")]) == 0
+    assert (
+        main(["run", *tiny(tmp_path, *FEDINVERSE_DIGITS, "protocol.rounds=1", "protocol.optim.batch_size=16", f"defenses=[{defense}]")])
+        == 0
+    )
     row = json.loads((tmp_path / "run" / "rounds.jsonl").read_text().splitlines()[-1])
     assert row["round"] == 1 and row["protocol/server_acc"] > 0.5, row  # 5 classes: chance is 0.2
     assert row[{"mid": "defense/mid/kl", "bido": "defense/bido/hsic_y"}[defense]] > 0, row
@@ -275,7 +287,9 @@ def test_fdattack_run_trains_fedavg_under_the_defense(tmp_path: Path, defense: s
 def test_defended_fedavg_run_trains_and_its_global_model_is_the_vib_model(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.INFO, logger="fdattack")
     # B = 16: no client's last batch holds a single image (MCNN's BatchNorm cannot train on one)
-    exp = Experiment(compose(None, tiny(tmp_path, *FEDINVERSE_DIGITS, "protocol.rounds=1", "protocol.optim.batch_size=16", "defenses=[bido,mid]")))
+    exp = Experiment(
+        compose(None, tiny(tmp_path, *FEDINVERSE_DIGITS, "protocol.rounds=1", "protocol.optim.batch_size=16", "defenses=[bido,mid]"))
+    )
     probe = Probe(exp)
     exp.attacks.append(probe)
     exp.run()
@@ -299,18 +313,24 @@ def test_defended_fedavg_run_trains_and_its_global_model_is_the_vib_model(tmp_pa
     bido = next(d for d in exp.protocol.defenses if d.name == "bido")
     assert bido.captures[0].layers == ["features.3", "features.7", "fc (input)"]
     summary = next(m for m in own_messages(caplog) if m.startswith("fdattack: protocol=fedavg"))
-    assert "defenses=bido (nhsic, λ_x=2, λ_y=20, σ=5; layers features.3, features.7, fc (input)); " \
-           "mid (vib, β=0.01; output layer → VIB head fc: Linear(256 -> z 128 -> 10))" in summary
+    assert (
+        "defenses=bido (nhsic, λ_x=2, λ_y=20, σ=5; layers features.3, features.7, fc (input)); "
+        "mid (vib, β=0.01; output layer → VIB head fc: Linear(256 -> z 128 -> 10))" in summary
+    )
 
 
-@pytest.mark.parametrize(("override", "message"), [
-    ("defense.mid.variant=coco", "defense.mid.variant"),
-    ("defense.mid.beta=-0.1", "defense.mid.beta=-0.1 is out of range"),
-    ("defense.bido.lambda_y=-1", "defense.bido.lambda_y=-1"),
-    ("defense.bido.layers=[features.99]", "defense bido: model.name=fedinverse_cnn has no module 'features.99' (defense.bido.layers)"),
-])
-def test_bad_settings_exit_2_with_one_line_naming_the_key(tmp_path: Path, capsys: pytest.CaptureFixture[str], override: str,
-                                                         message: str) -> None:
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        ("defense.mid.variant=coco", "defense.mid.variant"),
+        ("defense.mid.beta=-0.1", "defense.mid.beta=-0.1 is out of range"),
+        ("defense.bido.lambda_y=-1", "defense.bido.lambda_y=-1"),
+        ("defense.bido.layers=[features.99]", "defense bido: model.name=fedinverse_cnn has no module 'features.99' (defense.bido.layers)"),
+    ],
+)
+def test_bad_settings_exit_2_with_one_line_naming_the_key(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], override: str, message: str
+) -> None:
     assert main(["run", *tiny(tmp_path, *FEDINVERSE_DIGITS, "defenses=[mid,bido]", override)]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "Traceback" not in err and message in err, err

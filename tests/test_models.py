@@ -144,7 +144,11 @@ def test_lattack_cnn_is_the_specs_three_5x5_layers() -> None:
     """lattack.md §4.3: 5×5 convs of 32/64/128 channels with BN and max-pools, a linear head on 128·3·3 at 28 px."""
     net = build_classifier("lattack_cnn", 1, 28, 10)
     convs = [m for m in net.modules() if isinstance(m, torch.nn.Conv2d)]
-    assert [(c.out_channels, c.kernel_size, c.padding) for c in convs] == [(32, (5, 5), (2, 2)), (64, (5, 5), (2, 2)), (128, (5, 5), (2, 2))]
+    assert [(c.out_channels, c.kernel_size, c.padding) for c in convs] == [
+        (32, (5, 5), (2, 2)),
+        (64, (5, 5), (2, 2)),
+        (128, (5, 5), (2, 2)),
+    ]
     assert sum(isinstance(m, torch.nn.BatchNorm2d) for m in net.modules()) == 3
     head = [m for m in net.modules() if isinstance(m, torch.nn.Linear)]
     assert len(head) == 1 and head[0].in_features == 128 * 3 * 3

@@ -21,15 +21,27 @@ def _poison_client(exp: Experiment, k: int) -> None:
 
 
 def test_nan_upload_is_refused_naming_client_and_round(tmp_path: Path) -> None:
-    exp = Experiment(compose(None, tiny(tmp_path, "protocol.num_clients=3", "protocol.transfer_public_epochs=0", "protocol.transfer_private_epochs=0")))
+    exp = Experiment(
+        compose(None, tiny(tmp_path, "protocol.num_clients=3", "protocol.transfer_public_epochs=0", "protocol.transfer_private_epochs=0"))
+    )
     _poison_client(exp, 1)
     with pytest.raises(UploadError, match=r"client 1 .*round 1"):
         exp.run()
 
 
 def test_nan_upload_dropped_when_configured(tmp_path: Path) -> None:
-    exp = Experiment(compose(None, tiny(tmp_path, "protocol.num_clients=3", "protocol.on_bad_upload=drop",
-                                        "protocol.transfer_public_epochs=0", "protocol.transfer_private_epochs=0")))
+    exp = Experiment(
+        compose(
+            None,
+            tiny(
+                tmp_path,
+                "protocol.num_clients=3",
+                "protocol.on_bad_upload=drop",
+                "protocol.transfer_public_epochs=0",
+                "protocol.transfer_private_epochs=0",
+            ),
+        )
+    )
     _poison_client(exp, 1)
     metrics = exp.run()
     assert metrics["protocol/dropped_uploads"] == 1.0

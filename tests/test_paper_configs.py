@@ -67,7 +67,9 @@ def test_experiment_composes_at_paper_scale(protocol: str, dataset: str, tmp_pat
 
 
 @pytest.mark.parametrize(("protocol", "dataset"), EXPERIMENTS)
-def test_experiment_without_data_names_the_missing_root(protocol: str, dataset: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_experiment_without_data_names_the_missing_root(
+    protocol: str, dataset: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.chdir(tmp_path)
     with pytest.raises(ConfigError, match=f"data.root='{PLACEHOLDER_ROOT[dataset]}': folder not found"):
         load_config(experiment(protocol, dataset), [])
@@ -75,7 +77,15 @@ def test_experiment_without_data_names_the_missing_root(protocol: str, dataset: 
 
 @pytest.mark.parametrize("dataset", DATASETS)
 def test_fdattack_run_without_data_exits_2_with_one_line(dataset: str, tmp_path: Path) -> None:
-    cmd = [sys.executable, "-m", "fdattack", "run", str(experiment("fedmd", dataset)), f"output_dir={tmp_path / 'x'}", "logger.wandb.mode=disabled"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "fdattack",
+        "run",
+        str(experiment("fedmd", dataset)),
+        f"output_dir={tmp_path / 'x'}",
+        "logger.wandb.mode=disabled",
+    ]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
     proc = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 2, proc.stderr
@@ -121,7 +131,13 @@ def _make_tree(dataset: str, base: Path) -> list[str]:
 
 
 def _split(dataset: str, tmp_path: Path) -> FederatedSplit:
-    overrides = [f"data={dataset}", *_make_tree(dataset, tmp_path / "data"), "data.max_classes=5", "data.num_targets=2", "protocol.num_clients=2"]
+    overrides = [
+        f"data={dataset}",
+        *_make_tree(dataset, tmp_path / "data"),
+        "data.max_classes=5",
+        "data.num_targets=2",
+        "protocol.num_clients=2",
+    ]
     cfg = load_config(None, overrides)
     return build_split(cfg.data, cfg.protocol.num_clients, cfg.seed)
 

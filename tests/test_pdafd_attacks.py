@@ -15,8 +15,8 @@ from torch.utils.data import DataLoader
 from fdattack.attacks.results import MembershipScores
 from fdattack.cli import main
 from fdattack.config import compose
-from fdattack.experiment import Experiment
 from fdattack.engine import LocalTrainer
+from fdattack.experiment import Experiment
 from fdattack.lit.student import DistillationStudent
 from tests.conftest import REPO, SHARED_DATA, tiny
 from tests.object_graph import reachable
@@ -26,9 +26,21 @@ from tests.test_threat_model import FORBIDDEN
 DIGITS = str(REPO / "conf" / "experiment" / "ldia_lira_fedmd_digits.yaml")
 MNIST = str(REPO / "conf" / "experiment" / "ldia_lira_dsfl_mnist.yaml")
 #: a small DS-FL on digits: 4 clients, one round, every LiRA knob at its smallest
-SMALL = ["protocol=dsfl_pdafd", "data.split=random", "data.partition=dirichlet", "data.min_client_size=16", "protocol.num_clients=4",
-         "protocol.rounds=1", "protocol.warmup_private_epochs=2", "protocol.private_epochs=1", "protocol.distill_epochs=1",
-         "protocol.public_per_round=100", "attack.lira_distill.students=2", "attack.lira_distill.epochs=1", "evaluation.max_candidates=300"]
+SMALL = [
+    "protocol=dsfl_pdafd",
+    "data.split=random",
+    "data.partition=dirichlet",
+    "data.min_client_size=16",
+    "protocol.num_clients=4",
+    "protocol.rounds=1",
+    "protocol.warmup_private_epochs=2",
+    "protocol.private_epochs=1",
+    "protocol.distill_epochs=1",
+    "protocol.public_per_round=100",
+    "attack.lira_distill.students=2",
+    "attack.lira_distill.epochs=1",
+    "evaluation.max_candidates=300",
+]
 
 
 #: experiments whose data is not shipped (composed below with a stand-in root): the paper's model, public samples per
@@ -66,9 +78,25 @@ def test_ldia_and_distillation_lira_beat_their_baselines_on_mnist(tmp_path: Path
       is some 9 null sd from chance. Seed 42 runs here.
     """
     out = tmp_path / "run"
-    assert main(["run", MNIST, f"data.root={SHARED_DATA / 'mnist_t10k'}", "data.max_per_class=200", "protocol.num_clients=5",
-                 "protocol.rounds=1", "protocol.public_per_round=300", "attacks=[ldia,lira_distill]", "attack.lira_distill.students=4",
-                 "logger.wandb.mode=disabled", "logger.progress=never", f"output_dir={out}"]) == 0
+    assert (
+        main(
+            [
+                "run",
+                MNIST,
+                f"data.root={SHARED_DATA / 'mnist_t10k'}",
+                "data.max_per_class=200",
+                "protocol.num_clients=5",
+                "protocol.rounds=1",
+                "protocol.public_per_round=300",
+                "attacks=[ldia,lira_distill]",
+                "attack.lira_distill.students=4",
+                "logger.wandb.mode=disabled",
+                "logger.progress=never",
+                f"output_dir={out}",
+            ]
+        )
+        == 0
+    )
     m = _metrics(out)
     assert m["attack/ldia/kl"] < m["attack/ldia/uniform_kl"] - 0.15 and m["attack/ldia/kl"] < m["attack/ldia/random_kl_mean1000"] - 0.4, m
     assert m["attack/ldia/chebyshev"] < m["attack/ldia/random_chebyshev_mean1000"] - 0.04, m
@@ -82,7 +110,20 @@ def test_ldia_beats_the_random_and_uniform_guesses_on_digits(tmp_path: Path) -> 
     0.22, 0.22 (spread 0.04); the bound 0.5 leaves 0.25 at the worst seed, 7x that spread. Half the uniform KL stays
     far below the random guesses' (0.15-0.17 against 0.59-0.63). The config's seed 42 runs here."""
     out = tmp_path / "run"
-    assert main(["run", DIGITS, "attacks=[ldia]", "protocol.rounds=2", "logger.wandb.mode=disabled", "logger.progress=never", f"output_dir={out}"]) == 0
+    assert (
+        main(
+            [
+                "run",
+                DIGITS,
+                "attacks=[ldia]",
+                "protocol.rounds=2",
+                "logger.wandb.mode=disabled",
+                "logger.progress=never",
+                f"output_dir={out}",
+            ]
+        )
+        == 0
+    )
     rows = [json.loads(line) for line in (out / "rounds.jsonl").read_text().splitlines()]
     assert [("attack/ldia/kl" in r) for r in rows] == [False, True, True]  # LDIA reads the uploads of rounds 1 and 2
     m = _metrics(out)
@@ -105,8 +146,18 @@ def test_targets_outputs_reach_the_attack_only_through_the_adversary(tmp_path: P
 
 
 def test_two_attacks_inserting_into_one_batch_each_find_their_candidates(tmp_path: Path) -> None:
-    exp = Experiment(compose(None, [*tiny(tmp_path), *SMALL, "attacks=[lira_coop,lira_distill]", "attack.lira_coop.insert=batch",
-                                    "attack.lira_distill.insert=batch"]))
+    exp = Experiment(
+        compose(
+            None,
+            [
+                *tiny(tmp_path),
+                *SMALL,
+                "attacks=[lira_coop,lira_distill]",
+                "attack.lira_coop.insert=batch",
+                "attack.lira_distill.insert=batch",
+            ],
+        )
+    )
     candidates = len(exp.view.candidates)  # type: ignore[arg-type]
     final = exp.run()
     rows = [json.loads(line) for line in (tmp_path / "run" / "rounds.jsonl").read_text().splitlines()]
@@ -136,14 +187,19 @@ def test_coop_references_follow_beta(tmp_path: Path) -> None:
     wide = Experiment(compose(None, [*tiny(tmp_path / "a"), *SMALL, "attacks=[lira_coop]", "attack.lira_coop.beta=1000"])).run()
     assert wide["attack/lira_coop/references_mean"] == 3 and wide["attack/lira_coop/fallback_clients"] == 0
     assert wide["attack/lira_coop/auc"] == wide["attack/lira_coop_all/auc"]  # every other client passes: the same test
-    narrow = Experiment(compose(None, [*tiny(tmp_path / "b"), *SMALL, "attacks=[lira_coop]", "attack.lira_coop.beta=1e-9",
-                                       "attack.lira_coop.min_references=2"])).run()
+    narrow = Experiment(
+        compose(
+            None, [*tiny(tmp_path / "b"), *SMALL, "attacks=[lira_coop]", "attack.lira_coop.beta=1e-9", "attack.lira_coop.min_references=2"]
+        )
+    ).run()
     assert narrow["attack/lira_coop/references_mean"] == 2 and narrow["attack/lira_coop/fallback_clients"] == 4
 
 
 def test_coop_with_two_clients_and_lira_on_fedavg_are_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     _one_line(capsys, ["run", *tiny(tmp_path), *SMALL, "protocol.num_clients=2", "attacks=[lira_coop]"], "lira_coop", "3 clients")
-    _one_line(capsys, ["run", *tiny(tmp_path / "f"), "protocol=fedavg", "data.split=random", "data.partition=iid", "attacks=[ldia]"], "ldia")
+    _one_line(
+        capsys, ["run", *tiny(tmp_path / "f"), "protocol=fedavg", "data.split=random", "data.partition=iid", "attacks=[ldia]"], "ldia"
+    )
 
 
 def test_students_are_kept_in_the_run_directory_and_reused_on_resume(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -166,7 +222,9 @@ def test_students_are_kept_in_the_run_directory_and_reused_on_resume(tmp_path: P
     trained.clear()
     resumed = Experiment(compose(None, [*args, "resume=true"])).run()
     assert not [name for name in trained if name.startswith("lira_distill")], "the cached students were trained again"
-    assert {k: v for k, v in resumed.items() if not k.startswith("time/")} == {k: v for k, v in reference.items() if not k.startswith("time/")}
+    assert {k: v for k, v in resumed.items() if not k.startswith("time/")} == {
+        k: v for k, v in reference.items() if not k.startswith("time/")
+    }
 
 
 def test_distillation_student_trains_with_a_plain_lightning_trainer() -> None:
@@ -176,7 +234,9 @@ def test_distillation_student_trains_with_a_plain_lightning_trainer() -> None:
     teacher = torch.nn.Linear(64, 10)(x.flatten(1)).detach()
     loader = DataLoader([{"x": a, "target": b} for a, b in zip(x, teacher)], batch_size=32)
     before = float(student.objective(student(x), {"x": x, "target": teacher}))  # type: ignore[arg-type]
-    L.Trainer(max_epochs=30, logger=False, enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False).fit(student, loader)
+    L.Trainer(max_epochs=30, logger=False, enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False).fit(
+        student, loader
+    )
     after = float(student.objective(student(x), {"x": x, "target": teacher}))  # type: ignore[arg-type]
     assert after < 0.75 * before and student.hparams["loss"] == "l1"
 
@@ -192,9 +252,17 @@ def test_stratified_public_rows_spread_over_the_labels(tmp_path: Path) -> None:
 @pytest.mark.parametrize("protocol", ["fedmd_pdafd", "dsfl_pdafd", "cronus"])
 def test_paper_scale_experiments_compose_to_the_papers_settings(tmp_path: Path, experiment: str, protocol: str) -> None:
     model, per_round, public = PAPER_SCALE[experiment]
-    cfg = compose(str(REPO / "conf" / "experiment" / f"{experiment}.yaml"), [f"protocol={protocol}", f"data.root={tmp_path}", f"data.public_dataset.root={tmp_path}"])
+    cfg = compose(
+        str(REPO / "conf" / "experiment" / f"{experiment}.yaml"),
+        [f"protocol={protocol}", f"data.root={tmp_path}", f"data.public_dataset.root={tmp_path}"],
+    )
     assert cfg.model.name == model
-    assert (cfg.protocol.num_clients, cfg.protocol.rounds, cfg.protocol.public_per_round, cfg.protocol.public_stratified) == (10, 10, per_round, True)
+    assert (cfg.protocol.num_clients, cfg.protocol.rounds, cfg.protocol.public_per_round, cfg.protocol.public_stratified) == (
+        10,
+        10,
+        per_round,
+        True,
+    )
     assert cfg.data.public_fraction == 0.2 and cfg.data.partition == "dirichlet" and cfg.data.min_client_size == 64
     assert (None if cfg.data.public_dataset.name is None else (cfg.data.public_dataset.name, cfg.data.public_dataset.size)) == public
     assert list(cfg.attacks) == (["ldia", "lira_distill"] if public else ["ldia", "lira_coop", "lira_distill"])  # no co-op row in Table 4

@@ -158,10 +158,28 @@ def test_purchase_runs_through_ldia_and_distillation_lira_to_the_evaluator(tmp_p
     """The tabular path end to end: records as (600, 1, 1) through DS-FL, LDIA, the students and the scoring."""
     _write_purchase(tmp_path / "purchase")
     out = tmp_path / "run"
-    assert main(["run", PURCHASE, f"data.root={tmp_path / 'purchase'}", "data.min_client_size=8", "protocol.num_clients=2",
-                 "protocol.rounds=1", "protocol.warmup_private_epochs=1", "protocol.private_epochs=1", "protocol.distill_epochs=1",
-                 "protocol.public_per_round=40", "attacks=[ldia,lira_distill]", "attack.lira_distill.students=2",
-                 "attack.lira_distill.epochs=1", *QUIET, f"output_dir={out}"]) == 0
+    assert (
+        main(
+            [
+                "run",
+                PURCHASE,
+                f"data.root={tmp_path / 'purchase'}",
+                "data.min_client_size=8",
+                "protocol.num_clients=2",
+                "protocol.rounds=1",
+                "protocol.warmup_private_epochs=1",
+                "protocol.private_epochs=1",
+                "protocol.distill_epochs=1",
+                "protocol.public_per_round=40",
+                "attacks=[ldia,lira_distill]",
+                "attack.lira_distill.students=2",
+                "attack.lira_distill.epochs=1",
+                *QUIET,
+                f"output_dir={out}",
+            ]
+        )
+        == 0
+    )
     m = json.loads((out / "metrics.json").read_text())
     assert math.isfinite(m["attack/ldia/kl"]) and 0 <= m["attack/lira_distill/auc"] <= 1
     assert m["attack/lira_distill/clients_scored"] == 2.0 and m["protocol/client_acc_mean"] > 0.3  # 10 clusters: chance 0.1
@@ -201,9 +219,21 @@ def test_noise_public_set_is_dummy_uniform_images_of_the_private_shape(tmp_path:
 
 def test_unlabeled_public_set_is_drawn_uniformly_and_the_attacker_sees_no_labels(tmp_path: Path) -> None:
     """FedMD grants the server the public labels and the protocol stratifies, yet a foreign public set has none."""
-    exp = Experiment(compose(None, [*tiny(tmp_path), "protocol=fedmd_pdafd", "data.split=random", "data.partition=iid",
-                                    "data.public_dataset.name=synthetic", "data.public_dataset.size=150",
-                                    "protocol.public_per_round=60", "protocol.public_stratified=true"]))
+    exp = Experiment(
+        compose(
+            None,
+            [
+                *tiny(tmp_path),
+                "protocol=fedmd_pdafd",
+                "data.split=random",
+                "data.partition=iid",
+                "data.public_dataset.name=synthetic",
+                "data.public_dataset.size=150",
+                "protocol.public_per_round=60",
+                "protocol.public_stratified=true",
+            ],
+        )
+    )
     try:
         stratified = exp.protocol.public_rows(1)
         with read_write(exp.protocol.cfg):
@@ -217,9 +247,22 @@ def test_unlabeled_public_set_is_drawn_uniformly_and_the_attacker_sees_no_labels
 
 def test_fedmd_skips_its_public_transfer_on_an_unlabeled_public_set(tmp_path: Path) -> None:
     """Cross-entropy on a public set without labels would be NaN with zero gradients: the phase trains nothing."""
-    exp = Experiment(compose(None, [*tiny(tmp_path), "protocol=fedmd", "data.split=random", "data.partition=iid",
-                                    "data.public_dataset.name=synthetic", "data.public_dataset.size=60",
-                                    "protocol.transfer_public_epochs=2", "protocol.server_model=false", "attacks=[]"]))
+    exp = Experiment(
+        compose(
+            None,
+            [
+                *tiny(tmp_path),
+                "protocol=fedmd",
+                "data.split=random",
+                "data.partition=iid",
+                "data.public_dataset.name=synthetic",
+                "data.public_dataset.size=60",
+                "protocol.transfer_public_epochs=2",
+                "protocol.server_model=false",
+                "attacks=[]",
+            ],
+        )
+    )
     try:
         before = [{k: v.clone() for k, v in exp.protocol.clients[k].module.state_dict().items()} for k in range(2)]
         ctx = RoundContext(0, [0, 1])
@@ -231,23 +274,37 @@ def test_fedmd_skips_its_public_transfer_on_an_unlabeled_public_set(tmp_path: Pa
         exp.run_dir.release()
 
 
-@pytest.mark.parametrize(("overrides", "named"), [
-    (["data.public_dataset.name=bogus"], ["data.public_dataset.name='bogus'", "cifar100"]),
-    (["data.public_dataset.name=digits"], ["data.public_dataset.name='digits'", "data.name"]),
-    (["data.public_dataset.name=synthetic", "data.split=pli"], ["data.public_dataset.name='synthetic'", "data.split=random"]),
-    (["data.public_dataset.name=synthetic", "data.public_dataset.size=500"], ["data.public_dataset.size=500", "only 200"]),
-    (["data.public_dataset.name=synthetic", "data.public_dataset.image_size=16"], ["data.public_dataset.name=synthetic", "(1, 16, 16)", "data.public_dataset.image_size"]),
-    (["data.public_dataset.name=cifar100", "data.public_dataset.root=nowhere"], ["data.public_dataset.root='nowhere'", "folder not found"]),
-    (["data.public_dataset.size=ten"], ["data.public_dataset.size"]),
-    (["data.public_dataset.name=noise"], ["data.public_dataset.name=noise", "data.public_dataset.size"]),
-])
-def test_bad_public_dataset_settings_are_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str], overrides: list[str], named: list[str]) -> None:
+@pytest.mark.parametrize(
+    ("overrides", "named"),
+    [
+        (["data.public_dataset.name=bogus"], ["data.public_dataset.name='bogus'", "cifar100"]),
+        (["data.public_dataset.name=digits"], ["data.public_dataset.name='digits'", "data.name"]),
+        (["data.public_dataset.name=synthetic", "data.split=pli"], ["data.public_dataset.name='synthetic'", "data.split=random"]),
+        (["data.public_dataset.name=synthetic", "data.public_dataset.size=500"], ["data.public_dataset.size=500", "only 200"]),
+        (
+            ["data.public_dataset.name=synthetic", "data.public_dataset.image_size=16"],
+            ["data.public_dataset.name=synthetic", "(1, 16, 16)", "data.public_dataset.image_size"],
+        ),
+        (
+            ["data.public_dataset.name=cifar100", "data.public_dataset.root=nowhere"],
+            ["data.public_dataset.root='nowhere'", "folder not found"],
+        ),
+        (["data.public_dataset.size=ten"], ["data.public_dataset.size"]),
+        (["data.public_dataset.name=noise"], ["data.public_dataset.name=noise", "data.public_dataset.size"]),
+    ],
+)
+def test_bad_public_dataset_settings_are_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], overrides: list[str], named: list[str]
+) -> None:
     split = [] if "data.split=pli" in overrides else ["data.split=random", "data.partition=iid"]
     _one_line(capsys, ["run", *tiny(tmp_path), *split, *overrides], *named)
 
 
 def test_public_dataset_errors_name_its_own_keys(tmp_path: Path) -> None:
-    cfg = compose(None, ["data.split=random", "data.partition=iid", "data.public_dataset.name=cifar100", f"data.public_dataset.root={tmp_path}"])
-    with pytest.raises(DataError, match=r"data\.public_dataset\.name=cifar100: data\.public_dataset\.root=.*data\.public_dataset\.download=true"):
+    cfg = compose(
+        None, ["data.split=random", "data.partition=iid", "data.public_dataset.name=cifar100", f"data.public_dataset.root={tmp_path}"]
+    )
+    with pytest.raises(
+        DataError, match=r"data\.public_dataset\.name=cifar100: data\.public_dataset\.root=.*data\.public_dataset\.download=true"
+    ):
         build_split(cfg.data, 2, 0)
-

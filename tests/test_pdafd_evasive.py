@@ -14,21 +14,31 @@ from fdattack.attacks import ATTACKS, Attack
 from fdattack.attacks.lira import CoopLiRAAttack, neighbours_of
 from fdattack.attacks.results import MembershipScores
 from fdattack.config import compose
+from fdattack.engine import LocalTrainer, predict_logits
 from fdattack.evaluation.membership import MembershipScorer
 from fdattack.experiment import Experiment
 from fdattack.fd.aggregation import era
-from fdattack.engine import LocalTrainer, predict_logits
-from fdattack.randomness import derive_seed
 from fdattack.fd.evasion import Evasion, image_digests
 from fdattack.fd.record import QueryRefusedError, RoundRecord
 from fdattack.fd.threat import Capability
+from fdattack.randomness import derive_seed
 from tests.conftest import tiny
 from tests.test_bad_input import _one_line
 
 #: DS-FL on digits, 4 clients, one round, every knob small (as tests/test_pdafd_attacks.py)
-SMALL = ["protocol=dsfl_pdafd", "data.split=random", "data.partition=dirichlet", "data.min_client_size=16", "protocol.num_clients=4",
-         "protocol.rounds=1", "protocol.warmup_private_epochs=2", "protocol.private_epochs=1", "protocol.distill_epochs=1",
-         "protocol.public_per_round=100", "evaluation.max_candidates=300"]
+SMALL = [
+    "protocol=dsfl_pdafd",
+    "data.split=random",
+    "data.partition=dirichlet",
+    "data.min_client_size=16",
+    "protocol.num_clients=4",
+    "protocol.rounds=1",
+    "protocol.warmup_private_epochs=2",
+    "protocol.private_epochs=1",
+    "protocol.distill_epochs=1",
+    "protocol.public_per_round=100",
+    "evaluation.max_candidates=300",
+]
 
 
 def test_a_client_withholds_its_own_samples_and_as_many_decoys_whatever_the_order() -> None:
@@ -80,8 +90,19 @@ class EvasionProbe(Attack):
 
 def test_the_evasive_client_withholds_the_same_rows_on_queries_and_uploads(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(ATTACKS, "_items", {**ATTACKS._items, "evasion_probe": EvasionProbe})
-    exp = Experiment(compose(None, tiny(tmp_path, "protocol=dsfl", "protocol.evasive_clients=[0]", "attacks=[evasion_probe]",
-                                        "evaluation.confidence_gap.enabled=false", "evaluation.classifier=null")))
+    exp = Experiment(
+        compose(
+            None,
+            tiny(
+                tmp_path,
+                "protocol=dsfl",
+                "protocol.evasive_clients=[0]",
+                "attacks=[evasion_probe]",
+                "evaluation.confidence_gap.enabled=false",
+                "evaluation.classifier=null",
+            ),
+        )
+    )
     split = exp.data.split
     EvasionProbe.request = torch.cat([split.private[0].images[:3], split.test.images[:4], split.private[1].images[:2]])
     EvasionProbe.seen = {}
@@ -127,7 +148,9 @@ def _scores_seen(monkeypatch: pytest.MonkeyPatch) -> list:
 
 
 @pytest.mark.parametrize("insert", ["query", "batch"])
-def test_the_attacker_sees_no_withheld_output_and_nothing_nan_is_scored(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, insert: str) -> None:
+def test_the_attacker_sees_no_withheld_output_and_nothing_nan_is_scored(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, insert: str
+) -> None:
     results = _scores_seen(monkeypatch)
     collected = {}
     on_round_end = CoopLiRAAttack.on_round_end
@@ -137,12 +160,16 @@ def test_the_attacker_sees_no_withheld_output_and_nothing_nan_is_scored(tmp_path
         return on_round_end(self, round)
 
     monkeypatch.setattr(CoopLiRAAttack, "on_round_end", keep)
-    exp = Experiment(compose(None, [*tiny(tmp_path), *SMALL, "attacks=[lira_coop]", f"attack.lira_coop.insert={insert}", "protocol.evasive_clients=all"]))
+    exp = Experiment(
+        compose(None, [*tiny(tmp_path), *SMALL, "attacks=[lira_coop]", f"attack.lira_coop.insert={insert}", "protocol.evasive_clients=all"])
+    )
     final = exp.run()
     pool = exp.evaluator.scorers[MembershipScores].pool  # type: ignore[attr-defined]
     for k, reply in collected["c"].candidates.items():
         members = pool.origin == k
-        assert not reply.answered[members].any() and int((~reply.answered).sum()) == 2 * int(members.sum())  # its members and as many decoys
+        assert not reply.answered[members].any() and int((~reply.answered).sum()) == 2 * int(
+            members.sum()
+        )  # its members and as many decoys
         assert not reply.outputs[~reply.answered].any()  # zeros, not the client's outputs
     answered = {k: reply.answered for k, reply in collected["c"].candidates.items()}
     for result in results:  # candidates the target withheld (or no reference answered) are predicted non-members; no NaN anywhere
@@ -161,8 +188,19 @@ def test_neighbours_are_noisy_clipped_copies_and_every_query_is_counted(tmp_path
     noise = near[:16] - images[0]  # candidate-major: the first 16 rows are candidate 0's
     assert float(noise.abs().max()) == pytest.approx(0.7) and 0.25 < float(noise.std()) < 0.32  # clipped at 0.7, std about 0.3
     assert float(near[16:32].max()) == 1.0 and float((near[16:32] - 1).min()) >= -0.7  # clamped into [-1, 1]
-    exp = Experiment(compose(None, [*tiny(tmp_path), *SMALL, "attacks=[lira_coop]", "protocol.evasive_clients=all",
-                                    "attack.lira_coop.countermeasure=neighbours", "attack.lira_coop.neighbours=3"]))
+    exp = Experiment(
+        compose(
+            None,
+            [
+                *tiny(tmp_path),
+                *SMALL,
+                "attacks=[lira_coop]",
+                "protocol.evasive_clients=all",
+                "attack.lira_coop.countermeasure=neighbours",
+                "attack.lira_coop.neighbours=3",
+            ],
+        )
+    )
     c = len(exp.view.candidates)  # type: ignore[arg-type]
     final = exp.run()
     assert final["adversary/lira_coop/queries"] == 4 * 2  # the candidates, then their neighbours, from each client
@@ -190,8 +228,20 @@ def test_the_shadow_target_trains_only_on_the_public_rows_its_target_answered(tm
         return on_record(self, record)
 
     monkeypatch.setattr(CoopLiRAAttack, "on_record", keep)
-    exp = Experiment(compose(None, [*tiny(tmp_path), *SMALL, "attacks=[lira_coop]", "protocol.evasive_clients=[0]", "protocol.public_per_round=null",
-                                    "attack.lira_coop.countermeasure=shadow_target", "attack.lira_coop.shadow_epochs=1"]))
+    exp = Experiment(
+        compose(
+            None,
+            [
+                *tiny(tmp_path),
+                *SMALL,
+                "attacks=[lira_coop]",
+                "protocol.evasive_clients=[0]",
+                "protocol.public_per_round=null",
+                "attack.lira_coop.countermeasure=shadow_target",
+                "attack.lira_coop.shadow_epochs=1",
+            ],
+        )
+    )
     split = exp.data.split  # client 0 also holds public rows 0..4: it withholds them and five decoys among the public rows
     exp.protocol.evasion = Evasion({0: torch.cat([split.private[0].images, split.public.images[:5]])}, derive_seed(exp.cfg.seed, "evasion"))
     exp.run()
@@ -208,12 +258,21 @@ def test_the_shadow_target_trains_only_on_the_public_rows_its_target_answered(tm
 def test_bad_evasion_settings_stop_with_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     run = ["run", *tiny(tmp_path), *SMALL, "attacks=[lira_coop]"]
     for value in ("some", "[0,4]", "[1,1]", "2", "[true]"):
-        _one_line(capsys, [*run, f"protocol.evasive_clients={value}"], "protocol.evasive_clients=", "none, all, or a list of distinct client indices in 0..3")
+        _one_line(
+            capsys,
+            [*run, f"protocol.evasive_clients={value}"],
+            "protocol.evasive_clients=",
+            "none, all, or a list of distinct client indices in 0..3",
+        )
     _one_line(capsys, [*run, "attack.lira_coop.countermeasure=both"], "attack.lira_coop.countermeasure", "shadow_target")
     for key in ("neighbours=0", "neighbour_std=0", "neighbour_clip=-1", "shadow_epochs=0"):
         _one_line(capsys, [*run, f"attack.lira_coop.{key}"], f"attack.lira_coop.{key.split('=')[0]}", "out of range")
-    _one_line(capsys, ["run", *tiny(tmp_path), "protocol=fedavg", "data.split=random", "data.partition=iid", "protocol.evasive_clients=all"],
-              "protocol.evasive_clients='all'", "upload weights")
+    _one_line(
+        capsys,
+        ["run", *tiny(tmp_path), "protocol=fedavg", "data.split=random", "data.partition=iid", "protocol.evasive_clients=all"],
+        "protocol.evasive_clients='all'",
+        "upload weights",
+    )
     assert not (tmp_path / "run").exists()
 
 
@@ -237,11 +296,26 @@ def test_evasion_costs_co_op_lira_its_signal_and_neighbours_recover_it_on_digits
     Not run here: the shadow-target countermeasure (seed 42: TPR 1.8 %, AUC 0.488; its shadow, distilled from 200 public
     rows of 8x8 digits, keeps no membership signal here; on MNIST it does, see README). Seed 42 runs here.
     """
-    base = ["protocol=dsfl_pdafd", "data.split=random", "data.partition=dirichlet", "data.dirichlet_alpha=10", "data.min_client_size=32",
-            "protocol.num_clients=5", "protocol.rounds=1", "protocol.warmup_private_epochs=60", "protocol.private_epochs=1",
-            "protocol.distill_epochs=1", "protocol.public_per_round=200", "attacks=[lira_coop]", "evaluation.confidence_gap.enabled=false"]
-    runs = {"clean": ["protocol.evasive_clients=none"], "evaded": ["protocol.evasive_clients=all"],
-            "neighbours": ["protocol.evasive_clients=all", "attack.lira_coop.countermeasure=neighbours"]}
+    base = [
+        "protocol=dsfl_pdafd",
+        "data.split=random",
+        "data.partition=dirichlet",
+        "data.dirichlet_alpha=10",
+        "data.min_client_size=32",
+        "protocol.num_clients=5",
+        "protocol.rounds=1",
+        "protocol.warmup_private_epochs=60",
+        "protocol.private_epochs=1",
+        "protocol.distill_epochs=1",
+        "protocol.public_per_round=200",
+        "attacks=[lira_coop]",
+        "evaluation.confidence_gap.enabled=false",
+    ]
+    runs = {
+        "clean": ["protocol.evasive_clients=none"],
+        "evaded": ["protocol.evasive_clients=all"],
+        "neighbours": ["protocol.evasive_clients=all", "attack.lira_coop.countermeasure=neighbours"],
+    }
     m = {name: Experiment(compose(None, [*tiny(tmp_path / name), *base, *extra])).run() for name, extra in runs.items()}
     auc = {name: m[name]["attack/lira_coop_all/auc"] for name in runs}
     assert auc["clean"] > 0.5 and auc["clean"] > auc["evaded"] + 0.35, auc  # a membership signal, which evasion takes away

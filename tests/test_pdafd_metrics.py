@@ -83,8 +83,13 @@ def test_balanced_public_draw_spreads_over_labels_and_fills_from_the_others() ->
 def _split() -> FederatedSplit:
     def imageset(labels: list[int], offset: int) -> ImageSet:
         y = torch.tensor(labels)
-        return ImageSet(torch.arange(offset, offset + len(y)).float().view(-1, 1, 1, 1).expand(-1, 1, 2, 2).clone(), y,
-                        torch.zeros(len(y), dtype=torch.long), torch.arange(offset, offset + len(y)))
+        return ImageSet(
+            torch.arange(offset, offset + len(y)).float().view(-1, 1, 1, 1).expand(-1, 1, 2, 2).clone(),
+            y,
+            torch.zeros(len(y), dtype=torch.long),
+            torch.arange(offset, offset + len(y)),
+        )
+
     private = [imageset([0, 0, 0, 1], 0), imageset([1, 1, 2, 2, 2, 2], 10)]
     test = imageset([0, 1, 2] * 4, 100)
     return FederatedSplit(imageset([0, 1], 200), private, test, None, 3, [0, 1, 2], {}, (1, 2, 2))
@@ -130,8 +135,13 @@ def test_label_distribution_scorer_scores_estimates_and_baselines() -> None:
 
 
 def test_summary_prints_one_table_per_kind_of_attack() -> None:
-    final = {"attack/ldia/kl": 0.1, "attack/ldia/random_kl": 0.7, "attack/lira_distill/tpr_at_1pct_fpr": 0.05, "attack/lira_distill/auc": 0.6,
-             "attack/pli/accuracy": 0.5}
+    final = {
+        "attack/ldia/kl": 0.1,
+        "attack/ldia/random_kl": 0.7,
+        "attack/lira_distill/tpr_at_1pct_fpr": 0.05,
+        "attack/lira_distill/auc": 0.6,
+        "attack/pli/accuracy": 0.5,
+    }
     tables = attack_summary(final).split("\n\n")
     assert [t.splitlines()[1].split()[0] for t in tables] == ["pli", "ldia", "lira_distill"]
     assert tables[2].splitlines()[1].split() == ["lira_distill", "5.00%", "-", "0.600", "-"]

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-
 from typing import Callable
 
 import torch
@@ -14,11 +13,11 @@ from fdattack.attacks.base import AttackContext
 from fdattack.attacks.pli import PLIAttack, PLISettings, select_reconstructions
 from fdattack.attacks.priors import PriorKind, PriorSettings
 from fdattack.attacks.state_store import ClientStateStore
+from fdattack.config import compose
 from fdattack.data.imageset import ImageSet
+from fdattack.experiment import run
 from fdattack.fd.record import PublicQuery, RoundRecord
 from fdattack.fd.threat import AttackerView, ThreatModel
-from fdattack.config import compose
-from fdattack.experiment import run
 from tests.conftest import REPO, tiny
 
 NAIVE = PriorSettings(kind=PriorKind.naive)
@@ -51,8 +50,20 @@ def test_pli_runs_every_round(tmp_path: Path) -> None:
     ranges are asserted, and the run is shrunk to them (width 16, 1 epoch a round, a 2-epoch prior, a 2-epoch
     evaluation classifier: about 7 s instead of 42 s). Seed 42 runs here.
     """
-    cfg = compose(None, tiny(tmp_path, "attacks=[pli]", "protocol.rounds=3", "attack.pli.max_width=16", "attack.pli.epochs_per_round=1",
-                             "attack.pli.prior.epochs=2", "attack.pli.prior.width=8", "evaluation.epochs=2", "evaluation.confidence_gap.enabled=false"))
+    cfg = compose(
+        None,
+        tiny(
+            tmp_path,
+            "attacks=[pli]",
+            "protocol.rounds=3",
+            "attack.pli.max_width=16",
+            "attack.pli.epochs_per_round=1",
+            "attack.pli.prior.epochs=2",
+            "attack.pli.prior.width=8",
+            "evaluation.epochs=2",
+            "evaluation.confidence_gap.enabled=false",
+        ),
+    )
     metrics = run(cfg)
     rows = [json.loads(line) for line in (tmp_path / "run" / "rounds.jsonl").read_text().splitlines()]
     ssim = [r["attack/pli/ssim"] for r in rows[1:]]
@@ -81,9 +92,22 @@ def test_pli_s_learned_prior_recovers_the_targets_and_tbi_does_not_on_digits_wit
     public means, 3 against PLI's 4), nor PLI above chance (seed 1), nor PLI above its own prior (below it on all
     three). The paper's headline claim is therefore not reproduced on 8x8 digits at this scale; seed 42 runs here.
     """
-    cfg = compose(None, [f"output_dir={tmp_path / 'run'}", "logger.wandb.mode=disabled", "logger.progress=never",
-                         "attacks=[pli,tbi]", "attack.pli.max_width=128", "attack.tbi.max_width=128", "attack.pli.lr=1e-4", "attack.tbi.lr=1e-4", "evaluation.confidence_gap.enabled=false",
-                         "protocol.rounds=3", "evaluation.classifier=null"])
+    cfg = compose(
+        None,
+        [
+            f"output_dir={tmp_path / 'run'}",
+            "logger.wandb.mode=disabled",
+            "logger.progress=never",
+            "attacks=[pli,tbi]",
+            "attack.pli.max_width=128",
+            "attack.tbi.max_width=128",
+            "attack.pli.lr=1e-4",
+            "attack.tbi.lr=1e-4",
+            "evaluation.confidence_gap.enabled=false",
+            "protocol.rounds=3",
+            "evaluation.classifier=null",
+        ],
+    )
     metrics = run(cfg)
     assert metrics["attack/pli/chance"] == 0.2
     assert metrics["attack/pli/prior_accuracy"] > metrics["attack/tbi/accuracy"] + 0.2, metrics
@@ -102,8 +126,14 @@ def _attack_setup(seed: int = 0, j: int = 6) -> tuple[AttackerView, Callable[[Te
 
     def record(server_shift: Tensor) -> RoundRecord:
         answer = lambda model, rows: (server_shift if model == "server" else logits[model])[rows]  # noqa: E731
-        return RoundRecord(round=1, phase="digest", protocol="fedmd", participants=(0, 1), attack_point=True,
-                           query=PublicQuery(answer, 1, "digest", torch.arange(48), (0, 1), has_server=True))
+        return RoundRecord(
+            round=1,
+            phase="digest",
+            protocol="fedmd",
+            participants=(0, 1),
+            attack_point=True,
+            query=PublicQuery(answer, 1, "digest", torch.arange(48), (0, 1), has_server=True),
+        )
 
     return view, record
 
@@ -132,7 +162,9 @@ def test_finetune_switch_skips_eq10_only_when_it_would_run() -> None:
     view, record = _attack_setup()
     r = record(torch.randn(48, 6))
     assert not torch.equal(_attack_round(_pli(view, finetune=True), r, 1), _attack_round(_pli(view, finetune=False), r, 1))
-    assert torch.equal(_attack_round(_pli(view, gamma=0.0, finetune=True), r, 1), _attack_round(_pli(view, gamma=0.0, finetune=False), r, 1))
+    assert torch.equal(
+        _attack_round(_pli(view, gamma=0.0, finetune=True), r, 1), _attack_round(_pli(view, gamma=0.0, finetune=False), r, 1)
+    )
 
 
 def test_attack_resumes_exactly_from_its_state_dict(tmp_path: Path) -> None:
@@ -157,8 +189,18 @@ def test_pli_with_the_learned_prior_on_digits(tmp_path: Path) -> None:
     Measured (prior SSIM, learned / naive), seeds 42 / 0 / 1: 0.957 / 0.747, 0.965 / 0.749, 0.959 / 0.729; the gap
     (0.210, 0.216, 0.229) has a spread of 0.02, and the bound 0.05 leaves 0.16 at the worst seed, 8x that spread.
     The default seed 42 runs here."""
-    common = ["attacks=[pli]", "protocol.rounds=1", "attack.pli.max_width=32", "attack.tbi.max_width=32", "attack.pli.epochs_per_round=1", "attack.tbi.epochs_per_round=1",
-              "evaluation.confidence_gap.enabled=false", "attack.pli.prior.epochs=5", "attack.pli.prior.width=16", "evaluation.classifier=null"]
+    common = [
+        "attacks=[pli]",
+        "protocol.rounds=1",
+        "attack.pli.max_width=32",
+        "attack.tbi.max_width=32",
+        "attack.pli.epochs_per_round=1",
+        "attack.tbi.epochs_per_round=1",
+        "evaluation.confidence_gap.enabled=false",
+        "attack.pli.prior.epochs=5",
+        "attack.pli.prior.width=16",
+        "evaluation.classifier=null",
+    ]
     learned = run(compose(None, tiny(tmp_path / "l", *common, "attack.pli.prior.kind=learned")))
     naive = run(compose(None, tiny(tmp_path / "n", *common, "attack.pli.prior.kind=naive")))
     assert learned["attack/pli/prior_ssim"] > naive["attack/pli/prior_ssim"] + 0.05
@@ -217,10 +259,21 @@ def test_pli_beats_tbi_and_the_public_mean_on_att_faces_with_fedmd(tmp_path: Pat
     (0.45 / 0.65 / 0.65, margin 0.25 against a spread of 0.2), nor PLI above its prior (below it on seeds 0 and 1).
     Seed 42 runs here.
     """
-    cfg = compose(REPO / "conf" / "experiment" / "pli_fedmd_att_faces.yaml",
-                  [f"output_dir={tmp_path / 'run'}", "logger.wandb.mode=disabled", "logger.progress=never", "protocol.rounds=2",
-                   "attacks=[pli,tbi,public_mean]", "attack.pli.max_width=64", "attack.tbi.max_width=64", "attack.pli.prior.epochs=15",
-                   "evaluation.classifier=null", "evaluation.confidence_gap.enabled=false"])
+    cfg = compose(
+        REPO / "conf" / "experiment" / "pli_fedmd_att_faces.yaml",
+        [
+            f"output_dir={tmp_path / 'run'}",
+            "logger.wandb.mode=disabled",
+            "logger.progress=never",
+            "protocol.rounds=2",
+            "attacks=[pli,tbi,public_mean]",
+            "attack.pli.max_width=64",
+            "attack.tbi.max_width=64",
+            "attack.pli.prior.epochs=15",
+            "evaluation.classifier=null",
+            "evaluation.confidence_gap.enabled=false",
+        ],
+    )
     metrics = run(cfg)
     assert metrics["attack/pli/chance"] == 1 / 20
     assert 0.0 <= metrics["attack/pli/accuracy"] <= 1.0
@@ -231,7 +284,15 @@ def test_pli_beats_tbi_and_the_public_mean_on_att_faces_with_fedmd(tmp_path: Pat
 
 def test_attacks_are_passive(tmp_path: Path) -> None:
     """Running PLI and TBI changes nothing the protocol does: same protocol metrics as without attacks."""
-    small = ["attack.pli.max_width=16", "attack.tbi.max_width=16", "attack.pli.epochs_per_round=1", "attack.tbi.epochs_per_round=1", "attack.pli.prior.epochs=1", "attack.pli.prior.width=8", "evaluation.epochs=2"]
+    small = [
+        "attack.pli.max_width=16",
+        "attack.tbi.max_width=16",
+        "attack.pli.epochs_per_round=1",
+        "attack.tbi.epochs_per_round=1",
+        "attack.pli.prior.epochs=1",
+        "attack.pli.prior.width=8",
+        "evaluation.epochs=2",
+    ]
     watched = run(compose(None, tiny(tmp_path / "a", *small, "attacks=[pli,tbi]")))
     alone = run(compose(None, tiny(tmp_path / "b")))
     protocol = {k: v for k, v in alone.items() if k.startswith("protocol/")}

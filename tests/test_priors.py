@@ -18,9 +18,9 @@ from fdattack.attacks.priors import (
     train_learned_prior,
     translation_pairs,
 )
-from fdattack.engine import default_engine
 from fdattack.data.domains import box_blur
 from fdattack.data.imageset import AUXILIARY, SENSITIVE, ImageSet
+from fdattack.engine import default_engine
 from fdattack.lit.translation import CycleGANLitModule, RestorerLitModule, lsgan_loss
 from fdattack.models.translation import ImagePool, PatchDiscriminator, ResnetGenerator
 
@@ -134,8 +134,15 @@ def test_cyclegan_trains_under_a_plain_lightning_trainer(tmp_path) -> None:
     batches = [{"a": box_blur(images[i : i + 4], 3), "b": images[i : i + 4]} for i in range(0, 32, 4)]
     module = CycleGANLitModule(1, 8, width=4, pool_size=4)
     before = [p.detach().clone() for p in module.parameters()]
-    trainer = L.Trainer(max_epochs=1, logger=False, enable_checkpointing=False, enable_progress_bar=False,
-                        enable_model_summary=False, default_root_dir=tmp_path, accelerator="cpu")
+    trainer = L.Trainer(
+        max_epochs=1,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        default_root_dir=tmp_path,
+        accelerator="cpu",
+    )
     trainer.fit(module, DataLoader(batches, batch_size=None))
     assert all(not torch.equal(b, p) for b, p in zip(before, module.parameters()))  # both generators and discriminators moved
     assert module.translate(images[:3]).shape == (3, 1, 8, 8)

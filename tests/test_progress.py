@@ -47,8 +47,9 @@ def test_score_line_only_for_attacks_with_scores() -> None:
 
 
 @pytest.mark.slow
-def test_a_run_shows_each_step_from_the_first_second(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                                     capsys: pytest.CaptureFixture[str]) -> None:
+def test_a_run_shows_each_step_from_the_first_second(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     """Loading data shows before the data is read; the evaluation classifier and each attack by name; a score line
     per attack as soon as its round is scored, before the next round's first phase."""
     seen_before_loading: list[str] = []
@@ -59,21 +60,34 @@ def test_a_run_shows_each_step_from_the_first_second(tmp_path: Path, monkeypatch
         setup(self)
 
     monkeypatch.setattr(FederatedData, "setup", recording_setup)
-    cfg = compose(None, tiny(tmp_path, "logger.progress=always", "attacks=[public_mean]", "evaluation.epochs=1",
-                             "evaluation.confidence_gap.enabled=false"))
+    cfg = compose(
+        None,
+        tiny(tmp_path, "logger.progress=always", "attacks=[public_mean]", "evaluation.epochs=1", "evaluation.confidence_gap.enabled=false"),
+    )
     run(cfg)
     err = seen_before_loading[0] + capsys.readouterr().err
     assert "loading data (digits)" in seen_before_loading[0]
-    steps = ["training the evaluation classifier (pdafd_cnn, 1 epochs)", "round 0: phase", "round 1: phase",
-             "round 1: attack public_mean", "round 1  public_mean: accuracy", "round 2: phase", "round 2  public_mean: accuracy"]
+    steps = [
+        "training the evaluation classifier (pdafd_cnn, 1 epochs)",
+        "round 0: phase",
+        "round 1: phase",
+        "round 1: attack public_mean",
+        "round 1  public_mean: accuracy",
+        "round 2: phase",
+        "round 2  public_mean: accuracy",
+    ]
     positions = [err.find(step) for step in steps]
     assert -1 not in positions, [s for s, p in zip(steps, positions) if p == -1]
     assert positions == sorted(positions)
 
 
 def test_without_a_bar_the_steps_and_scores_are_log_lines(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
-    cfg = compose(None, tiny(tmp_path, "attacks=[public_mean]", "evaluation.classifier=null", "protocol.rounds=1",
-                             "evaluation.confidence_gap.enabled=false"))
+    cfg = compose(
+        None,
+        tiny(
+            tmp_path, "attacks=[public_mean]", "evaluation.classifier=null", "protocol.rounds=1", "evaluation.confidence_gap.enabled=false"
+        ),
+    )
     with caplog.at_level(logging.INFO, logger="fdattack"):
         run(cfg)
     messages = own_messages(caplog)

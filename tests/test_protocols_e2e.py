@@ -11,9 +11,9 @@ import torch
 from fdattack.config import compose
 from fdattack.experiment import Experiment, run
 from tests.conftest import REPO, tiny
-from tests.test_paper_configs import PAPER_SCALE
 from tests.test_fedinverse_mnist import PAPER_SCALE as FEDINVERSE_PAPER_SCALE
 from tests.test_lattack import PAPER_SCALE as LATTACK_PAPER_SCALE
+from tests.test_paper_configs import PAPER_SCALE
 from tests.test_pdafd_attacks import PAPER_SCALE as PDAFD_PAPER_SCALE
 
 EXPERIMENTS = ["fedmd_digits", "fedgems_digits", "dsfl_digits", "cronus_digits", "fedavg_digits", "labelavg_digits"]
@@ -49,8 +49,16 @@ def test_experiment_config_runs_end_to_end(tmp_path: Path, name: str) -> None:
 @pytest.mark.parametrize(("name", "floor"), [("fedgems_digits", 0.7), ("dsfl_digits", 0.5), ("cronus_digits", 0.4), ("fedavg_digits", 0.3)])
 def test_full_experiment_config_learns(tmp_path: Path, name: str, floor: float) -> None:
     """Well above chance (1/J = 0.1, or 0.2 for DS-FL over 5 target labels) after the config's 5 rounds."""
-    cfg = compose(REPO / "conf" / "experiment" / f"{name}.yaml", [f"output_dir={tmp_path / 'run'}", "logger.wandb.mode=disabled",
-                                                                "logger.progress=never", "evaluation.confidence_gap.enabled=false", "attacks=[]"])
+    cfg = compose(
+        REPO / "conf" / "experiment" / f"{name}.yaml",
+        [
+            f"output_dir={tmp_path / 'run'}",
+            "logger.wandb.mode=disabled",
+            "logger.progress=never",
+            "evaluation.confidence_gap.enabled=false",
+            "attacks=[]",
+        ],
+    )
     metrics = run(cfg)
     key = "protocol/server_acc" if name == "fedavg_digits" else OWN if OWN in metrics else "protocol/client_acc_mean"
     assert metrics[key] > floor
@@ -105,7 +113,15 @@ def test_heterogeneous_client_architectures(tmp_path: Path) -> None:
     assert metrics["protocol/client_acc_mean"] > 0.3
 
 
-@pytest.mark.parametrize("path", [p for p in sorted((REPO / "conf" / "experiment").glob("*.yaml")) if p.stem not in {*PAPER_SCALE, *PDAFD_PAPER_SCALE, *FEDINVERSE_PAPER_SCALE, *LATTACK_PAPER_SCALE}], ids=lambda p: p.stem)
+@pytest.mark.parametrize(
+    "path",
+    [
+        p
+        for p in sorted((REPO / "conf" / "experiment").glob("*.yaml"))
+        if p.stem not in {*PAPER_SCALE, *PDAFD_PAPER_SCALE, *FEDINVERSE_PAPER_SCALE, *LATTACK_PAPER_SCALE}
+    ],
+    ids=lambda p: p.stem,
+)
 def test_every_experiment_config_composes(path: Path) -> None:
     """Configs whose data ships with the repository; the paper-scale ones are checked in test_paper_configs.py, test_pdafd_attacks.py,
     test_fedinverse_mnist.py and test_lattack.py."""

@@ -9,9 +9,9 @@ from types import MappingProxyType
 import pytest
 import torch
 
+from fdattack.attacks.base import Attack, AttackContext
 from fdattack.config import compose
 from fdattack.experiment import Experiment
-from fdattack.attacks.base import Attack, AttackContext
 from fdattack.fd.record import UPLOAD_PHASE, PublicBatch, PublicQuery, RoundRecord, Upload
 from tests.conftest import REPO, tiny
 

@@ -23,7 +23,11 @@ from tests.conftest import REPO, tiny
 def test_old_flat_attack_keys_name_their_new_place(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match=r"^command line: attack.tau has moved to attack.pli.tau and attack.tbi.tau"):
         compose(None, ["attack.tau=1"])
-    with pytest.raises(ConfigError, match=r"attack.tbi_last_client_only has moved to attack.tbi.last_client_only$|attack.tbi_last_client_only has moved to attack.tbi.last_client_only \("):
+    with pytest.raises(
+        ConfigError,
+        match=r"attack.tbi_last_client_only has moved to attack.tbi.last_client_only$"
+        r"|attack.tbi_last_client_only has moved to attack.tbi.last_client_only \(",
+    ):
         compose(None, ["attack.tbi_last_client_only=true"])
     old = tmp_path / "old.yaml"
     old.write_text("attacks: [pli]\nattack: {gamma: 0.3, prior: {epochs: 3}}\n")
@@ -42,10 +46,13 @@ def test_the_old_observers_keys_name_their_place_on_the_evaluation_side(tmp_path
 
 
 def test_old_key_on_the_command_line_is_one_line_and_exit_2() -> None:
-    proc = subprocess.run([sys.executable, "-m", "fdattack", "run", "attack.gamma=0.1"], capture_output=True, text=True, timeout=600, cwd=REPO)
+    proc = subprocess.run(
+        [sys.executable, "-m", "fdattack", "run", "attack.gamma=0.1"], capture_output=True, text=True, timeout=600, cwd=REPO
+    )
     assert proc.returncode == 2
     assert proc.stderr.strip().splitlines() == [
-        "fdattack: error: command line: attack.gamma has moved to attack.pli.gamma (each attack has its own knobs under attack.<name>)"]
+        "fdattack: error: command line: attack.gamma has moved to attack.pli.gamma (each attack has its own knobs under attack.<name>)"
+    ]
 
 
 def test_choices_and_ranges_are_checked_from_the_fields() -> None:
@@ -59,23 +66,37 @@ def test_choices_and_ranges_are_checked_from_the_fields() -> None:
         compose(None, ["protocol.name=cronus", "protocol.filter_eps=0.7"])
     with pytest.raises(ConfigError, match=r"unknown config key 'attack.pli.taux'"):
         compose(None, ["attack.pli.taux=1"])
-    with pytest.raises(ConfigError, match=r"attacks\[0\]='pl' is not a known attack; choose one of: gmi, kedmi, lattack, ldia, lira_coop, lira_distill, pli, public_mean, tbi, vmi"):
+    with pytest.raises(
+        ConfigError,
+        match=r"attacks\[0\]='pl' is not a known attack; choose one of: "
+        r"gmi, kedmi, lattack, ldia, lira_coop, lira_distill, pli, public_mean, tbi, vmi",
+    ):
         compose(None, ["attacks=[pl]"])
-    with pytest.raises(ConfigError, match=r"defenses\[0\]='noise' is not a known defense; choose one of: bido, dpsgd, laplace, mid, rounding, topk"):
+    with pytest.raises(
+        ConfigError, match=r"defenses\[0\]='noise' is not a known defense; choose one of: bido, dpsgd, laplace, mid, rounding, topk"
+    ):
         compose(None, ["defenses=[noise]"])
     cfg = compose(None, ["attack.pli.variant=client_only", "attack.pli.prior.kind=naive"])
     assert cfg.attack.pli.variant == "client_only" and f"{cfg.attack.pli.prior.kind}" == "naive"
 
 
 def test_compatibility_comes_from_declared_needs_and_offers() -> None:
-    with pytest.raises(ConfigError, match=r"^attacks: pli needs a server model f_0 \(server_model\), which protocol.name=fedmd does not offer here; "
-                                          r"set protocol.server_model=true$"):
+    with pytest.raises(
+        ConfigError,
+        match=r"^attacks: pli needs a server model f_0 \(server_model\), which protocol.name=fedmd does not offer here; "
+        r"set protocol.server_model=true$",
+    ):
         compose(None, ["attacks=[pli]", "protocol.server_model=false"])
     compose(None, ["attacks=[tbi]", "protocol.server_model=false"])  # TBI declares no server model
-    with pytest.raises(ConfigError, match=r"^attacks: tbi needs a public set \(public_data\), the clients' outputs on public data "
-                                          r"\(public_outputs\), which protocol.name=fedavg does not offer here; remove tbi from attacks$"):
+    with pytest.raises(
+        ConfigError,
+        match=r"^attacks: tbi needs a public set \(public_data\), the clients' outputs on public data "
+        r"\(public_outputs\), which protocol.name=fedavg does not offer here; remove tbi from attacks$",
+    ):
         compose(REPO / "conf" / "experiment" / "fedavg_digits.yaml", ["attacks=[tbi]"])
-    with pytest.raises(ConfigError, match=r"^defenses: laplace needs uploads of outputs on public data \(output_uploads\), which protocol.name=fedavg"):
+    with pytest.raises(
+        ConfigError, match=r"^defenses: laplace needs uploads of outputs on public data \(output_uploads\), which protocol.name=fedavg"
+    ):
         compose(REPO / "conf" / "experiment" / "fedavg_digits.yaml", ["defenses=[laplace]"])
     with pytest.raises(ConfigError, match=r"attacks=\['tbi', 'tbi'\]: tbi listed twice"):
         compose(None, ["attacks=[tbi,tbi]"])
@@ -83,10 +104,17 @@ def test_compatibility_comes_from_declared_needs_and_offers() -> None:
 
 def test_help_config_documents_every_registered_component() -> None:
     text = help_config()
-    for name, cls in ATTACKS.items():
+    for name in ATTACKS.names():
         assert f"attack.{name} (attacks=[{name}]" in text
-    for key in ("attack.pli.tau", "attack.pli.prior.kind", "attack.tbi.last_client_only", "defense.laplace.scale", "defense.topk.k",
-                "defense.rounding.decimals", "protocol.era_temperature"):
+    for key in (
+        "attack.pli.tau",
+        "attack.pli.prior.kind",
+        "attack.tbi.last_client_only",
+        "defense.laplace.scale",
+        "defense.topk.k",
+        "defense.rounding.decimals",
+        "protocol.era_temperature",
+    ):
         assert f"\n  {key} " in text
     assert "[full | client_only]" in text and "[> 0]" in text
     # setting-dependent needs: LiRA's default insert=query asks for the server's query power
@@ -134,8 +162,19 @@ def test_a_new_attack_is_one_file_and_one_registry_line(tmp_path: Path, monkeypa
     assert "attack.grey.level" in help_config()
     with pytest.raises(ConfigError, match=r"attack.grey.level=2.0 is out of range"):
         compose(None, tiny(tmp_path, "attacks=[grey]", "attack.grey.level=2"))
-    metrics = run(compose(None, tiny(tmp_path, "attacks=[grey,public_mean]", "attack.grey.level=0.5", "protocol.rounds=1",
-                                     "evaluation.classifier=null", "evaluation.confidence_gap.enabled=false")))
+    metrics = run(
+        compose(
+            None,
+            tiny(
+                tmp_path,
+                "attacks=[grey,public_mean]",
+                "attack.grey.level=0.5",
+                "protocol.rounds=1",
+                "evaluation.classifier=null",
+                "evaluation.confidence_gap.enabled=false",
+            ),
+        )
+    )
     assert {"attack/grey/accuracy", "attack/grey/ssim", "attack/public_mean/ssim"} <= set(metrics)
     rounds = [json.loads(line) for line in (tmp_path / "run" / "rounds.jsonl").read_text().splitlines()]
     assert rounds[-1]["attack/grey/ssim"] == metrics["attack/grey/ssim"]

@@ -93,19 +93,43 @@ def test_reconstruction_grids_are_large_with_row_and_column_labels(sweep_report:
 
 
 @pytest.mark.parametrize("width", [1400, 800])
-def test_the_report_renders_in_headless_chromium(sweep_report: Path, tmp_path: Path, tmp_path_factory: pytest.TempPathFactory,
-                                                  width: int) -> None:
+def test_the_report_renders_in_headless_chromium(
+    sweep_report: Path, tmp_path: Path, tmp_path_factory: pytest.TempPathFactory, width: int
+) -> None:
     chromium = shutil.which("chromium")
     if chromium is None:
         pytest.fail(f"chromium is not installed; the report's rendering test needs it: {INSTALL}")
     png = tmp_path / f"report_{width}.png"
     short = tmp_path_factory.mktemp("cr")  # chromium's singleton socket lives in TMPDIR: its path must stay under 108 bytes
-    env = {**os.environ, "HOME": str(tmp_path), "TMPDIR": str(short), "XDG_CONFIG_HOME": str(tmp_path / "config"), "XDG_CACHE_HOME": str(tmp_path / "cache")}
+    env = {
+        **os.environ,
+        "HOME": str(tmp_path),
+        "TMPDIR": str(short),
+        "XDG_CONFIG_HOME": str(tmp_path / "config"),
+        "XDG_CACHE_HOME": str(tmp_path / "cache"),
+    }
     proc = subprocess.run(
-        [chromium, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
-         "--disable-component-update", "--disable-sync", "--hide-scrollbars", f"--user-data-dir={tmp_path / 'profile'}",
-         f"--screenshot={png}", f"--window-size={width},2000", sweep_report.as_uri()],
-        env=env, capture_output=True, text=True, timeout=600)
+        [
+            chromium,
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--disable-quic",
+            "--no-first-run",
+            "--disable-background-networking",
+            "--disable-component-update",
+            "--disable-sync",
+            "--hide-scrollbars",
+            f"--user-data-dir={tmp_path / 'profile'}",
+            f"--screenshot={png}",
+            f"--window-size={width},2000",
+            sweep_report.as_uri(),
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert proc.returncode == 0 and png.is_file(), proc.stderr[-2000:]
     pixels = np.asarray(Image.open(png).convert("L"), dtype=np.float64)
     assert pixels.shape == (2000, width)
@@ -135,7 +159,12 @@ def test_labels_name_a_differing_component_and_tell_clashing_keys_apart(tmp_path
     runs, keys = load_runs([fedmd, dsfl])
     assert [r.label for r in runs] == ["protocol=fedmd, pli.tau=1, tbi.tau=1", "protocol=dsfl, pli.tau=2, tbi.tau=3"]
     assert "protocol.era_temperature" in keys
-    twins, _ = load_runs([fedmd, run("c", {"name": "x", "protocol": {"name": "fedmd", "digest_epochs": 1}, "attack": {"pli": {"tau": 1}, "tbi": {"tau": 1}}})])
+    twins, _ = load_runs(
+        [
+            fedmd,
+            run("c", {"name": "x", "protocol": {"name": "fedmd", "digest_epochs": 1}, "attack": {"pli": {"tau": 1}, "tbi": {"tau": 1}}}),
+        ]
+    )
     assert [r.label for r in twins] == ["x (a)", "x (c)"]
 
 
@@ -153,8 +182,15 @@ def test_report_on_a_corrupt_config_names_the_file(tmp_path: Path, capsys: pytes
 
 
 def test_attack_summary_has_a_row_per_attack_with_its_final_scores() -> None:
-    final = {"attack/tbi/accuracy": 0.25, "attack/pli/accuracy": 0.8, "attack/pli/ssim": 0.7123, "attack/pli/chance": 0.2,
-             "attack/pli/too_close_to_public": 1.0, "protocol/client_acc_mean": 0.9, "attack/pli/prior/extra": 1.0}
+    final = {
+        "attack/tbi/accuracy": 0.25,
+        "attack/pli/accuracy": 0.8,
+        "attack/pli/ssim": 0.7123,
+        "attack/pli/chance": 0.2,
+        "attack/pli/too_close_to_public": 1.0,
+        "protocol/client_acc_mean": 0.9,
+        "attack/pli/prior/extra": 1.0,
+    }
     lines = attack_summary(final).splitlines()
     assert lines[0].split()[:3] == ["attack", "accuracy", "SSIM"]
     assert lines[1].split() == ["pli", "0.80", "0.712", "1", "-", "0.20"]

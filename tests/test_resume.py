@@ -17,17 +17,34 @@ from fdattack.cli import main
 from tests.conftest import REPO
 
 ARGS = [
-    "protocol.num_clients=3", "protocol.rounds=4", "protocol.transfer_public_epochs=1", "protocol.transfer_private_epochs=1",
-    "protocol.digest_epochs=3", "protocol.revisit_epochs=3", "logger.wandb.mode=disabled", "logger.progress=never",
+    "protocol.num_clients=3",
+    "protocol.rounds=4",
+    "protocol.transfer_public_epochs=1",
+    "protocol.transfer_private_epochs=1",
+    "protocol.digest_epochs=3",
+    "protocol.revisit_epochs=3",
+    "logger.wandb.mode=disabled",
+    "logger.progress=never",
     # small attacks, so that their per-client networks on disk, learned prior and evaluation classifier resume too
-    "attacks=[pli,tbi]", "attack.pli.max_width=16", "attack.tbi.max_width=16", "attack.pli.epochs_per_round=1", "attack.tbi.epochs_per_round=1", "attack.pli.prior.epochs=1", "attack.pli.prior.width=8",
+    "attacks=[pli,tbi]",
+    "attack.pli.max_width=16",
+    "attack.tbi.max_width=16",
+    "attack.pli.epochs_per_round=1",
+    "attack.tbi.epochs_per_round=1",
+    "attack.pli.prior.epochs=1",
+    "attack.pli.prior.width=8",
     "evaluation.epochs=2",
 ]
 
 
 def _launch(out: Path, *extra: str) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "fdattack", "run", *ARGS, f"output_dir={out}", *extra], cwd=REPO,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    return subprocess.Popen(
+        [sys.executable, "-m", "fdattack", "run", *ARGS, f"output_dir={out}", *extra],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
 
 
 def _without_times(d: dict) -> dict:
@@ -49,8 +66,13 @@ def test_sigkill_after_round_2_then_resume_matches_uninterrupted(tmp_path: Path)
     assert not (killed / "metrics.json").exists()
     assert ref_proc.wait(timeout=900) == 0, ref_proc.stderr.read()  # type: ignore[union-attr]
 
-    resumed = subprocess.run([sys.executable, "-m", "fdattack", "run", *ARGS, f"output_dir={killed}", "resume=true"],
-                             cwd=REPO, capture_output=True, text=True, timeout=900)
+    resumed = subprocess.run(
+        [sys.executable, "-m", "fdattack", "run", *ARGS, f"output_dir={killed}", "resume=true"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     assert resumed.returncode == 0, resumed.stderr
     ref_metrics = json.loads((reference / "metrics.json").read_text())
     res_metrics = json.loads((killed / "metrics.json").read_text())
@@ -84,9 +106,22 @@ def test_corrupt_checkpoint_is_named(tmp_path: Path, capsys: pytest.CaptureFixtu
 
 def test_resume_from_an_older_kept_checkpoint_with_attacks_matches(tmp_path: Path) -> None:
     out = tmp_path / "run"
-    args = ["run", "protocol.num_clients=2", "protocol.rounds=3", "protocol.transfer_public_epochs=1", "protocol.transfer_private_epochs=1",
-            "logger.wandb.mode=disabled", "logger.progress=never", "evaluation.confidence_gap.enabled=false", "evaluation.classifier=null",
-            "attacks=[tbi]", "attack.tbi.max_width=16", "attack.tbi.epochs_per_round=1", "keep_checkpoints=2", f"output_dir={out}"]
+    args = [
+        "run",
+        "protocol.num_clients=2",
+        "protocol.rounds=3",
+        "protocol.transfer_public_epochs=1",
+        "protocol.transfer_private_epochs=1",
+        "logger.wandb.mode=disabled",
+        "logger.progress=never",
+        "evaluation.confidence_gap.enabled=false",
+        "evaluation.classifier=null",
+        "attacks=[tbi]",
+        "attack.tbi.max_width=16",
+        "attack.tbi.epochs_per_round=1",
+        "keep_checkpoints=2",
+        f"output_dir={out}",
+    ]
     assert main(args) == 0
     finished = json.loads((out / "metrics.json").read_text())
     rows = [_without_times(json.loads(x)) for x in (out / "rounds.jsonl").read_text().splitlines()]

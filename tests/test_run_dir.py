@@ -22,7 +22,10 @@ from tests.conftest import own_messages, tiny
 FAST = ("evaluation.confidence_gap.enabled=false", "protocol.transfer_public_epochs=1", "protocol.transfer_private_epochs=1")
 
 #: another process holding the run directory's lock until it is killed
-HOLDER = "import fcntl, os, sys; fd = os.open(sys.argv[1], os.O_RDWR); fcntl.flock(fd, fcntl.LOCK_EX); print('held', flush=True); sys.stdin.read()"
+HOLDER = (
+    "import fcntl, os, sys; fd = os.open(sys.argv[1], os.O_RDWR); fcntl.flock(fd, fcntl.LOCK_EX); "
+    "print('held', flush=True); sys.stdin.read()"
+)
 
 
 def _snapshot(folder: Path) -> dict[str, bytes | None]:
@@ -55,7 +58,9 @@ def test_a_second_run_on_a_locked_directory_fails_at_once_and_writes_nothing(tmp
     first.run()
     before = _snapshot(out)
 
-    holder = subprocess.Popen([sys.executable, "-c", HOLDER, str(out / LOCK_NAME)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    holder = subprocess.Popen(
+        [sys.executable, "-c", HOLDER, str(out / LOCK_NAME)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
     try:
         assert holder.stdout.readline().strip() == "held"  # type: ignore[union-attr]
         err = _error_line(capsys, ["run", *tiny(tmp_path, *FAST), "resume=true"])
@@ -68,8 +73,9 @@ def test_a_second_run_on_a_locked_directory_fails_at_once_and_writes_nothing(tmp
 
 
 @pytest.mark.parametrize("resume", ["false", "true"])
-def test_a_run_stopped_before_its_first_checkpoint_restarts_in_place(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                                                     caplog: pytest.LogCaptureFixture, resume: str) -> None:
+def test_a_run_stopped_before_its_first_checkpoint_restarts_in_place(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, resume: str
+) -> None:
     out = tmp_path / "run"
 
     def failed_start(*args: object, **kwargs: object) -> None:
@@ -109,8 +115,15 @@ def test_files_that_are_not_fdattacks_are_never_cleared(tmp_path: Path, capsys: 
         ("under_a_file", [], "cannot be used"),
     ],
 )
-def test_checks_run_before_anything_is_built(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
-                                             finished_run: Path, case: str, extra: list[str], named: str) -> None:
+def test_checks_run_before_anything_is_built(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    finished_run: Path,
+    case: str,
+    extra: list[str],
+    named: str,
+) -> None:
     out = tmp_path / "run"
     if case == "finished":
         shutil.copytree(finished_run, out)

@@ -84,12 +84,25 @@ def test_the_registration_is_undone_after_the_test() -> None:
     assert Brightness not in SCORERS and Brightness not in results.RESULT_TYPES
 
 
-def test_a_run_scores_a_new_result_type_through_its_registered_scorer(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                                                      brightness: None) -> None:
+def test_a_run_scores_a_new_result_type_through_its_registered_scorer(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, brightness: None
+) -> None:
     monkeypatch.setattr(ATTACKS, "_items", {**ATTACKS._items, "bright": BrightAttack})
-    exp = Experiment(compose(None, tiny(tmp_path, "attacks=[bright]", "attack.bright.level=0.5", "protocol.rounds=1",
-                                        "evaluation.classifier=null", "evaluation.confidence_gap.enabled=false",
-                                        "protocol.transfer_public_epochs=1", "protocol.transfer_private_epochs=1")))
+    exp = Experiment(
+        compose(
+            None,
+            tiny(
+                tmp_path,
+                "attacks=[bright]",
+                "attack.bright.level=0.5",
+                "protocol.rounds=1",
+                "evaluation.classifier=null",
+                "evaluation.confidence_gap.enabled=false",
+                "protocol.transfer_public_epochs=1",
+                "protocol.transfer_private_epochs=1",
+            ),
+        )
+    )
     assert set(exp.evaluator.scorers) == {Brightness}  # only the declared types' scorers are built
     scorer = exp.evaluator.scorers[Brightness]
     assert isinstance(scorer, BrightnessScorer) and scorer.context.oracle is exp.oracle and scorer.context.candidates is None
@@ -99,14 +112,20 @@ def test_a_run_scores_a_new_result_type_through_its_registered_scorer(tmp_path: 
 
 
 def test_a_result_whose_scorer_was_not_built_is_refused_in_one_line(brightness: None) -> None:
-    with pytest.raises(RuntimeError, match=r"^attack toy returned Brightness but does not declare them: "
-                                           r"set produces = frozenset\(\{Brightness\}\) on its class$"):
+    with pytest.raises(
+        RuntimeError,
+        match=r"^attack toy returned Brightness but does not declare them: "
+        r"set produces = frozenset\(\{Brightness\}\) on its class$",
+    ):
         Evaluator(None).score("toy", [Brightness(torch.zeros(1, 1, 4, 4))])  # type: ignore[arg-type]
 
 
 def test_a_type_without_a_scorer_is_named_with_the_registered_ones() -> None:
-    with pytest.raises(TypeError, match=r"^no scorer is registered for Brightness \(scorers: .*Reconstructions.*\); register one with "
-                                        r"@SCORERS.register\(Brightness\)"):
+    with pytest.raises(
+        TypeError,
+        match=r"^no scorer is registered for Brightness \(scorers: .*Reconstructions.*\); register one with "
+        r"@SCORERS.register\(Brightness\)",
+    ):
         SCORERS.get(Brightness)
 
 

@@ -18,7 +18,13 @@ from tests.conftest import tiny
 from tests.report_runs import fake_run
 
 #: public_mean reads nothing from the protocol and trains nothing: seconds per replica, scores that move with the split
-SEEDED = ("seeds=[0,1]", "protocol.rounds=1", "attacks=[public_mean]", "evaluation.classifier=null", "evaluation.confidence_gap.enabled=false")
+SEEDED = (
+    "seeds=[0,1]",
+    "protocol.rounds=1",
+    "attacks=[public_mean]",
+    "evaluation.classifier=null",
+    "evaluation.confidence_gap.enabled=false",
+)
 SSIM = "attack/public_mean/ssim"
 
 
@@ -108,7 +114,9 @@ def test_the_report_groups_runs_that_differ_only_by_seed(tmp_path: Path) -> None
     runs, _ = load_runs([*paths, other])
     assert len(runs) == 2 and runs[0].replicas == paths and runs[0].label.endswith("(3 seeds)")
     assert runs[0].final["attack/pli/accuracy"] == pytest.approx(0.3)
-    assert (runs[0].final["attack/pli/accuracy_ci_low"], runs[0].final["attack/pli/accuracy_ci_high"]) == pytest.approx(t_interval([0.2, 0.3, 0.4]))
+    assert (runs[0].final["attack/pli/accuracy_ci_low"], runs[0].final["attack/pli/accuracy_ci_high"]) == pytest.approx(
+        t_interval([0.2, 0.3, 0.4])
+    )
     assert main(["report", *map(str, [*paths, other]), "--out", str(tmp_path / "report")]) == 0
     page = (tmp_path / "report" / "index.html").read_text()
     low, high = t_interval([0.2, 0.3, 0.4])

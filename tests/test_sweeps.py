@@ -49,8 +49,21 @@ def test_invalid_sweep_file_is_one_line_exit_2(tmp_path: Path, capsys: pytest.Ca
 
 def test_two_point_local_sweep_end_to_end(tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(REPO)
-    code = main(["sweep", "sweeps/pli_tau_gamma.yaml", "--count", "2", "--root", str(tmp_path), "logger.wandb.mode=disabled",
-                 "logger.progress=never", "protocol.rounds=1", "protocol.num_clients=2", "attacks=[]"])
+    code = main(
+        [
+            "sweep",
+            "sweeps/pli_tau_gamma.yaml",
+            "--count",
+            "2",
+            "--root",
+            str(tmp_path),
+            "logger.wandb.mode=disabled",
+            "logger.progress=never",
+            "protocol.rounds=1",
+            "protocol.num_clients=2",
+            "attacks=[]",
+        ]
+    )
     assert code == 0
     out = capsys.readouterr().out
     assert "trial_000" in out and "trial_001" in out and "attack/pli/accuracy" in out
@@ -65,7 +78,14 @@ def test_two_point_local_sweep_end_to_end(tmp_path: Path, capsys: pytest.Capture
 def test_trial_names_use_the_shortest_distinct_key_tails_and_4_significant_digits() -> None:
     assert trial_label({"attack.pli.tau": 3.0, "attack.pli.gamma": 0.1}) == "tau=3,gamma=0.1"
     assert short_names(["attack.pli.lr", "attack.tbi.lr", "seed"]) == {"attack.pli.lr": "pli.lr", "attack.tbi.lr": "tbi.lr", "seed": "seed"}
-    assert [format_value(v) for v in (0.123456789, 1234567.0, 3, None, "sgd", [1, 0.5])] == ["0.1235", "1.235e+06", "3", "nan", "sgd", "[1,0.5]"]
+    assert [format_value(v) for v in (0.123456789, 1234567.0, 3, None, "sgd", [1, 0.5])] == [
+        "0.1235",
+        "1.235e+06",
+        "3",
+        "nan",
+        "sgd",
+        "[1,0.5]",
+    ]
 
 
 SWEEP = """program: fdattack
@@ -80,15 +100,24 @@ command: ["${env}", "${interpreter}", "-m", "${program}", run, "${args_no_hyphen
 
 def _table(out: str) -> list[list[str]]:
     """The cells of the trials' table that ends ``fdattack sweep``'s output (the trials print their own lines first)."""
-    return [line.split() for line in out[out.index("trial  "):].splitlines() if not line.startswith("fdattack:")]
+    return [line.split() for line in out[out.index("trial  ") :].splitlines() if not line.startswith("fdattack:")]
 
 
 def test_sweep_exits_1_on_a_failed_trial_then_resumes_and_skips_finished_ones(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     sweep = tmp_path / "clients.yaml"
     sweep.write_text(SWEEP)
     root = tmp_path / "sweeps"
-    args = ["sweep", str(sweep), "--root", str(root), "logger.wandb.mode=disabled", "logger.progress=never", "protocol.rounds=1",
-            "attacks=[]", "evaluation.confidence_gap.enabled=false"]
+    args = [
+        "sweep",
+        str(sweep),
+        "--root",
+        str(root),
+        "logger.wandb.mode=disabled",
+        "logger.progress=never",
+        "protocol.rounds=1",
+        "attacks=[]",
+        "evaluation.confidence_gap.enabled=false",
+    ]
     trial = root / "clients" / "trial_000"
 
     assert main(args) == 1  # num_clients=0 fails
@@ -96,15 +125,20 @@ def test_sweep_exits_1_on_a_failed_trial_then_resumes_and_skips_finished_ones(tm
     assert "fdattack: 1 of 2 trials failed" in err
     loss = json.loads((trial / "metrics.json").read_text())["protocol/digest_loss"]
     assert f"{loss:.4g}" in out and repr(loss) not in out
-    assert _table(out) == [["trial", "state", "num_clients", "protocol/digest_loss"], ["trial_000", "finished", "2", f"{loss:.4g}"],
-                           ["trial_001", "failed", "0", "-"]]
+    assert _table(out) == [
+        ["trial", "state", "num_clients", "protocol/digest_loss"],
+        ["trial_000", "finished", "2", f"{loss:.4g}"],
+        ["trial_001", "failed", "0", "-"],
+    ]
     wandb = OmegaConf.load(trial / "config.yaml").logger.wandb
     assert (wandb.project, wandb.group, wandb.job_type, wandb.name) == ("sweep-test", "clients", "sweep-trial", "num_clients=2")
 
     (trial / "metrics.json").unlink()  # cut short after its last checkpoint: the next call resumes it in place
     rounds = (trial / "rounds.jsonl").read_text()
     assert main(args) == 1
-    assert json.loads((trial / "metrics.json").read_text())["protocol/digest_loss"] == loss and (trial / "rounds.jsonl").read_text() == rounds
+    assert (
+        json.loads((trial / "metrics.json").read_text())["protocol/digest_loss"] == loss and (trial / "rounds.jsonl").read_text() == rounds
+    )
     capsys.readouterr()
 
     finished_at = (trial / "metrics.json").stat().st_mtime_ns

@@ -26,28 +26,48 @@ from fdattack.attacks.tbi import TBIAttack
 from fdattack.config import compose
 from fdattack.data.federated import FederatedData, FederatedSplit
 from fdattack.data.imageset import UNLABELED
+from fdattack.defenses import Release
+from fdattack.engine import LocalTrainer, ModelHandle, predict_logits
 from fdattack.evaluation import Evaluator, IdentityScorer, Oracle, ReconstructionScorer
 from fdattack.evaluation.inversion import InversionScorer
 from fdattack.evaluation.inversion_classifier import EvaluationClassifier
 from fdattack.experiment import Experiment
-from fdattack.engine import LocalTrainer, ModelHandle, predict_logits
-from fdattack.defenses import Release
 from fdattack.fd.protocols.base import Protocol
-from fdattack.fd.uploads import as_sent
 from fdattack.fd.record import QueryRefusedError, RoundRecord, StaleQueryError
 from fdattack.fd.threat import Undeclared
+from fdattack.fd.uploads import as_sent
 from fdattack.lit.classifier import ClassifierLitModule
 from tests.conftest import REPO, tiny
 from tests.object_graph import reachable
 
 #: what no attack may reach: the ground truth, the protocol, its engine and its models
 # attacks train on an engine of their own; the run's engine and Fabric list every client module
-FORBIDDEN = (Oracle, FederatedSplit, FederatedData, Protocol, ModelHandle, ClassifierLitModule, Evaluator,
-             ReconstructionScorer, IdentityScorer, InversionScorer, EvaluationClassifier, Experiment)
+FORBIDDEN = (
+    Oracle,
+    FederatedSplit,
+    FederatedData,
+    Protocol,
+    ModelHandle,
+    ClassifierLitModule,
+    Evaluator,
+    ReconstructionScorer,
+    IdentityScorer,
+    InversionScorer,
+    EvaluationClassifier,
+    Experiment,
+)
 EXPERIMENTS = {"fedmd": "fedmd_digits", "fedgems": "fedgems_digits", "dsfl": "dsfl_digits", "cronus": "cronus_digits"}
 ATTACKS = {"fedmd": ["pli", "tbi"], "fedgems": ["pli", "tbi"], "dsfl": ["pli", "tbi"], "cronus": ["tbi"]}
-SMALL = ["attack.pli.max_width=16", "attack.tbi.max_width=16", "attack.pli.epochs_per_round=1", "attack.tbi.epochs_per_round=1", "attack.pli.prior.epochs=1", "attack.pli.prior.width=8",
-         "evaluation.classifier=null", "evaluation.confidence_gap.enabled=false"]
+SMALL = [
+    "attack.pli.max_width=16",
+    "attack.tbi.max_width=16",
+    "attack.pli.epochs_per_round=1",
+    "attack.tbi.epochs_per_round=1",
+    "attack.pli.prior.epochs=1",
+    "attack.pli.prior.width=8",
+    "evaluation.classifier=null",
+    "evaluation.confidence_gap.enabled=false",
+]
 
 
 class Probe(Attack):
@@ -83,8 +103,10 @@ RUN_SEED = 3_735_928_559
 
 
 def _run(tmp_path: Path, protocol: str) -> tuple[Experiment, Probe]:
-    cfg = compose(REPO / "conf" / "experiment" / f"{EXPERIMENTS[protocol]}.yaml",
-                  tiny(tmp_path, "protocol.rounds=1", f"attacks=[{','.join(ATTACKS[protocol])}]", f"seed={RUN_SEED}", *SMALL))
+    cfg = compose(
+        REPO / "conf" / "experiment" / f"{EXPERIMENTS[protocol]}.yaml",
+        tiny(tmp_path, "protocol.rounds=1", f"attacks=[{','.join(ATTACKS[protocol])}]", f"seed={RUN_SEED}", *SMALL),
+    )
     exp = Experiment(cfg)
     probe = Probe(exp)
     exp.attacks.append(probe)
@@ -116,7 +138,9 @@ def _assert_nothing_private(objects: list[object], split: FederatedSplit, run_en
     if run_engine is not None:
         ids = {id(o) for o in objects}
         assert id(run_engine) not in ids and id(run_engine.fabric) not in ids, "an attack reaches the run's engine"
-    storages = {p.images.untyped_storage().data_ptr() for p in split.private} | {p.labels.untyped_storage().data_ptr() for p in split.private}
+    storages = {p.images.untyped_storage().data_ptr() for p in split.private} | {
+        p.labels.untyped_storage().data_ptr() for p in split.private
+    }
     for obj in objects:
         assert not isinstance(obj, FORBIDDEN), f"an attack reaches a {type(obj).__name__}"
         if torch.is_tensor(obj) and obj.numel():
@@ -143,7 +167,9 @@ def test_attacks_see_exactly_their_threat_model(tmp_path: Path, protocol: str) -
             pairs = [(k, inputs.rows, out) for k, out in zip(exp.protocol.participants(1), inputs.outputs)]
         assert len(pairs) == exp.protocol.num_clients
         for k, rows, out in pairs:
-            assert torch.allclose(out, _sent_at(exp, probe, k, rows, tau), atol=1e-6), f"{name}: client {k}'s inputs are not its attack-point outputs"
+            assert torch.allclose(out, _sent_at(exp, probe, k, rows, tau), atol=1e-6), (
+                f"{name}: client {k}'s inputs are not its attack-point outputs"
+            )
             # the check has teeth: where clients train after the attack point, today's models answer differently
             assert torch.allclose(out, _sent_at(exp, probe, k, rows, tau, now=True), atol=1e-6) != stale_at_end
     attack_point = next(r for r in probe.records if r.attack_point)
@@ -177,8 +203,12 @@ def test_attacks_see_exactly_their_threat_model(tmp_path: Path, protocol: str) -
 
 def test_query_grants_the_round_rows_and_answers_as_uploads(tmp_path: Path) -> None:
     """DS-FL with a public subset per round: queries refuse other rows; answers equal the uploads and pass the upload transforms."""
-    cfg = compose(REPO / "conf" / "experiment" / "dsfl_digits.yaml", tiny(tmp_path, "protocol.rounds=1", "protocol.public_per_round=40",
-                                                                          "evaluation.confidence_gap.enabled=false", "defenses=[rounding]"))
+    cfg = compose(
+        REPO / "conf" / "experiment" / "dsfl_digits.yaml",
+        tiny(
+            tmp_path, "protocol.rounds=1", "protocol.public_per_round=40", "evaluation.confidence_gap.enabled=false", "defenses=[rounding]"
+        ),
+    )
     exp = Experiment(cfg)
 
     class Checker(Attack):
@@ -208,7 +238,9 @@ def test_query_grants_the_round_rows_and_answers_as_uploads(tmp_path: Path) -> N
 
 def test_fedmd_queries_may_ask_for_any_public_row(tmp_path: Path) -> None:
     """FedMD as PLI runs it (pli.md §13.9): the server may query any public row, even outside the round's subset."""
-    exp = Experiment(compose(None, tiny(tmp_path, "protocol.rounds=1", "protocol.public_per_round=30", "evaluation.confidence_gap.enabled=false")))
+    exp = Experiment(
+        compose(None, tiny(tmp_path, "protocol.rounds=1", "protocol.public_per_round=30", "evaluation.confidence_gap.enabled=false"))
+    )
     seen: list[int] = []
 
     class Checker(Attack):
@@ -230,5 +262,9 @@ def test_learned_prior_is_refused_without_public_labels(tmp_path: Path) -> None:
     from fdattack.errors import ConfigError
 
     overrides = tiny(tmp_path, "attacks=[pli]", "attack.pli.prior.kind=learned", "data.label_space=all")
-    with pytest.raises(ConfigError, match=r"attacks: pli needs the public set's labels \(public_labels\), which protocol.name=dsfl does not offer here; change attack.pli.\* \(its settings ask for it\)"):
+    with pytest.raises(
+        ConfigError,
+        match=r"attacks: pli needs the public set's labels \(public_labels\), which protocol.name=dsfl does not offer here; "
+        r"change attack.pli.\* \(its settings ask for it\)",
+    ):
         compose(REPO / "conf" / "experiment" / "dsfl_digits.yaml", overrides)

@@ -19,8 +19,16 @@ from omegaconf import OmegaConf
 
 from fdattack.config import WandbConfig
 from fdattack.errors import CheckpointError, ConfigError
-from fdattack.tracking import (CheckpointDir, RunDirectory, WandbRun, load_checkpoint,
-                               resolve_mode, rng_state, save_checkpoint, set_rng_state)
+from fdattack.tracking import (
+    CheckpointDir,
+    RunDirectory,
+    WandbRun,
+    load_checkpoint,
+    resolve_mode,
+    rng_state,
+    save_checkpoint,
+    set_rng_state,
+)
 
 WANDB_BOUND_S = 60.0  # offline init + logging + finish never blocks: about 0.5 s on an idle 2-core machine, far more on a loaded one
 
@@ -63,8 +71,9 @@ def test_sigkill_during_save_leaves_the_previous_checkpoint(tmp_path: Path) -> N
         "    time.sleep(60)\n"
         "atomic_write(ckpts.path_for(1), half_then_hang)\n"
     )
-    child = subprocess.Popen([sys.executable, "-c", writer], stdout=subprocess.PIPE, stdin=subprocess.DEVNULL,
-                             cwd=Path(__file__).resolve().parents[1])
+    child = subprocess.Popen(
+        [sys.executable, "-c", writer], stdout=subprocess.PIPE, stdin=subprocess.DEVNULL, cwd=Path(__file__).resolve().parents[1]
+    )
     try:
         assert child.stdout is not None and child.stdout.readline().strip() == b"writing"
     finally:
@@ -94,8 +103,13 @@ def test_weights_only_round_trip_with_rng_states(tmp_path: Path) -> None:
     random.seed(1)
     np.random.seed(2)
     torch.manual_seed(3)
-    payload = {"rng": rng_state(), "model": {"w": torch.arange(4.0)}, "hist": [1, 2.5, None, "x", True],
-               "np_array": np.arange(3), "np_scalar": np.float32(0.5)}
+    payload = {
+        "rng": rng_state(),
+        "model": {"w": torch.arange(4.0)},
+        "hist": [1, 2.5, None, "x", True],
+        "np_array": np.arange(3),
+        "np_scalar": np.float32(0.5),
+    }
     expected = (random.random(), np.random.rand(), torch.rand(1).item())
     save_checkpoint(tmp_path / "c.pt", payload)
     loaded = torch.load(tmp_path / "c.pt", map_location="cpu", weights_only=True)
@@ -164,8 +178,16 @@ def test_prepare_creates_layout_and_non_writer_touches_nothing(tmp_path: Path) -
 
 def test_config_mismatch_on_resume_names_the_key(tmp_path: Path) -> None:
     out = tmp_path / "run"
-    cfg = OmegaConf.create({"name": "x", "resume": False, "output_dir": str(out), "lr": 0.001,
-                            "protocol": {"rounds": 5, "clients": [1, 2]}, "nan": float("nan")})
+    cfg = OmegaConf.create(
+        {
+            "name": "x",
+            "resume": False,
+            "output_dir": str(out),
+            "lr": 0.001,
+            "protocol": {"rounds": 5, "clients": [1, 2]},
+            "nan": float("nan"),
+        }
+    )
     first = RunDirectory(out)
     first.prepare(resume=False)
     first.write_config(cfg)
@@ -206,11 +228,23 @@ def test_rounds_jsonl_append_and_truncate(tmp_path: Path) -> None:
 def test_nan_becomes_null_and_tensors_become_numbers(tmp_path: Path) -> None:
     run = RunDirectory(tmp_path / "run")
     run.prepare(resume=False)
-    record = {"round": 1, "attack/pli/ssim": float("nan"), "protocol/server_acc": torch.tensor(0.5),
-              "time/total_s": np.float32(2.0), "b/inf": float("inf"), "a/flag": True}
+    record = {
+        "round": 1,
+        "attack/pli/ssim": float("nan"),
+        "protocol/server_acc": torch.tensor(0.5),
+        "time/total_s": np.float32(2.0),
+        "b/inf": float("inf"),
+        "a/flag": True,
+    }
     run.append_round(record)
-    assert json.loads(run.rounds_path.read_text()) == {"round": 1, "attack/pli/ssim": None, "protocol/server_acc": 0.5,
-                                                       "time/total_s": 2.0, "b/inf": None, "a/flag": True}
+    assert json.loads(run.rounds_path.read_text()) == {
+        "round": 1,
+        "attack/pli/ssim": None,
+        "protocol/server_acc": 0.5,
+        "time/total_s": 2.0,
+        "b/inf": None,
+        "a/flag": True,
+    }
     assert "NaN" not in run.rounds_path.read_text()
     run.write_metrics({k: v for k, v in record.items() if k != "round"})
     text = run.metrics_path.read_text()
@@ -238,8 +272,12 @@ def test_wandb_offline_writes_run_files_without_prompting(tmp_path: Path, no_cre
     started = time.perf_counter()
     with WandbRun.start(WandbConfig(mode="offline", tags=["t"]), out, {"protocol": {"rounds": 2}}) as run:
         assert run.mode == "offline" and run.run_id
-        run.log_round(1, {"attack/pli/accuracy": 0.25, "protocol/server_acc": torch.tensor(0.5)}, {"diag/entropy": torch.rand(50)},
-                      {"attack/pli/reconstruction": torch.rand(3, 8, 8), "attack/pli/gray": torch.rand(1, 8, 8)})
+        run.log_round(
+            1,
+            {"attack/pli/accuracy": 0.25, "protocol/server_acc": torch.tensor(0.5)},
+            {"diag/entropy": torch.rand(50)},
+            {"attack/pli/reconstruction": torch.rand(3, 8, 8), "attack/pli/gray": torch.rand(1, 8, 8)},
+        )
         run.set_summary({"attack/pli/accuracy": 0.25, "attack/pli/ssim": float("nan")})
     elapsed = time.perf_counter() - started
     assert elapsed < WANDB_BOUND_S, f"W&B offline init+finish took {elapsed:.1f}s"
@@ -280,8 +318,9 @@ def test_wandb_auto_resolves_by_credentials(tmp_path: Path, no_credentials: None
     assert resolve_mode("auto") == "online"
 
 
-def test_wandb_auto_falls_back_to_offline_when_online_start_fails(tmp_path: Path, no_credentials: None,
-                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+def test_wandb_auto_falls_back_to_offline_when_online_start_fails(
+    tmp_path: Path, no_credentials: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
     import wandb
 
     real_init = wandb.init

@@ -30,16 +30,16 @@ from fdattack.cli import main
 from fdattack.config import compose
 from fdattack.data.imageset import ImageSet
 from fdattack.defenses import DEFENSES
-from fdattack.experiment import run
+from fdattack.engine import FitJob, LocalTrainer, ModelHandle, default_engine
 from fdattack.engine import vectorised as vectorised_api
 from fdattack.engine.vectorised import copies as vectorised
-from fdattack.engine.vectorised.optimizers import stacked_optimizer
 from fdattack.engine.vectorised.kernels import batched_linear, conv_pool, im2col
-from fdattack.engine import FitJob, LocalTrainer, ModelHandle, default_engine
+from fdattack.engine.vectorised.optimizers import stacked_optimizer
+from fdattack.experiment import run
 from fdattack.fd.protocols.fedgems import fedgems_client
-from fdattack.lit.objectives import cross_entropy, kl_to_probs, l1_to_logits, mixed_ce_kl, soft_cross_entropy
 from fdattack.lit import ClassifierLitModule
 from fdattack.lit.classifier import is_vmappable
+from fdattack.lit.objectives import cross_entropy, kl_to_probs, l1_to_logits, mixed_ce_kl, soft_cross_entropy
 from tests.conftest import REPO, own_messages, tiny
 from tests.test_defenses import FreezeClients
 
@@ -58,8 +58,10 @@ def _sets() -> list[ImageSet]:
 def _clients(vectorise: bool | str, optimizer: str, net: str = "bn", engine: LocalTrainer | None = None, **settings: object) -> tuple:
     engine = engine or default_engine(batch_size=8, vectorise=vectorise)
     torch.manual_seed(0)
-    modules = [ClassifierLitModule(_bn_net() if net == "bn" else net, 5, optimizer=optimizer, in_channels=1, image_size=8, **settings)  # type: ignore[arg-type]
-               for _ in SIZES]
+    modules = [
+        ClassifierLitModule(_bn_net() if net == "bn" else net, 5, optimizer=optimizer, in_channels=1, image_size=8, **settings)  # type: ignore[arg-type]
+        for _ in SIZES
+    ]
     return engine, [engine.setup(f"client{k}", m) for k, m in enumerate(modules)]
 
 
@@ -92,12 +94,15 @@ def calls(monkeypatch: pytest.MonkeyPatch) -> list[int]:
 
 
 # ---------------------------------------------------------------------------------------------------- optimizer steps
-@pytest.mark.parametrize(("kind", "settings"), [
-    (torch.optim.Adam, {"lr": 1e-2, "betas": (0.8, 0.99), "eps": 1e-6, "weight_decay": 1e-3}),
-    (torch.optim.SGD, {"lr": 0.1, "momentum": 0.9, "nesterov": True, "weight_decay": 1e-3}),
-    (torch.optim.SGD, {"lr": 0.1, "momentum": 0.5}),
-    (torch.optim.SGD, {"lr": 0.1}),
-])
+@pytest.mark.parametrize(
+    ("kind", "settings"),
+    [
+        (torch.optim.Adam, {"lr": 1e-2, "betas": (0.8, 0.99), "eps": 1e-6, "weight_decay": 1e-3}),
+        (torch.optim.SGD, {"lr": 0.1, "momentum": 0.9, "nesterov": True, "weight_decay": 1e-3}),
+        (torch.optim.SGD, {"lr": 0.1, "momentum": 0.5}),
+        (torch.optim.SGD, {"lr": 0.1}),
+    ],
+)
 def test_one_stacked_step_equals_torch_optim(kind: type, settings: dict) -> None:
     """Models at different step counts (model 2 has no state yet: Adam's first step, SGD's buffer = gradient)."""
     torch.manual_seed(0)
@@ -141,12 +146,18 @@ def test_a_step_of_some_models_leaves_the_others_untouched() -> None:
 
 
 # ---------------------------------------------------------------------------------------------------- CPU kernels
-@pytest.mark.parametrize(("channels", "kernel", "stride", "padding"), [(1, 3, 1, 0), (3, (3, 2), 2, 1), (4, 1, 1, 0), (2, 5, (1, 2), (2, 1))])
+@pytest.mark.parametrize(
+    ("channels", "kernel", "stride", "padding"), [(1, 3, 1, 0), (3, (3, 2), 2, 1), (4, 1, 1, 0), (2, 5, (1, 2), (2, 1))]
+)
 def test_the_cpu_convolution_equals_conv2d(channels: int, kernel: object, stride: object, padding: object) -> None:
     """Under vmap with per-model weights, as a channels-last result, for any stride and padding (float rounding only)."""
     g = torch.Generator().manual_seed(0)
     size = (kernel, kernel) if isinstance(kernel, int) else kernel
-    x, weight, bias = torch.randn(3, 5, channels, 9, 8, generator=g), torch.randn(3, 6, channels, *size, generator=g), torch.randn(3, 6, generator=g)
+    x, weight, bias = (
+        torch.randn(3, 5, channels, 9, 8, generator=g),
+        torch.randn(3, 6, channels, *size, generator=g),
+        torch.randn(3, 6, generator=g),
+    )
     ours = torch.func.vmap(lambda x, w, b: im2col.conv2d(x, w, b, stride, padding))(x, weight, bias)
     theirs = torch.stack([torch.nn.functional.conv2d(x[k], weight[k], bias[k], stride, padding) for k in range(3)])
     torch.testing.assert_close(ours, theirs, rtol=1e-5, atol=1e-5)
@@ -168,7 +179,9 @@ def test_the_batched_linear_layer_equals_f_linear_with_its_gradients(case: str) 
         ours = torch.func.vmap(lambda w, b: batched_linear.linear(x[0], w, b))(weight, bias)
     else:
         ours = torch.func.vmap(batched_linear.linear, in_dims=(0, 0, None if bias is None else 0))(x, weight, bias)
-    theirs = torch.stack([F.linear(x[0] if case == "shared input" else x[k], weight[k], None if bias is None else bias[k]) for k in range(models)])
+    theirs = torch.stack(
+        [F.linear(x[0] if case == "shared input" else x[k], weight[k], None if bias is None else bias[k]) for k in range(models)]
+    )
     assert torch.equal(ours, theirs)
     upstream = torch.randint(-3, 4, ours.shape, generator=g).float()
     leaves = [t for t in (x, weight, bias) if t is not None]
@@ -222,7 +235,9 @@ def test_the_fused_convolution_and_pool_equal_the_two_layers(monkeypatch: pytest
     x = torch.randint(-2, 3, (3, 5, geometry[0], 11, 10), generator=g).float()
     used, _ = fused.geometry.sizes(11, 10)
     per_row = used[0] * used[1] * 6  # convolution outputs the pool reads, per row
-    chunk = {"two layers": 5 * per_row, "one row a chunk": per_row, "two rows a chunk": 2 * per_row, "four rows a chunk": 4 * per_row}[chunking]
+    chunk = {"two layers": 5 * per_row, "one row a chunk": per_row, "two rows a chunk": 2 * per_row, "four rows a chunk": 4 * per_row}[
+        chunking
+    ]
     monkeypatch.setattr(conv_pool, "CHUNK_ELEMENTS", chunk)
     assert fused._chunked(x[0]) is (chunking != "two layers")
     weight, bias = _integer_weights(fused, 3, g)
@@ -231,11 +246,15 @@ def test_the_fused_convolution_and_pool_equal_the_two_layers(monkeypatch: pytest
     theirs = torch.stack([F.max_pool2d(F.conv2d(x[k], weight[k], bias[k], stride, padding), pool, pool_stride) for k in range(3)])
     assert torch.equal(ours, theirs)
     upstream = torch.randn(ours.shape, generator=g)
-    for a, b in zip(torch.autograd.grad((ours * upstream).sum(), [weight, bias]), torch.autograd.grad((theirs * upstream).sum(), [weight, bias])):
+    for a, b in zip(
+        torch.autograd.grad((ours * upstream).sum(), [weight, bias]), torch.autograd.grad((theirs * upstream).sum(), [weight, bias])
+    ):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
 
 
-def test_the_fused_layer_shares_one_input_falls_back_where_its_input_needs_a_gradient_and_runs_without_a_bias(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_fused_layer_shares_one_input_falls_back_where_its_input_needs_a_gradient_and_runs_without_a_bias(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     monkeypatch.setattr(conv_pool, "CHUNK_ELEMENTS", 1)  # chunks of one row wherever the input allows them
     g = torch.Generator().manual_seed(1)
     fused = _fused(*GEOMETRIES[2])
@@ -253,7 +272,9 @@ def test_the_fused_layer_shares_one_input_falls_back_where_its_input_needs_a_gra
     unbiased = conv_pool.ConvMaxPool(nn.Conv2d(2, 6, 3, 1, 1, bias=False), nn.MaxPool2d(3, 2))
     x = x.detach()
     ours = torch.func.vmap(lambda w: torch.func.functional_call(unbiased, {"weight": w}, (x,)))(weight)
-    assert unbiased._chunked(x) and torch.equal(ours, torch.stack([F.max_pool2d(F.conv2d(x, weight[k], None, 1, 1), 3, 2) for k in range(3)]))
+    assert unbiased._chunked(x) and torch.equal(
+        ours, torch.stack([F.max_pool2d(F.conv2d(x, weight[k], None, 1, 1), 3, 2) for k in range(3)])
+    )
 
 
 def test_fusing_keeps_parameter_names_and_fuses_only_what_it_computes() -> None:
@@ -263,20 +284,29 @@ def test_fusing_keeps_parameter_names_and_fuses_only_what_it_computes() -> None:
     assert [name for name, _ in fused.named_parameters()] == [name for name, _ in net.named_parameters()]
     x = torch.randn(2, 1, 14, 14, generator=torch.Generator().manual_seed(2))
     torch.testing.assert_close(fused(x), net(x), rtol=1e-5, atol=1e-5)
-    for unfusable in (nn.Sequential(nn.Conv2d(1, 4, 3, dilation=2), nn.MaxPool2d(2)), nn.Sequential(nn.Conv2d(2, 4, 3, groups=2), nn.MaxPool2d(2)),
-                      nn.Sequential(nn.Conv2d(1, 4, 3), nn.MaxPool2d(2, padding=1)), nn.Sequential(nn.Conv2d(1, 4, 3, padding="same"), nn.MaxPool2d(2))):
+    for unfusable in (
+        nn.Sequential(nn.Conv2d(1, 4, 3, dilation=2), nn.MaxPool2d(2)),
+        nn.Sequential(nn.Conv2d(2, 4, 3, groups=2), nn.MaxPool2d(2)),
+        nn.Sequential(nn.Conv2d(1, 4, 3), nn.MaxPool2d(2, padding=1)),
+        nn.Sequential(nn.Conv2d(1, 4, 3, padding="same"), nn.MaxPool2d(2)),
+    ):
         assert conv_pool.fuse_conv_pool(unfusable) is unfusable
 
 
 # ---------------------------------------------------------------------------------------------------- training phases
-@pytest.mark.parametrize(("optimizer", "settings"), [("adam", {"weight_decay": 1e-3}), ("sgd", {"lr": 0.05, "momentum": 0.9, "nesterov": True, "weight_decay": 1e-3})])
+@pytest.mark.parametrize(
+    ("optimizer", "settings"),
+    [("adam", {"weight_decay": 1e-3}), ("sgd", {"lr": 0.05, "momentum": 0.9, "nesterov": True, "weight_decay": 1e-3})],
+)
 def test_phases_over_different_set_sizes_with_batchnorm_equal_the_loop(optimizer: str, settings: dict, calls: list[int]) -> None:
     """Two phases (the second with a fresh optimizer), then a per-model phase continuing from the vectorised state."""
     results = {}
     for vectorise in (True, False):
         engine, handles = _clients(vectorise, optimizer, **settings)
         first = engine.fit_many([FitJob(h, s, 2, cross_entropy, 100 + k) for k, (h, s) in enumerate(zip(handles, _sets()))])
-        second = engine.fit_many([FitJob(h, s, 1, cross_entropy, 200 + k, fresh_optimizer=True) for k, (h, s) in enumerate(zip(handles, _sets()))])
+        second = engine.fit_many(
+            [FitJob(h, s, 1, cross_entropy, 200 + k, fresh_optimizer=True) for k, (h, s) in enumerate(zip(handles, _sets()))]
+        )
         engine.fit(FitJob(handles[0], _sets()[0], 1, cross_entropy, 300))  # one at a time, from the state the phases left
         results[vectorise] = handles, first + second
     assert calls == [4, 4]  # both phases took the vectorised path, all four clients at once
@@ -287,7 +317,9 @@ def test_phases_over_different_set_sizes_with_batchnorm_equal_the_loop(optimizer
     assert int(vec[0].module.net[1].num_batches_tracked) == 12 + 6 + 6  # BatchNorm counted every step of client 0
 
 
-@pytest.mark.parametrize("objective", [l1_to_logits, soft_cross_entropy, kl_to_probs, fedgems_client(0.5, "code"), fedgems_client(0.5, "standard")])
+@pytest.mark.parametrize(
+    "objective", [l1_to_logits, soft_cross_entropy, kl_to_probs, fedgems_client(0.5, "code"), fedgems_client(0.5, "standard")]
+)
 def test_distillation_objectives_on_a_shared_public_set_equal_the_loop(objective: object, calls: list[int]) -> None:
     public = _sets()[0]
     targets = torch.softmax(torch.randn(len(public), 5, generator=torch.Generator().manual_seed(2)), -1)
@@ -348,7 +380,10 @@ def test_unsupported_jobs_take_the_loop_and_say_why_once(caplog: pytest.LogCaptu
 def test_vectorised_run_gives_the_loops_metrics(tmp_path: Path, name: str, calls: list[int]) -> None:
     metrics = {}
     for vectorise in ("true", "false"):
-        cfg = compose(REPO / "conf" / "experiment" / f"{name}.yaml", tiny(tmp_path / vectorise, "protocol.num_clients=4", f"trainer.vectorise={vectorise}"))
+        cfg = compose(
+            REPO / "conf" / "experiment" / f"{name}.yaml",
+            tiny(tmp_path / vectorise, "protocol.num_clients=4", f"trainer.vectorise={vectorise}"),
+        )
         metrics[vectorise] = {k: v for k, v in run(cfg).items() if not k.startswith("time/")}
         if vectorise == "true":
             assert calls and all(n >= 2 for n in calls)  # the client phases took the vectorised path (FedAvg samples 2 of 4)
@@ -358,25 +393,42 @@ def test_vectorised_run_gives_the_loops_metrics(tmp_path: Path, name: str, calls
 
 def test_resume_after_vectorised_rounds_is_exact(tmp_path: Path, calls: list[int]) -> None:
     out = tmp_path / "run"
-    args = ["run", "protocol.num_clients=3", "protocol.rounds=3", "protocol.transfer_public_epochs=1", "protocol.transfer_private_epochs=1",
-            "logger.wandb.mode=disabled", "logger.progress=never", "attacks=[]", "keep_checkpoints=2", "trainer.vectorise=true", f"output_dir={out}"]
+    args = [
+        "run",
+        "protocol.num_clients=3",
+        "protocol.rounds=3",
+        "protocol.transfer_public_epochs=1",
+        "protocol.transfer_private_epochs=1",
+        "logger.wandb.mode=disabled",
+        "logger.progress=never",
+        "attacks=[]",
+        "keep_checkpoints=2",
+        "trainer.vectorise=true",
+        f"output_dir={out}",
+    ]
     assert main(args) == 0
     assert calls
     finished = (out / "rounds.jsonl").read_text().splitlines()
     (out / "checkpoints" / "round_0003.pt").unlink()  # resume from the checkpoint of round 2
     assert main([*args, "resume=true"]) == 0
     without_times = [{k: v for k, v in json.loads(x).items() if not k.startswith("time/")} for x in finished]
-    assert [{k: v for k, v in json.loads(x).items() if not k.startswith("time/")} for x in (out / "rounds.jsonl").read_text().splitlines()] == without_times
+    assert [
+        {k: v for k, v in json.loads(x).items() if not k.startswith("time/")} for x in (out / "rounds.jsonl").read_text().splitlines()
+    ] == without_times
 
 
 # ---------------------------------------------------------------------------------------------------- configuration
-@pytest.mark.parametrize(("extra", "named"), [
-    (["trainer.devices=2", "trainer.strategy=ddp"], "trainer.devices=2"),
-    (["trainer.precision=bf16-mixed"], "trainer.precision='bf16-mixed'"),
-    (["defenses=[freeze]"], "defenses=['freeze']"),
-])
-def test_vectorise_true_where_it_cannot_apply_is_one_line_and_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch,
-                                                                      extra: list[str], named: str) -> None:
+@pytest.mark.parametrize(
+    ("extra", "named"),
+    [
+        (["trainer.devices=2", "trainer.strategy=ddp"], "trainer.devices=2"),
+        (["trainer.precision=bf16-mixed"], "trainer.precision='bf16-mixed'"),
+        (["defenses=[freeze]"], "defenses=['freeze']"),
+    ],
+)
+def test_vectorise_true_where_it_cannot_apply_is_one_line_and_exit_2(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, extra: list[str], named: str
+) -> None:
     monkeypatch.setattr(DEFENSES, "_items", {**DEFENSES._items, "freeze": FreezeClients})
     out = tmp_path / "run"
     assert main(["run", *tiny(tmp_path), "trainer.vectorise=true", *extra]) == 2
@@ -392,14 +444,16 @@ def test_vectorise_takes_auto_true_or_false(tmp_path: Path, capsys: pytest.Captu
     assert "trainer.vectorise" in capsys.readouterr().out
 
 
-def test_a_training_defense_under_auto_trains_one_at_a_time(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, calls: list[int],
-                                                            caplog: pytest.LogCaptureFixture) -> None:
+def test_a_training_defense_under_auto_trains_one_at_a_time(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, calls: list[int], caplog: pytest.LogCaptureFixture
+) -> None:
     monkeypatch.setattr(DEFENSES, "_items", {**DEFENSES._items, "freeze": FreezeClients})
     with caplog.at_level(logging.INFO, logger="fdattack.engine.trainer"):
         assert main(["run", *tiny(tmp_path, "protocol.rounds=1", "defenses=[freeze]")]) == 0
     assert calls == []
     assert [m for m in own_messages(caplog) if "vectorise" in m] == [
-        "trainer.vectorise=auto: training one model at a time where a training defense wraps the model's training"]
+        "trainer.vectorise=auto: training one model at a time where a training defense wraps the model's training"
+    ]
 
 
 def test_the_command_keeps_freed_memory_with_settings_glibc_accepts() -> None:

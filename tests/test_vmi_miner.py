@@ -42,14 +42,19 @@ def tiny_target() -> nn.Module:
 
 
 def miner(**kwargs: object) -> VMIMinerLitModule:
-    options: dict[str, object] = dict(label=1, latent_dim=4, steps_per_level=2, levels=2, hidden=16, batch_size=32,
-                                      patience=None)
+    options: dict[str, object] = dict(label=1, latent_dim=4, steps_per_level=2, levels=2, hidden=16, batch_size=32, patience=None)
     return VMIMinerLitModule(TinyGenerator(), tiny_target(), **{**options, **kwargs})  # type: ignore[arg-type]
 
 
 def trainer(tmp_path: Path, **kwargs: object) -> L.Trainer:
-    options = dict(accelerator="cpu", logger=False, enable_checkpointing=False, enable_progress_bar=False,
-                   enable_model_summary=False, default_root_dir=tmp_path)
+    options = dict(
+        accelerator="cpu",
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        default_root_dir=tmp_path,
+    )
     return L.Trainer(**{**options, **kwargs})  # type: ignore[arg-type]
 
 
@@ -150,8 +155,7 @@ def test_kl_term_is_zero_at_the_prior_and_matches_the_gaussian_kl_otherwise() ->
 @pytest.mark.parametrize("sign", [1, -1])
 def test_hsic_term_is_signed_weighted_and_on_unit_range_images(sign: int) -> None:
     options = HSICOptions(estimator="biased_eq3", sigma=1.0, sigma_scale_by_dim=False)
-    m = miner(batch_size=8, lambda_h=0.5, hsic_sign=sign, hsic_options=options, lr=0.05, lambda_attack=0.0,
-              lambda_kl=0.0, seed=5)
+    m = miner(batch_size=8, lambda_h=0.5, hsic_sign=sign, hsic_options=options, lr=0.05, lambda_attack=0.0, lambda_kl=0.0, seed=5)
     with torch.no_grad():  # a spread-out miner, so that the batch's dependence is not ~0
         for module in m.flows.modules():
             if isinstance(module, ActNorm):

@@ -28,7 +28,9 @@ from tests.conftest import REPO, own_messages, tiny
 KEY = "k" * 40
 UNREACHABLE = "http://127.0.0.1:9"  # loopback, discard port: connection refused at once
 TIMEOUT_S = 2.0
-BOUND_S = 60.0  # below W&B's own unbounded 90 s: the bounded start plus W&B's service start-up and teardown on a loaded 2-core machine (W&B's own default: 90 s + retries)
+# below W&B's own unbounded 90 s: the bounded start plus W&B's service start-up and teardown on a loaded 2-core machine
+# (W&B's own default: 90 s + retries)
+BOUND_S = 60.0
 
 
 def wandb_records(path: Path) -> list:
@@ -75,8 +77,11 @@ def finished_records(run_dir: Path) -> list:
 
 def history(records: list) -> list[tuple[int, set[str]]]:
     """(W&B step, top-level keys) of each history row."""
-    return [(r.history.step.num, {item.key or item.nested_key[0] for item in r.history.item})
-            for r in records if r.WhichOneof("record_type") == "history"]
+    return [
+        (r.history.step.num, {item.key or item.nested_key[0] for item in r.history.item})
+        for r in records
+        if r.WhichOneof("record_type") == "history"
+    ]
 
 
 def _snapshot(folder: Path) -> dict[str, bytes]:
@@ -117,17 +122,28 @@ def test_netrc_entry_for_a_custom_wandb_base_url_is_seen(tmp_path: Path, fresh_w
 
 def test_wandb_login_with_host_is_seen(tmp_path: Path, fresh_wandb: None, monkeypatch: pytest.MonkeyPatch) -> None:
     """`wandb login --host URL` saves the key under host:port in ~/.netrc and the URL in W&B's settings file."""
-    env = {"PATH": os.environ["PATH"], "HOME": str(tmp_path / "home"), "WANDB_CONFIG_DIR": os.environ["WANDB_CONFIG_DIR"],
-           "WANDB_SILENT": "true"}
-    subprocess.run([sys.executable, "-m", "wandb", "login", "--no-verify", "--host", UNREACHABLE, KEY], env=env, check=True,
-                   capture_output=True, stdin=subprocess.DEVNULL, timeout=600)
+    env = {
+        "PATH": os.environ["PATH"],
+        "HOME": str(tmp_path / "home"),
+        "WANDB_CONFIG_DIR": os.environ["WANDB_CONFIG_DIR"],
+        "WANDB_SILENT": "true",
+    }
+    subprocess.run(
+        [sys.executable, "-m", "wandb", "login", "--no-verify", "--host", UNREACHABLE, KEY],
+        env=env,
+        check=True,
+        capture_output=True,
+        stdin=subprocess.DEVNULL,
+        timeout=600,
+    )
     assert (tmp_path / "home" / ".netrc").is_file() and (Path(os.environ["WANDB_CONFIG_DIR"]) / "settings").is_file()
     monkeypatch.delenv("NETRC")
     assert has_credentials() and server_url() == UNREACHABLE
 
 
-def test_malformed_key_is_one_line_in_online_and_offline_in_auto(fresh_wandb: None, monkeypatch: pytest.MonkeyPatch,
-                                                                  caplog: pytest.LogCaptureFixture) -> None:
+def test_malformed_key_is_one_line_in_online_and_offline_in_auto(
+    fresh_wandb: None, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
     from fdattack.tracking import resolve_mode
 
     monkeypatch.setenv("WANDB_API_KEY", "short")
@@ -140,8 +156,9 @@ def test_malformed_key_is_one_line_in_online_and_offline_in_auto(fresh_wandb: No
 
 
 # -------------------------------------------------------------------------------------- no network
-def test_online_without_network_fails_in_one_line_and_leaves_no_files(tmp_path: Path, fresh_wandb: None,
-                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+def test_online_without_network_fails_in_one_line_and_leaves_no_files(
+    tmp_path: Path, fresh_wandb: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setenv("WANDB_API_KEY", KEY)
     monkeypatch.setenv("WANDB_BASE_URL", UNREACHABLE)
     out = tmp_path / "run"
@@ -156,9 +173,9 @@ def test_online_without_network_fails_in_one_line_and_leaves_no_files(tmp_path: 
     assert _snapshot(out) == before and sorted(p.name for p in (out / "wandb").iterdir()) == []
 
 
-def test_auto_without_network_goes_offline_within_the_timeout_in_one_line(tmp_path: Path, fresh_wandb: None,
-                                                                          monkeypatch: pytest.MonkeyPatch,
-                                                                          caplog: pytest.LogCaptureFixture) -> None:
+def test_auto_without_network_goes_offline_within_the_timeout_in_one_line(
+    tmp_path: Path, fresh_wandb: None, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
     monkeypatch.setenv("WANDB_API_KEY", KEY)
     monkeypatch.setenv("WANDB_BASE_URL", UNREACHABLE)
     started = time.perf_counter()
@@ -169,16 +186,29 @@ def test_auto_without_network_goes_offline_within_the_timeout_in_one_line(tmp_pa
     assert [p.name for p in (tmp_path / "run" / "wandb").glob("*run-*")] == [run.directory.name]  # the failed start is gone
     lines = own_messages(caplog)  # fdattack's records only: wandb logs its own, which vary by version and machine
     assert len(lines) == 2, lines
-    assert lines[0].startswith(f"W&B did not start online at {UNREACHABLE} within 2 s") and lines[0].endswith(f"logging offline to {run.directory}")
+    assert lines[0].startswith(f"W&B did not start online at {UNREACHABLE} within 2 s") and lines[0].endswith(
+        f"logging offline to {run.directory}"
+    )
     assert lines[1] == f"W&B offline run in {run.directory}; upload it with: wandb sync {run.directory}"
 
 
-def test_cli_online_without_network_is_exit_2_with_one_line(tmp_path: Path, fresh_wandb: None, monkeypatch: pytest.MonkeyPatch,
-                                                            capsys: pytest.CaptureFixture[str]) -> None:
+def test_cli_online_without_network_is_exit_2_with_one_line(
+    tmp_path: Path, fresh_wandb: None, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     monkeypatch.setenv("WANDB_API_KEY", KEY)
     monkeypatch.setenv("WANDB_BASE_URL", UNREACHABLE)
-    code = main(["run", *tiny(tmp_path, "logger.wandb.mode=online", f"logger.wandb.init_timeout_s={TIMEOUT_S}", "protocol.rounds=1",
-                              "evaluation.confidence_gap.enabled=false")])
+    code = main(
+        [
+            "run",
+            *tiny(
+                tmp_path,
+                "logger.wandb.mode=online",
+                f"logger.wandb.init_timeout_s={TIMEOUT_S}",
+                "protocol.rounds=1",
+                "evaluation.confidence_gap.enabled=false",
+            ),
+        ]
+    )
     err = capsys.readouterr().err.strip()
     assert code == 2 and err.startswith("fdattack: error: logger.wandb.mode=online: W&B did not start online") and "\n" not in err
 
@@ -222,22 +252,44 @@ def test_offline_run_steps_are_rounds_with_group_job_type_tags_and_a_sync_hint(t
 
 
 def test_run_identity_defaults_and_overrides() -> None:
-    config = {"name": "pli_fedmd_digits", "protocol": {"name": "fedmd"}, "data": {"name": "digits"}, "attacks": ["pli", "tbi"],
-              "defenses": ["laplace"]}
-    assert run_identity(WandbConfig(), config) == {"name": "pli_fedmd_digits", "group": "pli_fedmd_digits", "job_type": "run",
-                                                   "tags": ["fedmd", "digits", "pli", "tbi", "laplace"]}
+    config = {
+        "name": "pli_fedmd_digits",
+        "protocol": {"name": "fedmd"},
+        "data": {"name": "digits"},
+        "attacks": ["pli", "tbi"],
+        "defenses": ["laplace"],
+    }
+    assert run_identity(WandbConfig(), config) == {
+        "name": "pli_fedmd_digits",
+        "group": "pli_fedmd_digits",
+        "job_type": "run",
+        "tags": ["fedmd", "digits", "pli", "tbi", "laplace"],
+    }
     given = WandbConfig(name="mine", group="g", job_type="eval", tags=["baseline", "pli"])
-    assert run_identity(given, config) == {"name": "mine", "group": "g", "job_type": "eval",
-                                           "tags": ["fedmd", "digits", "pli", "tbi", "laplace", "baseline"]}
+    assert run_identity(given, config) == {
+        "name": "mine",
+        "group": "g",
+        "job_type": "eval",
+        "tags": ["fedmd", "digits", "pli", "tbi", "laplace", "baseline"],
+    }
 
 
 # -------------------------------------------------------------------------------------------- SIGTERM
 def test_sigterm_mid_run_writes_an_exit_record_and_exits_143(tmp_path: Path) -> None:
     out = tmp_path / "run"
-    tokens = [*tiny(tmp_path, "logger.wandb.mode=offline", "protocol.rounds=500", "checkpoint_every=1", "evaluation.confidence_gap.enabled=false")]
+    tokens = [
+        *tiny(tmp_path, "logger.wandb.mode=offline", "protocol.rounds=500", "checkpoint_every=1", "evaluation.confidence_gap.enabled=false")
+    ]
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    child = subprocess.Popen([sys.executable, "-m", "fdattack", "run", *tokens], cwd=tmp_path, env=env, stdin=subprocess.DEVNULL,
-                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    child = subprocess.Popen(
+        [sys.executable, "-m", "fdattack", "run", *tokens],
+        cwd=tmp_path,
+        env=env,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         deadline = time.perf_counter() + 600.0
         while not ((out / "rounds.jsonl").is_file() and len((out / "rounds.jsonl").read_text().splitlines()) >= 2):

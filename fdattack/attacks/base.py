@@ -13,8 +13,8 @@ from typing import Any, ClassVar, Optional
 
 from fdattack.attacks.results import AttackResult
 from fdattack.attacks.state_store import ClientStateStore
-from fdattack.fd.adversary import Adversary
 from fdattack.engine import LocalTrainer
+from fdattack.fd.adversary import Adversary
 from fdattack.fd.observer import Observer
 from fdattack.fd.threat import SERVER_POWERS, AttackerView, Capability, ViewPart
 from fdattack.registry import Registry

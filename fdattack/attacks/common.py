@@ -35,8 +35,9 @@ def attack_engine(context: AttackContext, batch_size: int) -> LocalTrainer:
     return LocalTrainer(context.engine.fabric, batch_size, vectorise=context.engine.vectorise)
 
 
-def new_student(engine: LocalTrainer, name: str, architecture: str, view: AttackerView, loss: str, lr: float, seed: int,
-                state: Optional[dict] = None) -> ModelHandle:
+def new_student(
+    engine: LocalTrainer, name: str, architecture: str, view: AttackerView, loss: str, lr: float, seed: int, state: Optional[dict] = None
+) -> ModelHandle:
     """A :class:`DistillationStudent` of ``architecture`` seeded with ``seed`` (or holding ``state``), set up by ``engine``."""
     c, h, _ = view.image_shape
     torch.manual_seed(seed)

@@ -24,15 +24,15 @@ from torch import Tensor, nn
 from fdattack.attacks.base import Attack, AttackContext
 from fdattack.attacks.common import engine_or_default
 from fdattack.attacks.results import AttackResult, Inversions
-from fdattack.knobs import Choice, knob
-from fdattack.errors import ConfigError
 from fdattack.engine import Batchable, TensorRows, epoch_order
-from fdattack.randomness import derive_seed, seeded
+from fdattack.errors import ConfigError
 from fdattack.fd.record import RoundRecord
 from fdattack.fd.threat import AttackerView, Capability, ViewPart
 from fdattack.functional.hsic import HSICOptions, hsic_loss_term
+from fdattack.knobs import Choice, knob
 from fdattack.lit.gan import WGANGP, ManualGAN
 from fdattack.models.gan import SIZES, to_signed, valid_size
+from fdattack.randomness import derive_seed, seeded
 from fdattack.tracking.progress import progress_iter
 
 log = logging.getLogger(__name__)
@@ -66,20 +66,40 @@ class GANInversionSettings:
     iterations: int = knob(3000, "latent-search iterations per batch of target labels and round", ge=1)
     lr: float = knob(0.02, "learning rate of the latent search", gt=0)
     lambda_id: float = knob(100.0, "λ_id, weight of the identity loss CE(T(2G(z) − 1), y) (the code: 100)", ge=0)
-    label_batch: Optional[int] = knob(None, "target labels optimised together (GMI: one latent each, KED-MI: one Gaussian each), split in halves for HSIC (the code: 60 of CelebA's 300 identities, all 5 digits); null = all", ge=1)
+    label_batch: Optional[int] = knob(
+        None,
+        "target labels optimised together (GMI: one latent each, KED-MI: one Gaussian each), split in halves for HSIC (the code: 60 of "
+        "CelebA's 300 identities, all 5 digits); null = all",
+        ge=1,
+    )
     z_dim: int = knob(100, "latent size of the generator", ge=1)
     gan_width: int = knob(64, "base width of the GAN networks (the code's dim)", ge=1)
     gan_epochs: int = knob(100, "GAN training epochs over the prior data", ge=0)
     gan_batch_size: int = knob(64, "GAN mini-batch size (the last, incomplete batch of an epoch is left out)", ge=2)
     gan_lr: float = knob(2e-4, "Adam learning rate of the GAN's networks, β = (0.5, 0.999) (the spec: 2e-4; GMI's MNIST prior 4e-3)", gt=0)
     n_critic: int = knob(5, "discriminator steps per generator step", ge=1)
-    hsic_lambda: float = knob(0.0, "λ_H, weight of HSIC(x1, x2) between the halves of every latent batch (§5): 0 = the baseline attack, 0.05 the code's HSIC runs (A17)", ge=0)
-    hsic_sign: int = knob(1, "+1 adds λ_H·HSIC, the released code | -1 subtracts it, the paper's Eq. 11 as reconstructed, the diversity form (A14)", among=(1, -1))
-    hsic_estimator: HSICEstimator = knob(HSICEstimator.nhsic_code, "nhsic_code (the code's normalised HSIC) | biased_eq3 (the paper's Eq. 3) | unbiased (Song et al.) | coco_code (kernel COCO, the code's BATCHCOCO)")
+    hsic_lambda: float = knob(
+        0.0,
+        "λ_H, weight of HSIC(x1, x2) between the halves of every latent batch (§5): 0 = the baseline attack, 0.05 the code's HSIC runs "
+        "(A17)",
+        ge=0,
+    )
+    hsic_sign: int = knob(
+        1,
+        "+1 adds λ_H·HSIC, the released code | -1 subtracts it, the paper's Eq. 11 as reconstructed, the diversity form (A14)",
+        among=(1, -1),
+    )
+    hsic_estimator: HSICEstimator = knob(
+        HSICEstimator.nhsic_code,
+        "nhsic_code (the code's normalised HSIC) | biased_eq3 (the paper's Eq. 3) | unbiased (Song et al.) | coco_code (kernel COCO, the "
+        "code's BATCHCOCO)",
+    )
     hsic_kernel: HSICKernel = knob(HSICKernel.gaussian, "kernel on the flattened images: gaussian | linear | imq")
     hsic_sigma: float = knob(5.0, "Gaussian width σ; 0 = the median heuristic named by hsic_median", ge=0)
     hsic_sigma_scale_by_dim: bool = knob(True, "a fixed σ is scaled by the pixel count d as the code does (width 2σ²d); false: 2σ²")
-    hsic_median: MedianRule = knob(MedianRule.code, "median heuristic of hsic_sigma=0: code (the released code's) | gretton (median pairwise distance)")
+    hsic_median: MedianRule = knob(
+        MedianRule.code, "median heuristic of hsic_sigma=0: code (the released code's) | gretton (median pairwise distance)"
+    )
     hsic_eps: float = knob(1e-5, "ridge ε of nhsic_code", gt=0)
 
     def hsic_term(self) -> HSICTerm:
@@ -90,8 +110,14 @@ class GANInversionSettings:
 
     def hsic_options(self) -> HSICOptions:
         """The HSIC estimator, kernel and bandwidth these settings name."""
-        return HSICOptions(estimator=str(self.hsic_estimator), kernel=str(self.hsic_kernel), sigma=self.hsic_sigma,  # type: ignore[arg-type]
-                           sigma_scale_by_dim=self.hsic_sigma_scale_by_dim, median=str(self.hsic_median), eps=self.hsic_eps)  # type: ignore[arg-type]
+        return HSICOptions(
+            estimator=str(self.hsic_estimator),
+            kernel=str(self.hsic_kernel),
+            sigma=self.hsic_sigma,  # type: ignore[arg-type]
+            sigma_scale_by_dim=self.hsic_sigma_scale_by_dim,
+            median=str(self.hsic_median),
+            eps=self.hsic_eps,
+        )  # type: ignore[arg-type]
 
 
 def full_batches(n: int, seed: int, batch_size: int) -> list[Tensor]:
@@ -159,7 +185,10 @@ class GANInversionAttack(Attack):
         self.settings: GANInversionSettings = settings
         key = f"attack.{self.name}"
         if view.prior_data is None or len(view.prior_data) == 0:
-            raise ConfigError(f"{key} trains its GAN on the attacker's prior data, which this run does not give it; set data.split=classes and data.public_classes")
+            raise ConfigError(
+                f"{key} trains its GAN on the attacker's prior data, which this run does not give it; set data.split=classes and "
+                f"data.public_classes"
+            )
         if view.architecture is None:
             raise ConfigError(f"{key} rebuilds the global model from the clients' shared architecture, and these clients have several")
         _, h, w = view.image_shape
@@ -181,8 +210,11 @@ class GANInversionAttack(Attack):
         smallest = min(chunk.stop - chunk.start for chunk in self.chunks)
         if smallest < needed:
             key = f"attack.{self.name}"
-            raise ConfigError(f"{key}.hsic_lambda > 0 splits every batch of target labels into halves of at least {needed // 2} ({self.settings.hsic_estimator}); "
-                              f"the smallest batch has {smallest} labels: raise {key}.label_batch or attack more labels")
+            raise ConfigError(
+                f"{key}.hsic_lambda > 0 splits every batch of target labels into halves of at least {needed // 2} "
+                f"({self.settings.hsic_estimator}); "
+                f"the smallest batch has {smallest} labels: raise {key}.label_batch or attack more labels"
+            )
 
     # ------------------------------------------------------------------ rounds
     def on_record(self, record: RoundRecord) -> None:
@@ -200,8 +232,11 @@ class GANInversionAttack(Attack):
         images, losses = [], []
         for chunk in self.chunks:
             labels = self.targets[chunk].to(self.device)
-            steps = progress_iter(range(self.settings.iterations), f"{self.name}: latent search of round {round}, labels {chunk.start}..{chunk.stop - 1}",
-                                  self.context.progress)
+            steps = progress_iter(
+                range(self.settings.iterations),
+                f"{self.name}: latent search of round {round}, labels {chunk.start}..{chunk.stop - 1}",
+                self.context.progress,
+            )
             z, chunk_losses = self.search(gan, target, labels, steps, round, chunk)
             images.append(generate(gan.generator, z))
             losses.append((chunk.stop - chunk.start, chunk_losses))
@@ -216,7 +251,9 @@ class GANInversionAttack(Attack):
         """The trained GAN the latent search of ``round`` uses (``target``: the round's global model, ``state`` its weights)."""
 
     @abstractmethod
-    def search(self, gan: ManualGAN, target: nn.Module, labels: Tensor, steps: Iterable[int], round: int, chunk: slice) -> tuple[Tensor, dict[str, float]]:
+    def search(
+        self, gan: ManualGAN, target: nn.Module, labels: Tensor, steps: Iterable[int], round: int, chunk: slice
+    ) -> tuple[Tensor, dict[str, float]]:
         """The latent search of ``round`` for one batch of target ``labels`` (t,) (the target labels' ``chunk``), one
         iteration per element of ``steps``.
 

@@ -22,18 +22,20 @@ from torch import Tensor, nn
 
 from fdattack.attacks.base import ATTACKS, AttackContext
 from fdattack.attacks.gan_inversion import GANInversionAttack, GANInversionSettings, HSICTerm
-from fdattack.knobs import knob
-from fdattack.randomness import derive_seed
 from fdattack.fd.threat import AttackerView
+from fdattack.knobs import knob
 from fdattack.lit.gan import WGANGP
 from fdattack.models.gan import to_signed
+from fdattack.randomness import derive_seed
 
 
 @dataclass
 class GMISettings(GANInversionSettings):
     """GMI's knobs (§4.1, §11, A9)."""
 
-    iterations: int = knob(3000, "latent-optimisation iterations per batch of target labels and round (A9: 3000; the code's script 2000)", ge=1)
+    iterations: int = knob(
+        3000, "latent-optimisation iterations per batch of target labels and round (A9: 3000; the code's script 2000)", ge=1
+    )
     lr: float = knob(0.02, "learning rate η of the momentum update of z (the code: 0.02 CelebA, 0.01 MNIST)", gt=0)
     gan_epochs: int = knob(300, "WGAN-GP prior training epochs over the prior data, once per run (the spec: 300)", ge=0)
     seeds: int = knob(10, "independent restarts, one latent per target label each: the samples per label (A9: 10)", ge=1)
@@ -47,9 +49,20 @@ def nesterov_step(z: Tensor, v: Tensor, grad: Tensor, lr: float, momentum: float
     return (z - momentum * v + (1 + momentum) * velocity).clamp(-clip, clip), velocity
 
 
-def gmi_search(generator: nn.Module, critic: nn.Module, target: nn.Module, labels: Tensor, z: Tensor, steps: Iterable[int], *,
-               lr: float, momentum: float = 0.9, clip: float = 1.0, lambda_id: float = 100.0,
-               hsic: HSICTerm = None) -> tuple[Tensor, dict[str, float]]:
+def gmi_search(
+    generator: nn.Module,
+    critic: nn.Module,
+    target: nn.Module,
+    labels: Tensor,
+    z: Tensor,
+    steps: Iterable[int],
+    *,
+    lr: float,
+    momentum: float = 0.9,
+    clip: float = 1.0,
+    lambda_id: float = 100.0,
+    hsic: HSICTerm = None,
+) -> tuple[Tensor, dict[str, float]]:
     """§4.1's latent optimisation of S restarts at once (frozen networks in eval mode; G's images in [0, 1]).
 
     Args:
@@ -98,9 +111,28 @@ class GMIAttack(GANInversionAttack):
         """The WGAN-GP prior (:meth:`~fdattack.attacks.gan_inversion.GANInversionAttack.wgan_prior`), the same every round."""
         return self.wgan_prior()
 
-    def search(self, gan: WGANGP, target: nn.Module, labels: Tensor, steps: Iterable[int], round: int, chunk: slice) -> tuple[Tensor, dict[str, float]]:  # type: ignore[override]
+    def search(
+        self, gan: WGANGP, target: nn.Module, labels: Tensor, steps: Iterable[int], round: int, chunk: slice
+    ) -> tuple[Tensor, dict[str, float]]:  # type: ignore[override]
         s, count = self.settings, len(self.targets)
-        z = torch.stack([torch.randn(count, s.z_dim, generator=torch.Generator().manual_seed(derive_seed(self.context.seed, self.name, "restart", k)))
-                         for k in range(s.seeds)])
-        return gmi_search(gan.generator, gan.critic, target, labels, z[:, chunk].to(self.device), steps, lr=s.lr, momentum=s.momentum,
-                          clip=s.clip, lambda_id=s.lambda_id, hsic=s.hsic_term())
+        z = torch.stack(
+            [
+                torch.randn(
+                    count, s.z_dim, generator=torch.Generator().manual_seed(derive_seed(self.context.seed, self.name, "restart", k))
+                )
+                for k in range(s.seeds)
+            ]
+        )
+        return gmi_search(
+            gan.generator,
+            gan.critic,
+            target,
+            labels,
+            z[:, chunk].to(self.device),
+            steps,
+            lr=s.lr,
+            momentum=s.momentum,
+            clip=s.clip,
+            lambda_id=s.lambda_id,
+            hsic=s.hsic_term(),
+        )

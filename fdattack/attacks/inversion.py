@@ -11,11 +11,11 @@ from fdattack.attacks.base import Attack, AttackContext
 from fdattack.attacks.common import engine_or_default
 from fdattack.attacks.pli_inputs import tempered_softmax
 from fdattack.attacks.results import Reconstructions
-from fdattack.knobs import knob
-from fdattack.errors import ConfigError
 from fdattack.engine import ModelHandle
+from fdattack.errors import ConfigError
 from fdattack.fd.record import PublicQuery
 from fdattack.fd.threat import AttackerView, Capability, ViewPart
+from fdattack.knobs import knob
 from fdattack.lit.inversion import InversionLitModule
 from fdattack.models.inversion import InversionDecoder
 

@@ -22,9 +22,9 @@ from torch import Tensor, nn
 from fdattack.attacks.base import ATTACKS
 from fdattack.attacks.gan_inversion import GANInversionAttack, GANInversionSettings, HSICTerm, state_digest
 from fdattack.knobs import knob
-from fdattack.randomness import derive_seed, seeded
 from fdattack.lit.gan import KPlusOneGAN, real_class_loss
 from fdattack.models.gan import to_signed
+from fdattack.randomness import derive_seed, seeded
 
 
 @dataclass
@@ -50,7 +50,11 @@ class PriorViews:
         return len(self.images)
 
     def batch(self, indices: Tensor) -> dict[str, Tensor]:
-        return {"x": self.images[indices], "x_unlabeled": self.images[self.unlabeled[indices]], "x_moment": self.images[self.moment[indices]]}
+        return {
+            "x": self.images[indices],
+            "x_unlabeled": self.images[self.unlabeled[indices]],
+            "x_moment": self.images[self.moment[indices]],
+        }
 
 
 def gaussian_latents(mu: Tensor, log_var: Tensor, count: int, generator: torch.Generator) -> Tensor:
@@ -59,9 +63,19 @@ def gaussian_latents(mu: Tensor, log_var: Tensor, count: int, generator: torch.G
     return mu + torch.exp(0.5 * log_var) * eps
 
 
-def kedmi_search(generator: nn.Module, discriminator: nn.Module, target: nn.Module, labels: Tensor, steps: Iterable[int], *,
-                 z_dim: int, lr: float, lambda_id: float = 100.0, hsic: HSICTerm = None,
-                 noise: torch.Generator) -> tuple[Tensor, Tensor, dict[str, float]]:
+def kedmi_search(
+    generator: nn.Module,
+    discriminator: nn.Module,
+    target: nn.Module,
+    labels: Tensor,
+    steps: Iterable[int],
+    *,
+    z_dim: int,
+    lr: float,
+    lambda_id: float = 100.0,
+    hsic: HSICTerm = None,
+    noise: torch.Generator,
+) -> tuple[Tensor, Tensor, dict[str, float]]:
     """§4.2's distributional latent search (frozen networks in eval mode; G's images in [0, 1]).
 
     Args:
@@ -110,9 +124,21 @@ class KEDMIAttack(GANInversionAttack):
 
         return self.cached_gan(module, views, seed, f"K+1 GAN of round {round}", round, state_digest(list(state), *state.values()))  # type: ignore[return-value]
 
-    def search(self, gan: KPlusOneGAN, target: nn.Module, labels: Tensor, steps: Iterable[int], round: int, chunk: slice) -> tuple[Tensor, dict[str, float]]:  # type: ignore[override]
+    def search(
+        self, gan: KPlusOneGAN, target: nn.Module, labels: Tensor, steps: Iterable[int], round: int, chunk: slice
+    ) -> tuple[Tensor, dict[str, float]]:  # type: ignore[override]
         s = self.settings
         noise = torch.Generator(device=self.device).manual_seed(derive_seed(self.context.seed, self.name, round, chunk.start))
-        mu, log_var, losses = kedmi_search(gan.generator, gan.discriminator, target, labels, steps, z_dim=s.z_dim, lr=s.lr,
-                                           lambda_id=s.lambda_id, hsic=s.hsic_term(), noise=noise)
+        mu, log_var, losses = kedmi_search(
+            gan.generator,
+            gan.discriminator,
+            target,
+            labels,
+            steps,
+            z_dim=s.z_dim,
+            lr=s.lr,
+            lambda_id=s.lambda_id,
+            hsic=s.hsic_term(),
+            noise=noise,
+        )
         return gaussian_latents(mu, log_var, s.samples, noise), losses

@@ -43,16 +43,16 @@ from torch import Tensor
 from fdattack.attacks.base import ATTACKS, Attack, AttackContext
 from fdattack.attacks.common import engine_or_default, is_communication
 from fdattack.attacks.results import AttackResult, GradientProbe, Inversions
-from fdattack.knobs import Choice, knob
 from fdattack.data.imageset import UNLABELED
 from fdattack.errors import ConfigError
 from fdattack.fd.adversary import Adversary
-from fdattack.randomness import derive_seed
 from fdattack.fd.record import RoundRecord
 from fdattack.fd.threat import AttackerView, Capability, ServerAggregation, ViewPart
 from fdattack.functional.losses import target_class_loss
 from fdattack.functional.zeroth_order import forward_difference_gradient
+from fdattack.knobs import Choice, knob
 from fdattack.lit.lattack import LAttackGenerator
+from fdattack.randomness import derive_seed
 from fdattack.tracking.progress import progress_iter
 
 
@@ -72,28 +72,50 @@ class LAttackSettings:
     """The L-Attack's knobs (lattack.md §2.3-2.6, §8 items 1-8, 13)."""
 
     target_class: int = knob(0, "c*, the class to reveal: one the victim holds and the public set lacks", ge=0)
-    victim: int = knob(0, "the target client (the server knows whom it attacks, §1.3); with data.partition=two_classes client k holds "
-                          "classes k and k+1, so client c* holds c*", ge=0)
-    m: int = knob(5, "random directions per image of the forward-difference estimate (Eq. 6; the paper: 5 MNIST, 10 FMNIST, 20 CelebA)", ge=1)
+    victim: int = knob(
+        0,
+        "the target client (the server knows whom it attacks, §1.3); with data.partition=two_classes client k holds "
+        "classes k and k+1, so client c* holds c*",
+        ge=0,
+    )
+    m: int = knob(
+        5, "random directions per image of the forward-difference estimate (Eq. 6; the paper: 5 MNIST, 10 FMNIST, 20 CelebA)", ge=1
+    )
     epsilon: float = knob(0.1, "ε, the smoothing factor of Eq. 6 (the paper: 0.1)", gt=0)
     batch_size: int = knob(100, "B, generated images per step (the paper: 100); a step queries the victim on B(m + 1) images", ge=2)
-    steps_per_round: int = knob(20, "generator steps per attack round: Algorithm 1 takes 1 (§8 item 5); more reach the thousands of steps "
-                                    "the attack needs in fewer rounds (a CPU-scale default)", ge=1)
+    steps_per_round: int = knob(
+        20,
+        "generator steps per attack round: Algorithm 1 takes 1 (§8 item 5); more reach the thousands of steps "
+        "the attack needs in fewer rounds (a CPU-scale default)",
+        ge=1,
+    )
     lr: float = knob(1e-3, "η, the generator's Adam learning rate, β = (0.5, 0.999) (the paper: 1e-3)", gt=0)
     z_dim: int = knob(100, "size of the generator's noise z ~ N(0, I) (the paper: 100)", ge=1)
     width: int = knob(128, "channels of the generator's first feature map (the spec's DCGAN: 128; smaller for CPU runs)", ge=2)
-    loss: LAttackLoss = knob(LAttackLoss.ce, "L(x) on the victim's answers (§2.4): ce (−log p_c*) | neg_logit (−f_c*, logit answers only) | neg_prob (−p_c*)")
-    view: LAttackView = knob(LAttackView.paper, "what the loss reads under LabelAvg (§2.6): paper (the server's own vote smoothing of the victim's "
-                                                "answer alone, Eqs. 11-12) | strong (the raw top-K label vector w⊙v); under FedMD both read the logits")
+    loss: LAttackLoss = knob(
+        LAttackLoss.ce, "L(x) on the victim's answers (§2.4): ce (−log p_c*) | neg_logit (−f_c*, logit answers only) | neg_prob (−p_c*)"
+    )
+    view: LAttackView = knob(
+        LAttackView.paper,
+        "what the loss reads under LabelAvg (§2.6): paper (the server's own vote smoothing of the victim's "
+        "answer alone, Eqs. 11-12) | strong (the raw top-K label vector w⊙v); under FedMD both read the logits",
+    )
     start_round: int = knob(1, "the first attack round", ge=1)
     every: int = knob(1, "attack every `every` rounds from start_round", ge=1)
-    return_own_outputs: bool = knob(True, "in attack rounds the victim receives the server's aggregate of its own upload alone in place of the "
-                                          "real one (§2.1; under FedMD its own logits), so it distils toward itself")
+    return_own_outputs: bool = knob(
+        True,
+        "in attack rounds the victim receives the server's aggregate of its own upload alone in place of the "
+        "real one (§2.1; under FedMD its own logits), so it distils toward itself",
+    )
     samples: int = knob(64, "generated images returned each attack round for scoring (fixed noise, so rounds compare)", ge=1)
-    decoy_class: Optional[int] = knob(None, "Hitaj-style decoy, not in the paper (§2.1, off by default): after each attack round's steps the "
-                                            "server adds decoy_samples generated images to the next public batch and, with return_own_outputs, "
-                                            "sends the victim this class as their consensus, so the victim learns the generator's images are "
-                                            "not c* and the generator must move toward real ones (the GAN game); a class other than c*", ge=0)
+    decoy_class: Optional[int] = knob(
+        None,
+        "Hitaj-style decoy, not in the paper (§2.1, off by default): after each attack round's steps the "
+        "server adds decoy_samples generated images to the next public batch and, with return_own_outputs, "
+        "sends the victim this class as their consensus, so the victim learns the generator's images are "
+        "not c* and the generator must move toward real ones (the GAN game); a class other than c*",
+        ge=0,
+    )
     decoy_samples: int = knob(200, "generated images added to the next public batch each attack round with decoy_class", ge=1)
 
 
@@ -132,7 +154,8 @@ class LAttack(Attack):
 
     @classmethod
     def required(cls, settings: LAttackSettings) -> frozenset[Capability]:
-        """Queries on chosen images; sending the victim its own aggregate with ``return_own_outputs``; adding images with ``decoy_class``."""
+        """Queries on chosen images; sending the victim its own aggregate with ``return_own_outputs``; adding images
+        with ``decoy_class``."""
         powers = (cls.needs | {Capability.send_aggregate}) if settings.return_own_outputs else cls.needs
         return powers | {Capability.add_public_samples} if settings.decoy_class is not None else powers
 
@@ -141,22 +164,35 @@ class LAttack(Attack):
         self.settings: LAttackSettings = settings
         key = f"attack.{self.name}"
         if view.aggregation is None or view.public is None:
-            raise ConfigError(f"attacks: {self.name} is FedMD's active server and needs its aggregation rule, which protocol.name={view.protocol} "
-                              "does not declare; use protocol=fedmd or protocol=labelavg")
+            raise ConfigError(
+                f"attacks: {self.name} is FedMD's active server and needs its aggregation rule, which protocol.name={view.protocol} "
+                "does not declare; use protocol=fedmd or protocol=labelavg"
+            )
         if not 0 <= settings.victim < view.num_clients:
             raise ConfigError(f"{key}.victim={settings.victim} is not a client; allowed: 0 to {view.num_clients - 1}")
         if not 0 <= settings.target_class < view.num_classes:
             raise ConfigError(f"{key}.target_class={settings.target_class} is not a class; allowed: 0 to {view.num_classes - 1}")
         if settings.loss == LAttackLoss.neg_logit and view.aggregation.kind != "logits":
-            raise ConfigError(f"{key}.loss=neg_logit needs logit answers and protocol.name={view.protocol} sends {view.aggregation.kind}; use ce or neg_prob")
-        if settings.decoy_class is not None and not (settings.decoy_class < view.num_classes and settings.decoy_class != settings.target_class):
-            raise ConfigError(f"{key}.decoy_class={settings.decoy_class} must be a class other than target_class={settings.target_class}; "
-                              f"allowed: 0 to {view.num_classes - 1}")
+            raise ConfigError(
+                f"{key}.loss=neg_logit needs logit answers and protocol.name={view.protocol} sends {view.aggregation.kind}; use ce or "
+                f"neg_prob"
+            )
+        if settings.decoy_class is not None and not (
+            settings.decoy_class < view.num_classes and settings.decoy_class != settings.target_class
+        ):
+            raise ConfigError(
+                f"{key}.decoy_class={settings.decoy_class} must be a class other than target_class={settings.target_class}; "
+                f"allowed: 0 to {view.num_classes - 1}"
+            )
         if settings.decoy_class is not None and not settings.return_own_outputs:
-            raise ConfigError(f"{key}.decoy_class needs {key}.return_own_outputs=true: the decoy labels reach the victim in its own aggregate")
+            raise ConfigError(
+                f"{key}.decoy_class needs {key}.return_own_outputs=true: the decoy labels reach the victim in its own aggregate"
+            )
         _, h, w = view.image_shape
         if h % 4 or w % 4:
-            raise ConfigError(f"{key}: the generator makes images whose sides are multiples of 4, got {h}x{w}; set data.image_size (e.g. 28)")
+            raise ConfigError(
+                f"{key}: the generator makes images whose sides are multiples of 4, got {h}x{w}; set data.image_size (e.g. 28)"
+            )
         self.server = view.aggregation
         self.public_labels = view.public.labels
         self.engine = engine_or_default(context, settings.batch_size)
@@ -191,7 +227,7 @@ class LAttack(Attack):
             return
         own = self.server.rule(upload.outputs.unsqueeze(0), record.batch.labels_in(self.public_labels))
         if self.settings.decoy_class is not None and record.batch.num_added:  # the images it added last round: the decoy class
-            own[len(record.batch.rows):] = decoy_target(self.settings.decoy_class, own.shape[1], self.server.kind)
+            own[len(record.batch.rows) :] = decoy_target(self.settings.decoy_class, own.shape[1], self.server.kind)
         self.adversary.send_aggregate(self.settings.victim, own)
 
     @property
@@ -243,8 +279,12 @@ class LAttack(Attack):
         s = self.settings
         z = self.generator.noise(s.samples, torch.Generator().manual_seed(derive_seed(self.context.seed, self.name, "samples")))
         images = self.generator.sample(z).cpu()
-        details = {"loss": self.round_losses[-1], "loss_round": sum(self.round_losses) / len(self.round_losses),
-                   "steps": float(self.steps), "queries_total": float(self.queries)}
+        details = {
+            "loss": self.round_losses[-1],
+            "loss_round": sum(self.round_losses) / len(self.round_losses),
+            "steps": float(self.steps),
+            "queries_total": float(self.queries),
+        }
         self.round_losses = []
         probe, self.probe = self.probe, None
         assert probe is not None

@@ -17,16 +17,17 @@ from torch import Tensor
 from fdattack.attacks.base import ATTACKS, Attack, AttackContext
 from fdattack.attacks.common import is_communication
 from fdattack.attacks.results import AttackResult, LabelDistributions
-from fdattack.knobs import knob
 from fdattack.fd.record import RoundRecord
 from fdattack.fd.threat import AttackerView, Capability
 from fdattack.functional.label_distribution import estimate_from_outputs
-
+from fdattack.knobs import knob
 
 
 @dataclass
 class LDIASettings:
-    rounds: Optional[int] = knob(None, "average the per-round estimates of the first `rounds` communication rounds (the paper: 10); null = every round so far", ge=1)
+    rounds: Optional[int] = knob(
+        None, "average the per-round estimates of the first `rounds` communication rounds (the paper: 10); null = every round so far", ge=1
+    )
 
 
 def round_estimates(record: RoundRecord) -> dict[int, Tensor]:

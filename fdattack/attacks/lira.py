@@ -22,8 +22,8 @@ of that candidate's μ_out and σ_out; a candidate the target withheld, or that 
 from __future__ import annotations
 
 import hashlib
-from abc import ABC, abstractmethod
 import logging
+from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import Optional
 
@@ -34,15 +34,15 @@ from torch import Tensor
 from fdattack.attacks.base import ATTACKS, Attack, AttackContext
 from fdattack.attacks.common import attack_engine, is_communication, new_student
 from fdattack.attacks.results import AttackResult, MembershipScores
-from fdattack.knobs import Choice, knob
-from fdattack.errors import ConfigError
 from fdattack.engine import FitJob, ModelHandle
-from fdattack.randomness import derive_seed
+from fdattack.errors import ConfigError
 from fdattack.fd.record import PayloadKind, Reply, RoundRecord
 from fdattack.fd.threat import AttackerView, Capability, ViewPart
 from fdattack.functional.information import kl_divergence
 from fdattack.functional.label_distribution import estimate_from_outputs
 from fdattack.functional.lira import offline_lira, offline_lira_float32_lambda, scaled_confidence, scaled_confidence_from_probs
+from fdattack.knobs import Choice, knob
+from fdattack.randomness import derive_seed
 
 log = logging.getLogger(__name__)
 
@@ -55,8 +55,14 @@ class InsertMode(Choice):
 @dataclass
 class LiRASettings:
     round: int = knob(1, "the communication round whose upload phase is attacked (the paper: 1, the first collaborative round)", ge=1)
-    insert: InsertMode = knob(InsertMode.query, "how the server gets the targets' outputs on the candidates: query (asks each client while the upload phase is open; never trained on, the authors' code) | batch (appends them to that round's public batch; the clients then distil on them)")
-    global_variance: bool = knob(False, "one sigma pooled over all candidates (Carlini et al.'s option, steadier with few references) instead of the per-sample std")
+    insert: InsertMode = knob(
+        InsertMode.query,
+        "how the server gets the targets' outputs on the candidates: query (asks each client while the upload phase is open; never "
+        "trained on, the authors' code) | batch (appends them to that round's public batch; the clients then distil on them)",
+    )
+    global_variance: bool = knob(
+        False, "one sigma pooled over all candidates (Carlini et al.'s option, steadier with few references) instead of the per-sample std"
+    )
 
 
 @dataclass(frozen=True)
@@ -156,8 +162,9 @@ class LiRAAttack(Attack, ABC):
     def score(self, round: int, collected: Collected, target: dict[int, Tensor], answered: dict[int, Tensor]) -> list[AttackResult]:
         """The variant's membership scores, from every client's φ (C,) on the candidates and which it answered (C,)."""
 
-    def lira(self, target: Tensor, references: Tensor, answered: Optional[Tensor] = None,
-             reference_answered: Optional[Tensor] = None) -> tuple[Tensor, Tensor]:
+    def lira(
+        self, target: Tensor, references: Tensor, answered: Optional[Tensor] = None, reference_answered: Optional[Tensor] = None
+    ) -> tuple[Tensor, Tensor]:
         """(s, float32 λ) of one target's φ (C,) against its references' φ (K, C).
 
         Args:
@@ -181,16 +188,23 @@ class Countermeasure(Choice):
 @dataclass
 class CoopSettings(LiRASettings):
     beta: float = knob(0.1, "a client is a reference when KL(p^_target || p^_client) of their LDIA estimates is below beta", gt=0)
-    min_references: int = knob(3, "fewest references: where fewer clients pass beta, the ones with the smallest KL are taken (counted in fallback_clients)", ge=2)
-    countermeasure: Countermeasure = knob(Countermeasure.none, "against evasive clients (pdafd.md 6.7): none (a candidate the target withheld scores lowest, a predicted "
-                                          "non-member) | shadow_target (a student distilled from the target's answered public rows scores every candidate in its "
-                                          "place) | neighbours (the target and the references are queried on noisy neighbours of every candidate; phi averaged over them)")
+    min_references: int = knob(
+        3, "fewest references: where fewer clients pass beta, the ones with the smallest KL are taken (counted in fallback_clients)", ge=2
+    )
+    countermeasure: Countermeasure = knob(
+        Countermeasure.none,
+        "against evasive clients (pdafd.md 6.7): none (a candidate the target withheld scores lowest, a predicted "
+        "non-member) | shadow_target (a student distilled from the target's answered public rows scores every candidate in its "
+        "place) | neighbours (the target and the references are queried on noisy neighbours of every candidate; phi averaged over them)",
+    )
     shadow_epochs: int = knob(20, "countermeasure=shadow_target: the shadow's training epochs (as the distillation students)", ge=1)
     shadow_lr: float = knob(1e-3, "countermeasure=shadow_target: the shadow's Adam learning rate", gt=0)
     shadow_batch_size: int = knob(64, "countermeasure=shadow_target: the shadow's mini-batch size", ge=1)
     neighbours: int = knob(16, "countermeasure=neighbours: noisy neighbours queried per candidate", ge=1)
     neighbour_std: float = knob(0.3, "countermeasure=neighbours: std of the Gaussian noise added to each pixel (images in [-1, 1])", gt=0)
-    neighbour_clip: float = knob(0.7, "countermeasure=neighbours: the noise is clipped to +-neighbour_clip per pixel, then images to [-1, 1]", gt=0)
+    neighbour_clip: float = knob(
+        0.7, "countermeasure=neighbours: the noise is clipped to +-neighbour_clip per pixel, then images to [-1, 1]", gt=0
+    )
 
 
 def neighbours_of(images: Tensor, count: int, std: float, clip: float, generator: torch.Generator) -> Tensor:
@@ -224,17 +238,27 @@ class CoopLiRAAttack(LiRAAttack):
 
     @classmethod
     def required(cls, settings: CoopSettings) -> frozenset[Capability]:
-        extra = {Capability.query_chosen_batch} if settings.countermeasure == Countermeasure.neighbours else \
-            {Capability.public_data} if settings.countermeasure == Countermeasure.shadow_target else set()
+        extra = (
+            {Capability.query_chosen_batch}
+            if settings.countermeasure == Countermeasure.neighbours
+            else {Capability.public_data}
+            if settings.countermeasure == Countermeasure.shadow_target
+            else set()
+        )
         return super().required(settings) | extra
 
     def __init__(self, view: AttackerView, settings: CoopSettings, context: AttackContext) -> None:
         super().__init__(view, settings, context)
         if view.num_clients < 3:
-            raise ConfigError(f"attack lira_coop takes the other clients as references and needs at least 3 clients; protocol.num_clients={view.num_clients}")
+            raise ConfigError(
+                f"attack lira_coop takes the other clients as references and needs at least 3 clients; "
+                f"protocol.num_clients={view.num_clients}"
+            )
         if settings.countermeasure == Countermeasure.shadow_target:
             if view.architecture is None:
-                raise ConfigError("attack.lira_coop.countermeasure=shadow_target copies the clients' shared architecture, and these clients have several")
+                raise ConfigError(
+                    "attack.lira_coop.countermeasure=shadow_target copies the clients' shared architecture, and these clients have several"
+                )
             self.engine = attack_engine(context, settings.shadow_batch_size)
 
     def query_neighbours(self, clients: list[int]) -> Optional[dict[int, Reply]]:
@@ -267,7 +291,11 @@ class CoopLiRAAttack(LiRAAttack):
                 references, fallbacks = sorted(others, key=distance.__getitem__)[: s.min_references], fallbacks + 1
             counts.append(len(references))
             for scores, group in ((selected, references), (everyone, others)):
-                scores.append(self.lira(tested[n], torch.stack([target[k] for k in group]), tested_answered[n], torch.stack([answered[k] for k in group])))
+                scores.append(
+                    self.lira(
+                        tested[n], torch.stack([target[k] for k in group]), tested_answered[n], torch.stack([answered[k] for k in group])
+                    )
+                )
         details = {"references_mean": float(np.mean(counts)), "fallback_clients": float(fallbacks), "withheld_fraction": withheld}
         return [_scores(clients, selected, None, details), _scores(clients, everyone, f"{self.name}_all")]
 
@@ -290,11 +318,26 @@ class CoopLiRAAttack(LiRAAttack):
         handles, jobs = [], []
         for n, reply in sorted(collected.public.items()):
             loss, teacher = student_targets(collected.kind, False, reply.outputs[reply.answered])
-            handle = new_student(self.engine, f"{self.name}_client{n}_shadow", view.architecture, view, loss, s.shadow_lr,
-                                 derive_seed(self.context.seed, self.name, round, n, "shadow_init"))
+            handle = new_student(
+                self.engine,
+                f"{self.name}_client{n}_shadow",
+                view.architecture,
+                view,
+                loss,
+                s.shadow_lr,
+                derive_seed(self.context.seed, self.name, round, n, "shadow_init"),
+            )
             handles.append(handle)
-            jobs.append(FitJob(handle, view.public.subset(collected.rows[reply.answered]), s.shadow_epochs, handle.module.objective,
-                               derive_seed(self.context.seed, self.name, round, n, "shadow"), targets=teacher))
+            jobs.append(
+                FitJob(
+                    handle,
+                    view.public.subset(collected.rows[reply.answered]),
+                    s.shadow_epochs,
+                    handle.module.objective,
+                    derive_seed(self.context.seed, self.name, round, n, "shadow"),
+                    targets=teacher,
+                )
+            )
         log.info("%s: distilling a shadow target for each of %d clients (round %d)", self.name, len(jobs), round)
         self.engine.fit_many(jobs)
         logits = self.engine.predict_many(handles, self.candidates.images)
@@ -318,8 +361,12 @@ class DistillSettings(LiRASettings):
     epochs: int = knob(20, "student training epochs (the authors' code: 20)", ge=1)
     lr: float = knob(1e-3, "students' Adam learning rate", gt=0)
     batch_size: int = knob(64, "students' mini-batch size", ge=1)
-    student_model: Optional[str] = knob(None, "students' classifier registry name; null = the clients' shared architecture (the paper's assumption)")
-    logprob_matching: bool = knob(False, "probability uploads (Cronus): distil L1 to log p as logits instead of KL (stronger than the paper, A19)")
+    student_model: Optional[str] = knob(
+        None, "students' classifier registry name; null = the clients' shared architecture (the paper's assumption)"
+    )
+    logprob_matching: bool = knob(
+        False, "probability uploads (Cronus): distil L1 to log p as logits instead of KL (stronger than the paper, A19)"
+    )
 
 
 @ATTACKS.register("lira_distill")
@@ -340,7 +387,9 @@ class DistillLiRAAttack(LiRAAttack):
         super().__init__(view, settings, context)
         self.architecture = settings.student_model or view.architecture
         if self.architecture is None:
-            raise ConfigError("attack.lira_distill.student_model is null and the clients have several architectures; name the students' classifier")
+            raise ConfigError(
+                "attack.lira_distill.student_model is null and the clients have several architectures; name the students' classifier"
+            )
         self.engine = attack_engine(context, settings.batch_size)
 
     def score(self, round: int, collected: Collected, target: dict[int, Tensor], answered: dict[int, Tensor]) -> list[AttackResult]:
@@ -371,14 +420,30 @@ class DistillLiRAAttack(LiRAAttack):
             saved = self.context.store.load_artifact(cache)
             students[n] = []
             for k in range(s.students):
-                handle = new_student(self.engine, f"{self.name}_client{n}_student{k}", self.architecture, view, loss, s.lr,
-                                     derive_seed(self.context.seed, self.name, round, n, k, "init"), None if saved is None else saved[k])
+                handle = new_student(
+                    self.engine,
+                    f"{self.name}_client{n}_student{k}",
+                    self.architecture,
+                    view,
+                    loss,
+                    s.lr,
+                    derive_seed(self.context.seed, self.name, round, n, k, "init"),
+                    None if saved is None else saved[k],
+                )
                 students[n].append(handle)
                 if saved is None:
                     rng = np.random.default_rng(derive_seed(self.context.seed, self.name, round, n, k, "subset"))
                     share = torch.as_tensor(rng.permutation(len(rows))[: max(1, int(s.fraction * len(rows) + 0.5))])
-                    jobs.append(FitJob(handle, view.public.subset(rows[share]), s.epochs, handle.module.objective,
-                                       derive_seed(self.context.seed, self.name, round, n, k), targets=targets[share]))
+                    jobs.append(
+                        FitJob(
+                            handle,
+                            view.public.subset(rows[share]),
+                            s.epochs,
+                            handle.module.objective,
+                            derive_seed(self.context.seed, self.name, round, n, k),
+                            targets=targets[share],
+                        )
+                    )
             if saved is None:
                 fresh[n] = cache
         if jobs:
@@ -396,6 +461,9 @@ class DistillLiRAAttack(LiRAAttack):
         return f"students/round_{round:04d}_client_{client}_{digest.hexdigest()}"
 
 
-def _scores(clients: tuple[int, ...], per_client: list[tuple[Tensor, Tensor]], name: str | None = None,
-            details: dict[str, float] | None = None) -> MembershipScores:
-    return MembershipScores(clients, torch.stack([s for s, _ in per_client]), name, torch.stack([lam for _, lam in per_client]), details or {})
+def _scores(
+    clients: tuple[int, ...], per_client: list[tuple[Tensor, Tensor]], name: str | None = None, details: dict[str, float] | None = None
+) -> MembershipScores:
+    return MembershipScores(
+        clients, torch.stack([s for s, _ in per_client]), name, torch.stack([lam for _, lam in per_client]), details or {}
+    )

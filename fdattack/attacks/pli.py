@@ -20,14 +20,13 @@ from fdattack.attacks.inversion import InversionAttack, InversionSettings
 from fdattack.attacks.pli_inputs import optimal_inputs
 from fdattack.attacks.priors import PriorKind, PriorSettings, build_prior
 from fdattack.attacks.results import AttackResult, Reconstructions
-from fdattack.knobs import Choice, knob
 from fdattack.engine import TensorRows
-from fdattack.randomness import derive_seed
 from fdattack.fd.record import RoundRecord
 from fdattack.fd.threat import AttackerView, Capability
 from fdattack.functional.image import pairwise_ssim, standard_ssim, total_variation
+from fdattack.knobs import Choice, knob
+from fdattack.randomness import derive_seed
 from fdattack.tracking.progress import progress_iter
-
 
 FINETUNE_BATCH = 64  #: Eq. 10 goes over the optimal inputs in order, in chunks of this size
 
@@ -44,7 +43,10 @@ class PLISettings(InversionSettings):
     gamma: float = knob(0.03, "prior weight (Eqs. 3 and 10)", ge=0)
     alpha: float = knob(5.0, "entropy weight in Q (Eq. 4)", gt=0)
     beta: float = knob(0.1, "TV weight in the client selection (Eq. 11)", ge=0)
-    variant: PLIVariant = knob(PLIVariant.full, "ablation (pli.md §8.2, Table 3): full | client_only (G sees client probabilities only, reconstructs from one-hot(j))")
+    variant: PLIVariant = knob(
+        PLIVariant.full,
+        "ablation (pli.md §8.2, Table 3): full | client_only (G sees client probabilities only, reconstructs from one-hot(j))",
+    )
     finetune: bool = knob(True, "Eq. 10 fine-tuning on the optimal inputs after every Eq. 3 epoch (skipped anyway when gamma = 0)")
     prior: PriorSettings = knob(PriorSettings(), "the prior images x̄_j (pli.md §7.4)")
 

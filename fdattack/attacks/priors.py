@@ -17,13 +17,13 @@ from typing import Optional
 import torch
 from torch import Tensor
 
-from fdattack.knobs import Choice, knob
 from fdattack.data.imageset import AUXILIARY, SENSITIVE, ImageSet
-from fdattack.errors import ConfigError
 from fdattack.engine import LocalTrainer, TensorRows
-from fdattack.randomness import derive_seed
+from fdattack.errors import ConfigError
 from fdattack.fd.threat import AttackerView, Degradation
+from fdattack.knobs import Choice, knob
 from fdattack.lit.translation import CycleGANLitModule, RestorerLitModule, TranslationLitModule
+from fdattack.randomness import derive_seed
 from fdattack.tracking.progress import progress_iter
 
 
@@ -43,13 +43,31 @@ class TranslatorKind(Choice):
 class PriorSettings:
     """Which prior (pli.md §7.4) and, for the learned one, how its translation model A_phi is trained."""
 
-    kind: PriorKind = knob(PriorKind.auto, "naive (Eq. 8, mean sensitive public image) | learned (Eq. 9, translated insensitive public images per label; needs every public label) | auto (learned where the protocol gives the attacker every public label, naive for DS-FL / data.label_space=targets)")
-    translator: TranslatorKind = knob(TranslatorKind.auto, "learned prior's translation model: restorer (paired, for a known degradation such as blur) | cyclegan (unpaired looks) | auto (restorer when the degradation is known, cyclegan otherwise)")
+    kind: PriorKind = knob(
+        PriorKind.auto,
+        "naive (Eq. 8, mean sensitive public image) | learned (Eq. 9, translated insensitive public images per label; needs every public "
+        "label) | auto (learned where the protocol gives the attacker every public label, naive for DS-FL / data.label_space=targets)",
+    )
+    translator: TranslatorKind = knob(
+        TranslatorKind.auto,
+        "learned prior's translation model: restorer (paired, for a known degradation such as blur) | cyclegan (unpaired looks) | auto "
+        "(restorer when the degradation is known, cyclegan otherwise)",
+    )
     epochs: int = knob(10, "translation-model training epochs over its public pairs (paper: 100, batch 1)", ge=0)
-    lr: Optional[float] = knob(1e-3, "translation-model Adam learning rate, set for batch 8 and short CPU runs; null = the paper's 1e-4 (restorer) / 2e-4 (cyclegan), pli.md §13.10", gt=0)
+    lr: Optional[float] = knob(
+        1e-3,
+        "translation-model Adam learning rate, set for batch 8 and short CPU runs; null = the paper's 1e-4 (restorer) / 2e-4 (cyclegan), "
+        "pli.md §13.10",
+        gt=0,
+    )
     batch_size: int = knob(8, "translation-model batch size (1 in the paper)", ge=1)
     width: int = knob(32, "ngf = ndf of the translation networks (64 in the paper's code)", ge=1)
-    pairs_per_label: int = knob(100, "training pairs drawn per public label: restorer (degrade(x), x) for x in D_0; cyclegan (insensitive, sensitive) of each non-target identity", ge=1)
+    pairs_per_label: int = knob(
+        100,
+        "training pairs drawn per public label: restorer (degrade(x), x) for x in D_0; cyclegan (insensitive, sensitive) of each "
+        "non-target identity",
+        ge=1,
+    )
 
     def resolved(self, view: AttackerView) -> "PriorSettings":
         """``auto`` made concrete from what the attacker knows: learned where it knows every public label
@@ -63,8 +81,10 @@ class PriorSettings:
         if kind == PriorKind.naive:
             return dataclasses.replace(self, kind=PriorKind.naive)
         if not labeled:
-            raise ConfigError(f"attack.pli.prior.kind=learned needs every public label, which this {view.protocol} run does not give the "
-                              "attacker (unlabeled public set, or data.label_space=targets); use naive")
+            raise ConfigError(
+                f"attack.pli.prior.kind=learned needs every public label, which this {view.protocol} run does not give the "
+                "attacker (unlabeled public set, or data.label_space=targets); use naive"
+            )
         translator = self.translator
         if translator == TranslatorKind.auto:
             translator = TranslatorKind.restorer if view.degradation is not None else TranslatorKind.cyclegan
@@ -88,8 +108,9 @@ def naive_prior(public: ImageSet, num_classes: int) -> Tensor:
     return mean.expand(num_classes, *mean.shape).clone()
 
 
-def translation_pairs(public: ImageSet, target_labels: list[int], kind: str, degrade: Optional[Degradation],
-                      pairs_per_label: int, generator: torch.Generator) -> tuple[Tensor, Tensor]:
+def translation_pairs(
+    public: ImageSet, target_labels: list[int], kind: str, degrade: Optional[Degradation], pairs_per_label: int, generator: torch.Generator
+) -> tuple[Tensor, Tensor]:
     """Training pairs (insensitive ``a``, sensitive ``b``) drawn from public data only."""
     sensitive = public.domain == SENSITIVE
     if kind == "restorer":
@@ -123,8 +144,16 @@ def build_translator(settings: PriorSettings, channels: int, image_size: int, se
         return RestorerLitModule(channels, image_size, settings.width, **lr)
 
 
-def fit_translator(module: TranslationLitModule, a: Tensor, b: Tensor, epochs: int, batch_size: int, seed: int, engine: LocalTrainer,
-                   progress: str = "never") -> TranslationLitModule:
+def fit_translator(
+    module: TranslationLitModule,
+    a: Tensor,
+    b: Tensor,
+    epochs: int,
+    batch_size: int,
+    seed: int,
+    engine: LocalTrainer,
+    progress: str = "never",
+) -> TranslationLitModule:
     """Train A_phi on the (a, b) pairs through ``engine`` (the module's own manual-optimisation training_step)."""
     handle = engine.setup("translator", module)
     pairs = TensorRows(a=a, b=b)
@@ -148,8 +177,16 @@ def learned_prior(translator: TranslationLitModule, public: ImageSet, num_classe
     return prior
 
 
-def train_learned_prior(public: ImageSet, target_labels: list[int], num_classes: int, settings: PriorSettings,
-                        degrade: Optional[Degradation], seed: int, engine: LocalTrainer, progress: str = "never") -> Tensor:
+def train_learned_prior(
+    public: ImageSet,
+    target_labels: list[int],
+    num_classes: int,
+    settings: PriorSettings,
+    degrade: Optional[Degradation],
+    seed: int,
+    engine: LocalTrainer,
+    progress: str = "never",
+) -> Tensor:
     """Pairs, A_phi and Eq. 9 in one call; returns the (J, C, H, W) prior."""
     generator = torch.Generator().manual_seed(seed)
     a, b = translation_pairs(public, target_labels, str(settings.translator), degrade, settings.pairs_per_label, generator)

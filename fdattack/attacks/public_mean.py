@@ -15,15 +15,17 @@ from torch import Tensor
 
 from fdattack.attacks.base import ATTACKS, Attack, AttackContext
 from fdattack.attacks.results import AttackResult, Reconstructions
-from fdattack.knobs import knob
 from fdattack.data.imageset import SENSITIVE
 from fdattack.errors import ConfigError
 from fdattack.fd.threat import AttackerView, Capability, ViewPart
+from fdattack.knobs import knob
 
 
 @dataclass
 class PublicMeanSettings:
-    per_label: bool = knob(True, "use the mean of the public images labeled j where the labels are known (else the mean sensitive public image for every j)")
+    per_label: bool = knob(
+        True, "use the mean of the public images labeled j where the labels are known (else the mean sensitive public image for every j)"
+    )
 
 
 def public_means(view: AttackerView, per_label: bool) -> Tensor:

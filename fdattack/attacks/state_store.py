@@ -73,7 +73,9 @@ class ClientStateStore:
     def _artifact_path(self, key: str, shared: bool) -> Path:
         segments = key.split("/")
         if not all(_KEY_SEGMENT.fullmatch(segment) for segment in segments):
-            raise ValueError(f"artifact key {key!r}: use '/'-separated names of letters, digits, '_', '.' and '-' that start with a letter, digit or '_'")
+            raise ValueError(
+                f"artifact key {key!r}: use '/'-separated names of letters, digits, '_', '.' and '-' that start with a letter, digit or '_'"
+            )
         assert self._directory is not None
         folder = self._directory.parent / SHARED if shared else self._directory
         return folder.joinpath(*segments).with_suffix(".pt")
@@ -116,7 +118,9 @@ class ClientStateStore:
         try:
             return torch.load(path, map_location="cpu", weights_only=True)
         except Exception as exc:  # noqa: BLE001 - any unreadable file is the same error to the user
-            raise CheckpointError(f"attack state {path} is unreadable ({type(exc).__name__}); delete the run or resume from scratch") from exc
+            raise CheckpointError(
+                f"attack state {path} is unreadable ({type(exc).__name__}); delete the run or resume from scratch"
+            ) from exc
 
     def put(self, round: int, client: int, state: dict) -> None:
         """Store the client's state after ``round`` (visible once :meth:`finish_round` is called)."""
@@ -155,7 +159,7 @@ class ClientStateStore:
 
     def state_dict(self) -> dict:
         """What a run checkpoint records; pins the current round's files for this and the next ``keep - 1`` checkpoints."""
-        self.pinned = [*self.pinned, self.current][-self.keep:]
+        self.pinned = [*self.pinned, self.current][-self.keep :]
         self._prune()
         state: dict = {"round": self.current, "pinned": list(self.pinned)}
         if not self.on_disk and self.current is not None:
@@ -165,9 +169,11 @@ class ClientStateStore:
     def load_state_dict(self, state: dict) -> None:
         """Continue from a checkpoint: its round becomes current; rounds after it (a newer, deleted checkpoint's) are dropped."""
         self.current = state.get("round")
-        self.pinned = list(state.get("pinned", [self.current]))[-self.keep:]
+        self.pinned = list(state.get("pinned", [self.current]))[-self.keep :]
         if "states" in state:
             self._memory = {self.current: {int(k): v for k, v in state["states"].items()}}
         elif self.current is not None and (self._directory is None or not (self._directory / f"round_{self.current:04d}").is_dir()):
-            raise CheckpointError(f"the checkpoint needs the attack states of round {self.current} under {self._directory}, which are missing")
+            raise CheckpointError(
+                f"the checkpoint needs the attack states of round {self.current} under {self._directory}, which are missing"
+            )
         self._prune()

@@ -16,11 +16,11 @@ from torch import Tensor
 from fdattack.attacks.base import ATTACKS, AttackContext
 from fdattack.attacks.inversion import InversionAttack, InversionSettings
 from fdattack.attacks.results import AttackResult, Reconstructions
-from fdattack.knobs import knob
 from fdattack.engine import TensorRows
-from fdattack.randomness import derive_seed
 from fdattack.fd.record import RoundRecord
 from fdattack.fd.threat import AttackerView
+from fdattack.knobs import knob
+from fdattack.randomness import derive_seed
 from fdattack.tracking.progress import progress_iter
 
 
@@ -76,4 +76,3 @@ class TBIAttack(InversionAttack):
         self.store.finish_round(round)
         recon: Tensor = handle.module.reconstruct(torch.nn.functional.one_hot(self.targets, self.num_classes).float()).cpu()  # type: ignore[operator]
         return [Reconstructions(recon, self.targets.clone())]
-

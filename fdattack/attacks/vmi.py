@@ -21,14 +21,14 @@ from torch import Tensor, nn
 
 from fdattack.attacks.base import ATTACKS, AttackContext
 from fdattack.attacks.gan_inversion import GANInversionAttack, GANInversionSettings
-from fdattack.knobs import knob
-from fdattack.errors import ConfigError
 from fdattack.engine import ModelHandle, TensorRows
-from fdattack.randomness import derive_seed, seeded
+from fdattack.errors import ConfigError
 from fdattack.fd.threat import AttackerView
+from fdattack.knobs import knob
 from fdattack.lit.gan import WGANGP
 from fdattack.lit.vmi import VMIMinerLitModule
 from fdattack.models.gan import to_signed
+from fdattack.randomness import derive_seed, seeded
 
 
 @dataclass
@@ -79,8 +79,10 @@ class VMIAttack(GANInversionAttack):
     def check_hsic_batch(self, needed: int) -> None:
         """The HSIC term splits each label's batch of flow samples, not the label batches."""
         if self.settings.batch_size < needed:
-            raise ConfigError(f"attack.vmi.hsic_lambda > 0 splits each batch of flow samples in halves of at least {needed // 2} "
-                              f"({self.settings.hsic_estimator}); raise attack.vmi.batch_size to {needed} or more")
+            raise ConfigError(
+                f"attack.vmi.hsic_lambda > 0 splits each batch of flow samples in halves of at least {needed // 2} "
+                f"({self.settings.hsic_estimator}); raise attack.vmi.batch_size to {needed} or more"
+            )
 
     def gan(self, round: int, target: nn.Module, state: dict[str, Tensor]) -> WGANGP:
         """The WGAN-GP prior (:meth:`~fdattack.attacks.gan_inversion.GANInversionAttack.wgan_prior`), the same every round."""
@@ -89,12 +91,30 @@ class VMIAttack(GANInversionAttack):
     def miner(self, gan: WGANGP, target: nn.Module, label: int, round: int) -> VMIMinerLitModule:
         s = self.settings
         return VMIMinerLitModule(
-            SignedGenerator(gan.generator), target, label, s.z_dim, 1, steps_per_level=s.flow_steps, levels=s.flow_levels, hidden=s.flow_hidden,
-            lambda_kl=s.lambda_kl, lambda_h=s.hsic_lambda, hsic_sign=s.hsic_sign, hsic_options=s.hsic_options(), lr=s.lr, momentum=s.momentum,  # type: ignore[arg-type]
-            batch_size=s.batch_size, steps_per_epoch=s.steps_per_epoch, eval_samples=s.eval_samples, patience=s.patience,
-            seed=derive_seed(self.context.seed, self.name, "miner", round, label)).to(self.device)
+            SignedGenerator(gan.generator),
+            target,
+            label,
+            s.z_dim,
+            1,
+            steps_per_level=s.flow_steps,
+            levels=s.flow_levels,
+            hidden=s.flow_hidden,
+            lambda_kl=s.lambda_kl,
+            lambda_h=s.hsic_lambda,
+            hsic_sign=s.hsic_sign,
+            hsic_options=s.hsic_options(),
+            lr=s.lr,
+            momentum=s.momentum,  # type: ignore[arg-type]
+            batch_size=s.batch_size,
+            steps_per_epoch=s.steps_per_epoch,
+            eval_samples=s.eval_samples,
+            patience=s.patience,
+            seed=derive_seed(self.context.seed, self.name, "miner", round, label),
+        ).to(self.device)
 
-    def search(self, gan: WGANGP, target: nn.Module, labels: Tensor, steps: Iterable[int], round: int, chunk: slice) -> tuple[Tensor, dict[str, float]]:  # type: ignore[override]
+    def search(
+        self, gan: WGANGP, target: nn.Module, labels: Tensor, steps: Iterable[int], round: int, chunk: slice
+    ) -> tuple[Tensor, dict[str, float]]:  # type: ignore[override]
         """Every label's miner takes one epoch per element of ``steps`` until its patience runs out."""
         s = self.settings
         miners = [self.miner(gan, target, int(label), round) for label in labels.tolist()]
@@ -120,7 +140,11 @@ class VMIAttack(GANInversionAttack):
             with torch.no_grad():
                 z = torch.stack([miner.restore_best().sample_latents(s.samples)[0][:, 0].float() for miner in miners], dim=1)
                 last = [miner.objective() for miner in miners]
-        details = {"ce_loss": float(torch.stack([t["ce"] for t in last]).mean()), "kl": float(torch.stack([t["kl"] for t in last]).mean()),
-                   "hsic_loss": float(torch.stack([t["hsic"] for t in last]).mean()), "miner_epochs": sum(epochs) / len(epochs),
-                   "selection_score": sum(m.best_score for m in miners) / len(miners)}
+        details = {
+            "ce_loss": float(torch.stack([t["ce"] for t in last]).mean()),
+            "kl": float(torch.stack([t["kl"] for t in last]).mean()),
+            "hsic_loss": float(torch.stack([t["hsic"] for t in last]).mean()),
+            "miner_epochs": sum(epochs) / len(epochs),
+            "selection_score": sum(m.best_score for m in miners) / len(miners),
+        }
         return z.detach(), details

@@ -10,5 +10,16 @@ from fdattack.config.help_text import help_config
 from fdattack.config.schema import DataConfig, EvaluationConfig, ExperimentConfig, LoggerConfig, ModelConfig, TrainerConfig, WandbConfig
 from fdattack.config.validation import validate
 
-__all__ = ["DataConfig", "EvaluationConfig", "ExperimentConfig", "LoggerConfig", "ModelConfig", "TrainerConfig", "WandbConfig", "compose",
-           "help_config", "load_config", "validate"]
+__all__ = [
+    "DataConfig",
+    "EvaluationConfig",
+    "ExperimentConfig",
+    "LoggerConfig",
+    "ModelConfig",
+    "TrainerConfig",
+    "WandbConfig",
+    "compose",
+    "help_config",
+    "load_config",
+    "validate",
+]

@@ -60,12 +60,18 @@ def schema_for(protocol_name: str) -> DictConfig:
     protocols, attacks, defenses = registries()
     if protocol_name not in protocols:
         raise ConfigError(f"protocol.name={protocol_name!r} is not a known protocol; choose one of: {', '.join(protocols.names())}")
-    components = (protocols.get(protocol_name).Settings, tuple((n, c.Settings) for n, c in attacks.items()),
-                  tuple((n, c.Settings) for n, c in defenses.items()))
+    components = (
+        protocols.get(protocol_name).Settings,
+        tuple((n, c.Settings) for n, c in attacks.items()),
+        tuple((n, c.Settings) for n, c in defenses.items()),
+    )
     key = (protocol_name, components)
     if key not in _SCHEMAS:
-        root = ExperimentConfig(protocol=components[0](), attack=settings_node("attack", list(components[1])),
-                                defense=settings_node("defense", list(components[2])))
+        root = ExperimentConfig(
+            protocol=components[0](),
+            attack=settings_node("attack", list(components[1])),
+            defense=settings_node("defense", list(components[2])),
+        )
         schema = OmegaConf.structured(root)
         OmegaConf.set_struct(schema, True)
         _SCHEMAS[key] = schema
@@ -83,7 +89,10 @@ def _omegaconf_error(err: OmegaConfBaseException, source: str, protocol_name: st
     if "not in" in msg or "Key '" in msg and "not" in msg:
         parent = key.rpartition(".")[0]
         hint = f" with protocol.name={protocol_name}" if parent == "protocol" else ""
-        return ConfigError(f"{source}: unknown config key '{key}'{hint}" + (f" (see `fdattack run --help-config` for the keys under '{parent}')" if parent else ""))
+        return ConfigError(
+            f"{source}: unknown config key '{key}'{hint}"
+            + (f" (see `fdattack run --help-config` for the keys under '{parent}')" if parent else "")
+        )
     return ConfigError(f"{source}: {key}: {msg}")
 
 
@@ -146,8 +155,10 @@ def _from_dotlist(dotlist: list[str]) -> DictConfig:
             try:
                 OmegaConf.from_dotlist([token])
             except yaml.YAMLError as err:
-                raise ConfigError(f"command line: {token}: the value is not valid YAML ({' '.join(str(err).split())}); "
-                                  "a mapping needs a space after each colon, e.g. key={a: 1}") from None
+                raise ConfigError(
+                    f"command line: {token}: the value is not valid YAML ({' '.join(str(err).split())}); "
+                    "a mapping needs a space after each colon, e.g. key={a: 1}"
+                ) from None
         return OmegaConf.from_dotlist(dotlist)
     except OmegaConfBaseException as err:
         raise ConfigError(f"command line: {str(err).splitlines()[0]}") from None
@@ -202,8 +213,11 @@ def compose(experiment: str | Path | None = None, overrides: list[str] | None = 
         exp_cfg = _load_yaml(exp_path, "experiment")
         defaults = exp_cfg.pop("defaults", None)
         if defaults is not None:
-            if not isinstance(defaults, (DictConfig, ListConfig)) or isinstance(defaults, ListConfig) and not all(
-                    isinstance(d, DictConfig) and len(d) == 1 for d in defaults):
+            if (
+                not isinstance(defaults, (DictConfig, ListConfig))
+                or isinstance(defaults, ListConfig)
+                and not all(isinstance(d, DictConfig) and len(d) == 1 for d in defaults)
+            ):
                 raise ConfigError(f"{exp_path}: 'defaults' must be a mapping group: name")
             items = defaults.items() if isinstance(defaults, DictConfig) else [next(iter(d.items())) for d in defaults]
             for group, name in items:
@@ -238,8 +252,10 @@ def compose(experiment: str | Path | None = None, overrides: list[str] | None = 
     if cfg.name is None:
         cfg.name = default_name(cfg)
     if not is_plain_name(str(cfg.name)):
-        raise ConfigError(f"name={cfg.name!r} must be a plain name without path separators (it names the run folder under runs/); "
-                          "choose the folder itself with output_dir=PATH")
+        raise ConfigError(
+            f"name={cfg.name!r} must be a plain name without path separators (it names the run folder under runs/); "
+            "choose the folder itself with output_dir=PATH"
+        )
     validate(cfg)
     OmegaConf.set_readonly(cfg, True)
     return cfg

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from fdattack.config.composition import GROUPS
 from fdattack.config.registries import registries
-from fdattack.knobs import field_docs
 from fdattack.config.schema import ExperimentConfig
 from fdattack.fd.protocols.settings import ProtocolSettings
+from fdattack.knobs import field_docs
 
 
 def _section(title: str, rows: list[tuple[str, str, str]], width: int) -> list[str]:
@@ -19,7 +19,10 @@ def help_config() -> str:
     run_rows = field_docs(ExperimentConfig, "")
     base_rows = field_docs(ProtocolSettings, "protocol.")
     base_keys = set(base_rows)  # a protocol lists its own keys and the common ones whose default it changes
-    protocol_rows = {name: [r for r in field_docs(cls.Settings, "protocol.") if r not in base_keys and r[0] != "protocol.name"] for name, cls in protocols.items()}
+    protocol_rows = {
+        name: [r for r in field_docs(cls.Settings, "protocol.") if r not in base_keys and r[0] != "protocol.name"]
+        for name, cls in protocols.items()
+    }
     attack_rows = {name: field_docs(cls.Settings, f"attack.{name}.") for name, cls in attacks.items()}
     defense_rows = {name: field_docs(cls.Settings, f"defense.{name}.") for name, cls in defenses.items()}
     every = run_rows + base_rows + [r for rows in (*protocol_rows.values(), *attack_rows.values(), *defense_rows.values()) for r in rows]

@@ -18,12 +18,12 @@ from lightning.fabric.utilities.exceptions import MisconfigurationException
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from fdattack.config.registries import registries
-from fdattack.knobs import check_ranges
 from fdattack.config.schema import SEED_MAX
 from fdattack.data.public import check_public_dataset
 from fdattack.errors import ConfigError
 from fdattack.fd.evasion import evasive_clients
 from fdattack.fd.threat import CAPABILITY_TEXT, Capability
+from fdattack.knobs import check_ranges
 
 
 def validate(cfg: DictConfig) -> None:
@@ -39,7 +39,10 @@ def validate(cfg: DictConfig) -> None:
     check_vectorise(cfg)
     d = cfg.data
     if d.root is not None and d.name not in ("digits", "synthetic") and not d.download and not Path(d.root).expanduser().is_dir():
-        raise ConfigError(f"data.root={d.root!r}: folder not found (give the folder holding the {d.name} files, or data.download=true where torchvision can download it)")
+        raise ConfigError(
+            f"data.root={d.root!r}: folder not found (give the folder holding the {d.name} files, or data.download=true where torchvision "
+            f"can download it)"
+        )
     check_public_dataset(d)
     check_compatibility(cfg)
 
@@ -72,10 +75,16 @@ def check_names(cfg: DictConfig) -> None:
     DATASETS.get(cfg.data.name)
     looks = ("none", "second_look")  # made by the dataset, not by a transform
     if cfg.data.aux_domain not in looks and cfg.data.aux_domain not in DOMAIN_TRANSFORMS:
-        raise ConfigError(f"data.aux_domain={cfg.data.aux_domain!r} is not known; choose one of: {', '.join(sorted([*DOMAIN_TRANSFORMS, *looks]))}")
-    models = [("model.name", cfg.model.name), *((f"model.clients[{i}]", n) for i, n in enumerate(cfg.model.clients)),
-              ("model.server", cfg.model.server), ("evaluation.classifier", cfg.evaluation.classifier),
-              ("evaluation.inversion.classifier", cfg.evaluation.inversion.classifier)]
+        raise ConfigError(
+            f"data.aux_domain={cfg.data.aux_domain!r} is not known; choose one of: {', '.join(sorted([*DOMAIN_TRANSFORMS, *looks]))}"
+        )
+    models = [
+        ("model.name", cfg.model.name),
+        *((f"model.clients[{i}]", n) for i, n in enumerate(cfg.model.clients)),
+        ("model.server", cfg.model.server),
+        ("evaluation.classifier", cfg.evaluation.classifier),
+        ("evaluation.inversion.classifier", cfg.evaluation.inversion.classifier),
+    ]
     for key, name in models:
         if name is not None:
             CLASSIFIERS.get(name, key)
@@ -122,11 +131,19 @@ def check_vectorise(cfg: DictConfig) -> None:
     from fdattack.defenses.base import TrainingDefense
 
     training = [name for name in cfg.defenses if issubclass(defenses.get(name), TrainingDefense)]
-    problem = (f"trainer.devices={devices!r} and trainer.num_nodes={t.num_nodes} run {processes} processes (DDP)" if processes > 1
-               else f"trainer.precision={t.precision!r} is not 32-true" if str(t.precision) not in ("32-true", "32")
-               else f"defenses={training} wrap the clients' training" if training else None)
+    problem = (
+        f"trainer.devices={devices!r} and trainer.num_nodes={t.num_nodes} run {processes} processes (DDP)"
+        if processes > 1
+        else f"trainer.precision={t.precision!r} is not 32-true"
+        if str(t.precision) not in ("32-true", "32")
+        else f"defenses={training} wrap the clients' training"
+        if training
+        else None
+    )
     if problem:
-        raise ConfigError(f"trainer.vectorise=true: the clients cannot train as one vmapped batch: {problem}; use trainer.vectorise=auto or false")
+        raise ConfigError(
+            f"trainer.vectorise=true: the clients cannot train as one vmapped batch: {problem}; use trainer.vectorise=auto or false"
+        )
 
 
 def _accelerator_here(requested: str) -> str:
@@ -176,7 +193,8 @@ def check_compatibility(cfg: DictConfig) -> None:
     """Every attack and defense gets what it declares it needs from the protocol as configured.
 
     Raises:
-        ConfigError: ``attacks: pli needs a server model f_0 (server_model), which protocol.name=fedmd does not offer here; set protocol.server_model=true``
+        ConfigError: ``attacks: pli needs a server model f_0 (server_model), which protocol.name=fedmd does not offer here; set
+        protocol.server_model=true``
     """
     protocols, attacks, defenses = registries()
     protocol = protocols.get(cfg.protocol.name)
@@ -193,6 +211,11 @@ def check_compatibility(cfg: DictConfig) -> None:
                 what = ", ".join(f"{CAPABILITY_TEXT[c]} ({c.value})" for c in missing)
                 hints = [protocol.enable_hints[c] for c in missing if c in protocol.enable_hints]
                 from_settings = key == "attacks" and not set(missing) & component.needs
-                fix = (f"set {' '.join(hints)}" if hints else f"change attack.{name}.* (its settings ask for it)" if from_settings
-                       else f"remove {name} from {key}")
+                fix = (
+                    f"set {' '.join(hints)}"
+                    if hints
+                    else f"change attack.{name}.* (its settings ask for it)"
+                    if from_settings
+                    else f"remove {name} from {key}"
+                )
                 raise ConfigError(f"{key}: {name} needs {what}, which protocol.name={protocol.name} does not offer here; {fix}")

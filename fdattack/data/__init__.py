@@ -10,5 +10,18 @@ from fdattack.data.domains import DOMAIN_TRANSFORMS, box_blur, register_domain_t
 from fdattack.data.federated import FederatedData, FederatedSplit, build_split
 from fdattack.data.imageset import AUXILIARY, SENSITIVE, UNLABELED, ImageSet, IndexedBatch
 
-__all__ = ["DATASETS", "RawDataset", "DOMAIN_TRANSFORMS", "box_blur", "register_domain_transform", "FederatedData",
-           "FederatedSplit", "build_split", "ImageSet", "IndexedBatch", "SENSITIVE", "AUXILIARY", "UNLABELED"]
+__all__ = [
+    "DATASETS",
+    "RawDataset",
+    "DOMAIN_TRANSFORMS",
+    "box_blur",
+    "register_domain_transform",
+    "FederatedData",
+    "FederatedSplit",
+    "build_split",
+    "ImageSet",
+    "IndexedBatch",
+    "SENSITIVE",
+    "AUXILIARY",
+    "UNLABELED",
+]

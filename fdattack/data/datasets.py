@@ -151,9 +151,13 @@ def load_mnist(cfg: DictConfig) -> RawDataset:
         raise DataError(f"{root}: no MNIST IDX files (expected t10k-images-idx3-ubyte[.gz] and t10k-labels-idx1-ubyte[.gz])")
     pool = parts.get("train", parts.get("t10k"))
     test = parts.get("t10k") if "train" in parts else None
-    return RawDataset(resize(pool[0], cfg.image_size), pool[1],  # type: ignore[index]
-                      test_images=None if test is None else resize(test[0], cfg.image_size),
-                      test_labels=None if test is None else test[1], class_names=[str(i) for i in range(10)])
+    return RawDataset(
+        resize(pool[0], cfg.image_size),
+        pool[1],  # type: ignore[index]
+        test_images=None if test is None else resize(test[0], cfg.image_size),
+        test_labels=None if test is None else test[1],
+        class_names=[str(i) for i in range(10)],
+    )
 
 
 # ------------------------------------------------------------------------------------------- faces
@@ -187,7 +191,9 @@ def _stack(arrays: list[np.ndarray], paths: list[Path], size: int | None) -> Ten
 def load_att_faces(cfg: DictConfig) -> RawDataset:
     """AT&T faces: ``root/sN/*.pgm`` (40 subjects x 10 images, 92x112 grayscale)."""
     root = _root(cfg)
-    subjects = sorted((p for p in root.iterdir() if p.is_dir() and p.name.startswith("s") and p.name[1:].isdigit()), key=lambda p: int(p.name[1:]))
+    subjects = sorted(
+        (p for p in root.iterdir() if p.is_dir() and p.name.startswith("s") and p.name[1:].isdigit()), key=lambda p: int(p.name[1:])
+    )
     if not subjects:
         raise DataError(f"{root}: no subject folders s1, s2, ... holding .pgm files (the AT&T faces layout)")
     if cfg.max_classes is not None:  # the subjects with the most images, first in folder order on ties, kept in that order
@@ -226,8 +232,11 @@ def load_image_folder(cfg: DictConfig) -> RawDataset:
         entries.sort(key=lambda e: e[0])
     arrays, looks, labels, paths = [], [], [], []
     for label, (name, files) in enumerate(entries):
-        subdir_looks = sorted(p for p in (root / name / cfg.second_look_subdir).iterdir() if p.suffix.lower() in IMAGE_SUFFIXES) \
-            if cfg.second_look_subdir and (root / name / cfg.second_look_subdir).is_dir() else []
+        subdir_looks = (
+            sorted(p for p in (root / name / cfg.second_look_subdir).iterdir() if p.suffix.lower() in IMAGE_SUFFIXES)
+            if cfg.second_look_subdir and (root / name / cfg.second_look_subdir).is_dir()
+            else []
+        )
         for i, f in enumerate(files):
             arrays.append(read_image(f, 3))
             paths.append(f)
@@ -289,7 +298,9 @@ def _torchvision_dataset(cfg: DictConfig, cls_name: str) -> RawDataset:
             else:
                 ds = cls(cfg.root, train=train, download=cfg.download)
         except RuntimeError as err:
-            raise DataError(f"data.root={cfg.root!r}: {cls_name} not found there ({str(err).splitlines()[0]}); set data.download=true to fetch it") from None
+            raise DataError(
+                f"data.root={cfg.root!r}: {cls_name} not found there ({str(err).splitlines()[0]}); set data.download=true to fetch it"
+            ) from None
         if hasattr(ds, "data") and not isinstance(ds.data, list):
             data = np.asarray(ds.data)
             data = data[:, None] if data.ndim == 3 else data.transpose(0, 3, 1, 2)

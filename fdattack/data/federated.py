@@ -64,8 +64,10 @@ def _hold_out(rows: np.ndarray, fraction: float, rng: np.random.Generator) -> tu
 def _aux_look(cfg: DictConfig, raw: RawDataset, rows: np.ndarray) -> Tensor:
     if cfg.aux_domain == "second_look":
         if raw.second_look is None:
-            raise ConfigError(f"data.aux_domain=second_look but data.name={cfg.name} has no second look "
-                              "(image_folder with data.second_look_subdir or data.second_look_root)")
+            raise ConfigError(
+                f"data.aux_domain=second_look but data.name={cfg.name} has no second look "
+                "(image_folder with data.second_look_subdir or data.second_look_root)"
+            )
         return raw.second_look[rows]
     return DOMAIN_TRANSFORMS.get(cfg.aux_domain)(raw.images[rows], cfg.blur_strength)
 
@@ -107,7 +109,11 @@ def _split_pli(cfg: DictConfig, raw: RawDataset, num_clients: int, rng: np.rando
     if len(da):
         public = public.concat(_set(_aux_look(cfg, raw, da), relabel(raw.labels[da]), torch.as_tensor(da), AUXILIARY))
     private = [_set(raw.images[r], relabel(raw.labels[r]), torch.as_tensor(r)) for r in map(np.asarray, private_rows)]
-    test = _set(raw.images[np.asarray(test_rows, dtype=np.int64)], relabel(raw.labels[np.asarray(test_rows, dtype=np.int64)]), torch.as_tensor(test_rows, dtype=torch.long))
+    test = _set(
+        raw.images[np.asarray(test_rows, dtype=np.int64)],
+        relabel(raw.labels[np.asarray(test_rows, dtype=np.int64)]),
+        torch.as_tensor(test_rows, dtype=torch.long),
+    )
     if raw.test_images is not None:
         keep = torch.isin(raw.test_labels, torch.as_tensor(targets))  # type: ignore[arg-type]
         extra = _set(raw.test_images[keep], relabel(raw.test_labels[keep]), -1 - torch.nonzero(keep).flatten())  # type: ignore[index]
@@ -136,7 +142,9 @@ def _partition(cfg: DictConfig, labels: np.ndarray, num_clients: int, rng: np.ra
         return partitions.iid(len(labels), num_clients, rng)
     if cfg.partition == "two_classes":
         return partitions.two_classes(labels, num_clients, rng)
-    raise ConfigError(f"data.partition={cfg.partition} needs data.split=pli; with data.split={cfg.split} use dirichlet | shards | iid | two_classes")
+    raise ConfigError(
+        f"data.partition={cfg.partition} needs data.split=pli; with data.split={cfg.split} use dirichlet | shards | iid | two_classes"
+    )
 
 
 def _split_pool(cfg: DictConfig, raw: RawDataset, num_clients: int, rng: np.random.Generator) -> FederatedSplit:
@@ -152,8 +160,10 @@ def _split_pool(cfg: DictConfig, raw: RawDataset, num_clients: int, rng: np.rand
     else:
         public_classes = np.asarray(list(cfg.public_classes), dtype=np.int64)
         if not len(public_classes) or not np.isin(public_classes, labels).all():
-            raise ConfigError(f"data.public_classes={list(cfg.public_classes)} must name labels of the dataset (0..{labels.max()}), "
-                              "or set data.private_classes")
+            raise ConfigError(
+                f"data.public_classes={list(cfg.public_classes)} must name labels of the dataset (0..{labels.max()}), "
+                "or set data.private_classes"
+            )
         is_pub = np.isin(labels, public_classes)
         pub_rows, pool_rows = rows[is_pub], rows[~is_pub]
         if cfg.max_public is not None and len(pub_rows) > cfg.max_public:
@@ -162,7 +172,11 @@ def _split_pool(cfg: DictConfig, raw: RawDataset, num_clients: int, rng: np.rand
         pool_rows, test_rows = _hold_out(pool_rows, cfg.test_fraction, rng)
         test = _set(raw.images[test_rows], raw.labels[test_rows], torch.as_tensor(test_rows))
     else:
-        keep = ~torch.isin(raw.test_labels, torch.as_tensor(list(cfg.public_classes), dtype=torch.long)) if cfg.split == "classes" else torch.ones(len(raw.test_labels), dtype=torch.bool)  # type: ignore[arg-type]
+        keep = (
+            ~torch.isin(raw.test_labels, torch.as_tensor(list(cfg.public_classes), dtype=torch.long))
+            if cfg.split == "classes"
+            else torch.ones(len(raw.test_labels), dtype=torch.bool)
+        )  # type: ignore[arg-type]
         test = _set(raw.test_images[keep], raw.test_labels[keep], -1 - torch.nonzero(keep).flatten())  # type: ignore[index]
     parts = _partition(cfg, labels[pool_rows], num_clients, rng)
     private = [_set(raw.images[pool_rows[p]], raw.labels[pool_rows[p]], torch.as_tensor(pool_rows[p])) for p in parts]
@@ -173,7 +187,9 @@ def _split_pool(cfg: DictConfig, raw: RawDataset, num_clients: int, rng: np.rand
     if cfg.split == "classes":
         attacker = public
         num_classes = _private_classes_only(cfg, labels[pool_rows]) if cfg.label_space == "targets" else num_classes
-    return FederatedSplit(public, private, test, attacker, num_classes, sorted(np.unique(labels[pool_rows]).tolist()), {}, tuple(raw.images.shape[1:]))  # type: ignore[arg-type]
+    return FederatedSplit(
+        public, private, test, attacker, num_classes, sorted(np.unique(labels[pool_rows]).tolist()), {}, tuple(raw.images.shape[1:])
+    )  # type: ignore[arg-type]
 
 
 def _private_classes_only(cfg: DictConfig, private_labels: np.ndarray) -> int:
@@ -181,8 +197,10 @@ def _private_classes_only(cfg: DictConfig, private_labels: np.ndarray) -> int:
     MNIST model, fedinverse.md §3.2), which must be the lowest labels so that no label is renumbered."""
     highest = int(private_labels.max())
     if highest >= min(cfg.public_classes):
-        raise ConfigError(f"data.label_space=targets with data.split=classes needs the public classes above every private label; "
-                          f"data.public_classes={list(cfg.public_classes)} leaves private label {highest}")
+        raise ConfigError(
+            f"data.label_space=targets with data.split=classes needs the public classes above every private label; "
+            f"data.public_classes={list(cfg.public_classes)} leaves private label {highest}"
+        )
     return highest + 1
 
 
@@ -202,8 +220,14 @@ def _most_frequent_private(cfg: DictConfig, raw: RawDataset) -> tuple[RawDataset
     if len(cfg.public_classes):
         raise ConfigError(f"data.private_classes={cfg.private_classes} chooses the public classes itself; leave data.public_classes empty")
     if raw.test_images is not None:
-        raw = dataclasses.replace(raw, images=torch.cat([raw.images, raw.test_images]), labels=torch.cat([raw.labels, raw.test_labels]),  # type: ignore[list-item]
-                                  second_look=None, test_images=None, test_labels=None)
+        raw = dataclasses.replace(
+            raw,
+            images=torch.cat([raw.images, raw.test_images]),
+            labels=torch.cat([raw.labels, raw.test_labels]),  # type: ignore[list-item]
+            second_look=None,
+            test_images=None,
+            test_labels=None,
+        )
     counts = torch.bincount(raw.labels)
     present = int((counts > 0).sum())
     if cfg.private_classes >= present:
@@ -236,14 +260,24 @@ def build_split(cfg: DictConfig, num_clients: int, seed: int) -> FederatedSplit:
     split = _split_pli(cfg, raw, num_clients, rng) if cfg.split == "pli" else _split_pool(cfg, raw, num_clients, rng)
     for k, p in enumerate(split.private):
         if len(p) == 0:
-            raise ConfigError(f"client {k} gets no private samples with protocol.num_clients={num_clients}, data.split={cfg.split}, "
-                              f"data.partition={cfg.partition}; use fewer clients or more data")
+            raise ConfigError(
+                f"client {k} gets no private samples with protocol.num_clients={num_clients}, data.split={cfg.split}, "
+                f"data.partition={cfg.partition}; use fewer clients or more data"
+            )
     partitions.assert_disjoint([p.source.numpy() for p in split.private] + [split.test.source[split.test.source >= 0].numpy()])
     split.info = {
-        "dataset": cfg.name, "J": split.num_classes, "public": len(split.public), "public_dataset": cfg.public_dataset.name or cfg.name,
-        "public_sensitive": int((split.public.domain == SENSITIVE).sum()), "public_auxiliary": int((split.public.domain == AUXILIARY).sum()),
-        "private_per_client": [len(p) for p in split.private] if num_clients <= 10 else f"{min(len(p) for p in split.private)}..{max(len(p) for p in split.private)}",
-        "test": len(split.test), "targets": len(split.target_labels), "image_shape": list(split.image_shape),
+        "dataset": cfg.name,
+        "J": split.num_classes,
+        "public": len(split.public),
+        "public_dataset": cfg.public_dataset.name or cfg.name,
+        "public_sensitive": int((split.public.domain == SENSITIVE).sum()),
+        "public_auxiliary": int((split.public.domain == AUXILIARY).sum()),
+        "private_per_client": [len(p) for p in split.private]
+        if num_clients <= 10
+        else f"{min(len(p) for p in split.private)}..{max(len(p) for p in split.private)}",
+        "test": len(split.test),
+        "targets": len(split.target_labels),
+        "image_shape": list(split.image_shape),
     }
     return split
 
@@ -333,8 +367,11 @@ class FederatedData(L.LightningDataModule):
         """Write the source rows of public, test and each client's private set as JSON."""
         s = self.split
         payload = {
-            "public": s.public.source.tolist(), "public_domain": s.public.domain.tolist(), "test": s.test.source.tolist(),
-            "private": [p.source.tolist() for p in s.private], "target_labels": s.target_labels,
+            "public": s.public.source.tolist(),
+            "public_domain": s.public.domain.tolist(),
+            "test": s.test.source.tolist(),
+            "private": [p.source.tolist() for p in s.private],
+            "target_labels": s.target_labels,
             "owner": {str(j): k for j, k in s.owner.items()},
         }
         path.write_text(json.dumps(payload))

@@ -16,8 +16,10 @@ def disjoint_identities(target_labels: np.ndarray, num_clients: int) -> list[np.
     Returns label chunks (not rows): client k owns the labels of chunk k.
     """
     if num_clients > len(target_labels):
-        raise ConfigError(f"protocol.num_clients={num_clients} is more than the {len(target_labels)} target labels "
-                          "(data.num_targets); every client needs at least one identity")
+        raise ConfigError(
+            f"protocol.num_clients={num_clients} is more than the {len(target_labels)} target labels "
+            "(data.num_targets); every client needs at least one identity"
+        )
     return [np.asarray(c) for c in np.array_split(np.asarray(target_labels), num_clients)]
 
 
@@ -26,8 +28,9 @@ def iid(n: int, num_clients: int, rng: np.random.Generator) -> list[np.ndarray]:
     return [np.sort(p) for p in np.array_split(rng.permutation(n), num_clients)]
 
 
-def dirichlet(labels: np.ndarray, num_clients: int, alpha: float, min_size: int, rng: np.random.Generator,
-              max_tries: int = 1000) -> list[np.ndarray]:
+def dirichlet(
+    labels: np.ndarray, num_clients: int, alpha: float, min_size: int, rng: np.random.Generator, max_tries: int = 1000
+) -> list[np.ndarray]:
     """Per-class Dirichlet(alpha) split with balancing, redrawn until every client has ``min_size`` rows (pdafd.md §7.2)."""
     n = len(labels)
     for _ in range(max_tries):
@@ -42,8 +45,10 @@ def dirichlet(labels: np.ndarray, num_clients: int, alpha: float, min_size: int,
                 b.extend(piece.tolist())
         if min(len(b) for b in buckets) >= max(min_size, 1):
             return [np.sort(np.asarray(b, dtype=np.int64)) for b in buckets]
-    raise ConfigError(f"data.dirichlet_alpha={alpha}: no draw in {max_tries} gave every one of the {num_clients} clients "
-                      f"data.min_client_size={min_size} samples; raise alpha or lower min_client_size or protocol.num_clients")
+    raise ConfigError(
+        f"data.dirichlet_alpha={alpha}: no draw in {max_tries} gave every one of the {num_clients} clients "
+        f"data.min_client_size={min_size} samples; raise alpha or lower min_client_size or protocol.num_clients"
+    )
 
 
 def shards(labels: np.ndarray, num_clients: int, shards_per_client: int, rng: np.random.Generator) -> list[np.ndarray]:

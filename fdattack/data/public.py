@@ -46,7 +46,9 @@ def check_public_dataset(cfg: DictConfig) -> None:
     else:
         DATASETS.get(p.name, f"{KEY}.name")
     if p.name == cfg.name:
-        raise ConfigError(f"{KEY}.name={p.name!r} is data.name itself; leave it null to cut the public set from the pool (data.public_fraction)")
+        raise ConfigError(
+            f"{KEY}.name={p.name!r} is data.name itself; leave it null to cut the public set from the pool (data.public_fraction)"
+        )
     if cfg.split != "random":
         raise ConfigError(f"{KEY}.name={p.name!r} needs data.split=random, got data.split={cfg.split}")
     if p.name != NOISE and p.root is not None and not p.download and not Path(p.root).expanduser().is_dir():
@@ -70,8 +72,16 @@ def foreign_public_set(cfg: DictConfig, image_shape: tuple[int, ...], rng: np.ra
     p = cfg.public_dataset
     if p.name == NOISE:
         return noise_public_set(int(p.size), image_shape, rng)
-    own = {"name": p.name, "root": p.root, "download": p.download, "image_size": cfg.image_size if p.image_size is None else p.image_size,
-           "max_per_class": None, "max_classes": None, "second_look_subdir": None, "second_look_root": None}
+    own = {
+        "name": p.name,
+        "root": p.root,
+        "download": p.download,
+        "image_size": cfg.image_size if p.image_size is None else p.image_size,
+        "max_per_class": None,
+        "max_classes": None,
+        "second_look_subdir": None,
+        "second_look_root": None,
+    }
     try:
         raw = DATASETS.get(p.name)(OmegaConf.merge(cfg, own))
     except FdattackError as err:  # the loader named the keys it read: here they are data.public_dataset's
@@ -79,20 +89,27 @@ def foreign_public_set(cfg: DictConfig, image_shape: tuple[int, ...], rng: np.ra
         raise type(err)(f"{KEY}.name={p.name}: {message}") from None
     shape = tuple(raw.images.shape[1:])
     if shape != tuple(image_shape):
-        raise ConfigError(f"{KEY}.name={p.name} gives samples of shape {shape}, data.name={cfg.name} gives {tuple(image_shape)}; "
-                          f"set {KEY}.image_size (or data.image_size) so they match")
+        raise ConfigError(
+            f"{KEY}.name={p.name} gives samples of shape {shape}, data.name={cfg.name} gives {tuple(image_shape)}; "
+            f"set {KEY}.image_size (or data.image_size) so they match"
+        )
     n = len(raw.images)
     if p.size is not None and p.size > n:
         raise ConfigError(f"{KEY}.size={p.size}: {p.name} has only {n} training samples")
     rows = np.sort(rng.choice(n, size=n if p.size is None else int(p.size), replace=False))
     index = torch.from_numpy(rows)
-    return ImageSet(raw.images[index].float(), torch.full((len(rows),), UNLABELED, dtype=torch.long),
-                    torch.full((len(rows),), SENSITIVE, dtype=torch.long), index)
+    return ImageSet(
+        raw.images[index].float(),
+        torch.full((len(rows),), UNLABELED, dtype=torch.long),
+        torch.full((len(rows),), SENSITIVE, dtype=torch.long),
+        index,
+    )
 
 
 def noise_public_set(size: int, image_shape: tuple[int, ...], rng: np.random.Generator) -> ImageSet:
     """``size`` unlabeled images of uniform noise in [-1, 1], drawn from ``rng``: the dummy public set (lattack.md §2.6)."""
     stream = torch.Generator().manual_seed(int(rng.integers(2**62)))
     images = torch.rand(size, *image_shape, generator=stream) * 2 - 1
-    return ImageSet(images, torch.full((size,), UNLABELED, dtype=torch.long), torch.full((size,), SENSITIVE, dtype=torch.long),
-                    torch.arange(size))
+    return ImageSet(
+        images, torch.full((size,), UNLABELED, dtype=torch.long), torch.full((size,), SENSITIVE, dtype=torch.long), torch.arange(size)
+    )

@@ -90,5 +90,10 @@ def load_purchase(cfg: DictConfig) -> RawDataset:
     n_test = int(round(len(rows) * TEST_FRACTION))
     test, pool = np.sort(rows[:n_test]), np.sort(rows[n_test:])
     y = torch.from_numpy(labels)
-    return RawDataset(as_records(features[pool]), y[pool], test_images=as_records(features[test]), test_labels=y[test],
-                      class_names=[f"cluster{j}" for j in range(NUM_CLUSTERS)])
+    return RawDataset(
+        as_records(features[pool]),
+        y[pool],
+        test_images=as_records(features[test]),
+        test_labels=y[test],
+        class_names=[f"cluster{j}" for j in range(NUM_CLUSTERS)],
+    )

@@ -85,7 +85,7 @@ class Defense(ABC):
         """What a checkpoint keeps of this defense between rounds (e.g. DP-SGD's privacy accountants)."""
         return {}
 
-    def load_state_dict(self, state: dict) -> None:
+    def load_state_dict(self, state: dict) -> None:  # noqa: B027 - an optional hook: most defenses keep no state
         """Restore :meth:`state_dict`."""
 
 

@@ -26,10 +26,10 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.utils.hooks import RemovableHandle
 
-from fdattack.knobs import knob
 from fdattack.data.imageset import UNLABELED, IndexedBatch
 from fdattack.defenses.base import DEFENSES, TrainingDefense
 from fdattack.defenses.mid import KernelY, Measure, TermMeans, dependence_or_zero, measured, output_layer
+from fdattack.knobs import knob
 from fdattack.lit.classifier import Objective
 
 #: the name under which the penultimate features (the output layer's input) are captured
@@ -40,8 +40,11 @@ def hidden_layers(net: nn.Module) -> list[str]:
     """BiDO's default hidden layers of ``net``, in order: every ``MaxPool2d``/``AvgPool2d`` registered before a later
     ``Conv2d``, then the output layer's input (named ``"<output layer> (input)"``)."""
     modules = list(net.named_modules())
-    pools = [name for i, (name, module) in enumerate(modules) if isinstance(module, (nn.MaxPool2d, nn.AvgPool2d))
-             and any(isinstance(later, nn.Conv2d) for _, later in modules[i + 1:])]
+    pools = [
+        name
+        for i, (name, module) in enumerate(modules)
+        if isinstance(module, (nn.MaxPool2d, nn.AvgPool2d)) and any(isinstance(later, nn.Conv2d) for _, later in modules[i + 1 :])
+    ]
     return [*pools, PENULTIMATE.format(output_layer(net)[0])]
 
 
@@ -61,13 +64,16 @@ class Capture:
                 self.handles.append(known[layer].register_forward_hook(self._keeper(layer, take_input=False)))
             else:
                 top = ", ".join(name for name, _ in net.named_children())
-                raise ValueError(f"has no module {layer!r} (defense.bido.layers); name modules by their dotted path, e.g. "
-                                 f"{next(iter(hidden_layers(net)))!r} (top level: {top})")
+                raise ValueError(
+                    f"has no module {layer!r} (defense.bido.layers); name modules by their dotted path, e.g. "
+                    f"{next(iter(hidden_layers(net)))!r} (top level: {top})"
+                )
 
     def _keeper(self, layer: str, take_input: bool):  # type: ignore[no-untyped-def]
         def keep(module: nn.Module, inputs: tuple[Tensor, ...], output: Tensor) -> None:
             if module.training:
                 self.outputs[layer] = inputs[0] if take_input else output
+
         return keep
 
     def take(self) -> list[Tensor]:
@@ -83,12 +89,17 @@ class Capture:
 class BiDOSettings:
     lambda_x: float = knob(2.0, "λ_x, weight of d(X, Z_l), minimised (the code's MNIST value, A22; CelebA: 0.05)", ge=0)
     lambda_y: float = knob(20.0, "λ_y, weight of d(Z_l, Y), maximised (the code's MNIST value, A22; CelebA: 0.5)", ge=0)
-    measure: Measure = knob(Measure.nhsic, "d: nhsic (BiDO-HSIC, the code's normalised HSIC) | coco (BiDO-COCO; the code pairs it with λ = (1, 50))")
+    measure: Measure = knob(
+        Measure.nhsic, "d: nhsic (BiDO-HSIC, the code's normalised HSIC) | coco (BiDO-COCO; the code pairs it with λ = (1, 50))"
+    )
     kernel_y: KernelY = knob(KernelY.linear, "kernel on the one-hot labels: linear (the code's --ktype default) | gaussian (σ)")
     sigma: float = knob(5.0, "σ of the Gaussian kernels on X and Z_l, width 2σ²d (0 = the code's median heuristic)", ge=0)
-    layers: list[str] = knob([], "hidden layers Z_l by module path (e.g. [features.3,features.7]; '<output layer> (input)' is the "
-                                 "penultimate features); empty = every pooling layer followed by more convolution, then the "
-                                 "penultimate features (MCNN: its three conv blocks)")
+    layers: list[str] = knob(
+        [],
+        "hidden layers Z_l by module path (e.g. [features.3,features.7]; '<output layer> (input)' is the "
+        "penultimate features); empty = every pooling layer followed by more convolution, then the "
+        "penultimate features (MCNN: its three conv blocks)",
+    )
 
 
 @DEFENSES.register("bido")

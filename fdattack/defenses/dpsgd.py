@@ -27,12 +27,12 @@ from opacus.utils.uniform_sampler import UniformWithReplacementSampler
 from opacus.validators import ModuleValidator
 from torch import Tensor, nn
 
-from fdattack.knobs import Choice, knob
 from fdattack.defenses.base import DEFENSES, TrainingDefense
-from fdattack.errors import ConfigError
 from fdattack.engine import FitJob, ModelHandle
-from fdattack.randomness import derive_seed
+from fdattack.errors import ConfigError
+from fdattack.knobs import Choice, knob
 from fdattack.models import CLASSIFIERS, build_classifier
+from fdattack.randomness import derive_seed
 
 
 class DPPhase(Choice):
@@ -56,15 +56,22 @@ PRIVATE_PHASES = [DPPhase.transfer_private, DPPhase.revisit, DPPhase.warmup, DPP
 
 @dataclass
 class DPSGDSettings:
-    noise_multiplier: float = knob(1.0, "σ: the Gaussian noise on each step's sum of clipped per-sample gradients has std σ·C "
-                                        "(0 = clipping only)", ge=0)
+    noise_multiplier: float = knob(
+        1.0, "σ: the Gaussian noise on each step's sum of clipped per-sample gradients has std σ·C (0 = clipping only)", ge=0
+    )
     max_grad_norm: float = knob(10.0, "C: each sample's gradient is clipped to L2 norm C (PDA-FD Table 9: 10)", gt=0)
     delta: float = knob(1e-5, "δ of the (ε, δ) reported after every round (opacus RDP accountant)", gt=0, lt=1)
-    poisson_sampling: bool = knob(True, "each step takes every row with probability q = B/n (opacus); false: the usual shuffled batches "
-                                        "of B (the reported ε still assumes Poisson sampling at q)")
-    phases: list[DPPhase] = knob(PRIVATE_PHASES, "client phases trained with DP-SGD; default: the local updates on private data (A26), "
-                                                 "distillation on public data stays non-private; cronus with protocol.mixed_kd=true trains on "
-                                                 f"private data in distill [any of: {' | '.join(DPPhase)}]")
+    poisson_sampling: bool = knob(
+        True,
+        "each step takes every row with probability q = B/n (opacus); false: the usual shuffled batches "
+        "of B (the reported ε still assumes Poisson sampling at q)",
+    )
+    phases: list[DPPhase] = knob(
+        PRIVATE_PHASES,
+        "client phases trained with DP-SGD; default: the local updates on private data (A26), "
+        "distillation on public data stays non-private; cronus with protocol.mixed_kd=true trains on "
+        f"private data in distill [any of: {' | '.join(DPPhase)}]",
+    )
 
 
 def sample_rate(n: int, batch_size: int) -> float:
@@ -75,8 +82,9 @@ def sample_rate(n: int, batch_size: int) -> float:
 def poisson_batches(n: int, seed: int, batch_size: int) -> list[Tensor]:
     """One epoch of Poisson sampling, as opacus' ``DPDataLoader``: int(1/q) steps, each taking every row with
     probability q = B/n, independently (a step may be empty); seeded with ``seed``."""
-    sampler = UniformWithReplacementSampler(num_samples=n, sample_rate=sample_rate(n, batch_size),
-                                            generator=torch.Generator().manual_seed(seed))
+    sampler = UniformWithReplacementSampler(
+        num_samples=n, sample_rate=sample_rate(n, batch_size), generator=torch.Generator().manual_seed(seed)
+    )
     return [torch.tensor(rows, dtype=torch.long) for rows in sampler]
 
 
@@ -93,8 +101,16 @@ def trainable_classifiers() -> tuple[str, ...]:
 
 
 @contextmanager
-def private_steps(handle: ModelHandle, *, noise_multiplier: float, max_grad_norm: float, expected_batch_size: int, rate: float,
-                  accountant: RDPAccountant, seed: int) -> Iterator[ModelHandle]:
+def private_steps(
+    handle: ModelHandle,
+    *,
+    noise_multiplier: float,
+    max_grad_norm: float,
+    expected_batch_size: int,
+    rate: float,
+    accountant: RDPAccountant,
+    seed: int,
+) -> Iterator[ModelHandle]:
     """The client's model with per-sample gradient hooks on its network and an optimizer that takes DP-SGD steps.
 
     Each step: per-sample gradients g_i (opacus hooks), g̃ = (Σ_i g_i · min(1, C/‖g_i‖) + N(0, σ²C² I)) / B,
@@ -104,8 +120,13 @@ def private_steps(handle: ModelHandle, *, noise_multiplier: float, max_grad_norm
     net = handle.module.net
     hooks = GradSampleModule(net, loss_reduction="mean")
     generator = torch.Generator(device=next(net.parameters()).device).manual_seed(seed)
-    optimizer = DPOptimizer(handle.optimizer, noise_multiplier=noise_multiplier, max_grad_norm=max_grad_norm,
-                            expected_batch_size=expected_batch_size, generator=generator)
+    optimizer = DPOptimizer(
+        handle.optimizer,
+        noise_multiplier=noise_multiplier,
+        max_grad_norm=max_grad_norm,
+        expected_batch_size=expected_batch_size,
+        generator=generator,
+    )
     optimizer.attach_step_hook(accountant.get_optimizer_hook_fn(rate))
     try:
         with warnings.catch_warnings():  # torch's note that the first layer's input needs no gradient: expected here
@@ -137,12 +158,16 @@ class DPSGDDefense(TrainingDefense):
     def wrap_network(self, client: int, net: nn.Module) -> nn.Module:
         """Check that opacus can train ``net`` per sample, and open the client's accountant; the network is unchanged."""
         if torch.distributed.is_available() and torch.distributed.is_initialized() and torch.distributed.get_world_size() > 1:
-            raise ConfigError(f"defense {self.name}: trainer.devices and trainer.num_nodes run {torch.distributed.get_world_size()} processes (DDP); "
-                              "DP-SGD trains each client in one process: set trainer.devices=1 and trainer.num_nodes=1")
+            raise ConfigError(
+                f"defense {self.name}: trainer.devices and trainer.num_nodes run {torch.distributed.get_world_size()} processes (DDP); "
+                "DP-SGD trains each client in one process: set trainer.devices=1 and trainer.num_nodes=1"
+            )
         layers = unsupported_layers(net)
         if layers:
-            raise ValueError(f"has {', '.join(layers)}, which DP-SGD cannot train per sample; choose a model without it: "
-                             f"{', '.join(trainable_classifiers())}")
+            raise ValueError(
+                f"has {', '.join(layers)}, which DP-SGD cannot train per sample; choose a model without it: "
+                f"{', '.join(trainable_classifiers())}"
+            )
         self.accountants[client] = RDPAccountant()
         return net
 
@@ -152,9 +177,15 @@ class DPSGDDefense(TrainingDefense):
             return job
         n = len(job.data)
         s = self.settings
-        session = functools.partial(private_steps, noise_multiplier=float(s.noise_multiplier), max_grad_norm=float(s.max_grad_norm),
-                                    expected_batch_size=min(batch_size, n), rate=sample_rate(n, batch_size),
-                                    accountant=self.accountants[client], seed=derive_seed(job.seed, self.name))
+        session = functools.partial(
+            private_steps,
+            noise_multiplier=float(s.noise_multiplier),
+            max_grad_norm=float(s.max_grad_norm),
+            expected_batch_size=min(batch_size, n),
+            rate=sample_rate(n, batch_size),
+            accountant=self.accountants[client],
+            seed=derive_seed(job.seed, self.name),
+        )
         return replace(job, sampler=poisson_batches if s.poisson_sampling else None, session=session)
 
     def epsilons(self) -> dict[int, float]:

@@ -7,8 +7,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from fdattack.knobs import knob
 from fdattack.defenses.base import DEFENSES, Release, UploadDefense
+from fdattack.knobs import knob
 
 
 def laplace_noise(shape: torch.Size, scale: float, generator: torch.Generator) -> Tensor:

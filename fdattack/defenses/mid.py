@@ -27,10 +27,10 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from fdattack.knobs import Choice, knob
 from fdattack.data.imageset import IndexedBatch
 from fdattack.defenses.base import DEFENSES, NetworkChange, TrainingDefense
 from fdattack.functional.hsic import HSICOptions, dependence
+from fdattack.knobs import Choice, knob
 from fdattack.lit.classifier import Objective
 
 #: the MID code's offset in σ = softplus(s − 5): a fresh head starts with σ ≈ e^−5, almost deterministic
@@ -158,15 +158,20 @@ def with_vib_head(net: nn.Module) -> nn.Module:
 
 @dataclass
 class MIDSettings:
-    variant: MIDVariant = knob(MIDVariant.vib, "vib: a VIB output layer, loss + β·KL (A21 (i)) | dependency: the FedInverse code's "
-                                                "loss + λ_x·d(X, logits), network unchanged (A21 (ii))")
-    beta: float = knob(0.01, "variant=vib: β of the KL term (nats); the MID/BiDO code uses 0.003, 0.01, 0.02, and 0.01 is its "
-                             "train_vib default", ge=0)
+    variant: MIDVariant = knob(
+        MIDVariant.vib,
+        "vib: a VIB output layer, loss + β·KL (A21 (i)) | dependency: the FedInverse code's "
+        "loss + λ_x·d(X, logits), network unchanged (A21 (ii))",
+    )
+    beta: float = knob(
+        0.01, "variant=vib: β of the KL term (nats); the MID/BiDO code uses 0.003, 0.01, 0.02, and 0.01 is its train_vib default", ge=0
+    )
     lambda_x: float = knob(1.0, "variant=dependency: λ_x of d(X, logits) (the FedInverse code's default for COCO)", ge=0)
     measure: Measure = knob(Measure.coco, "variant=dependency: d, coco (the code's MID) | nhsic")
     kernel_y: KernelY = knob(KernelY.linear, "variant=dependency: kernel on the logits, linear (the code's --ktype default) | gaussian (σ)")
-    sigma: float = knob(5.0, "variant=dependency: σ of the Gaussian kernel on the flattened inputs, width 2σ²d (0 = the code's median "
-                             "heuristic)", ge=0)
+    sigma: float = knob(
+        5.0, "variant=dependency: σ of the Gaussian kernel on the flattened inputs, width 2σ²d (0 = the code's median heuristic)", ge=0
+    )
 
 
 @DEFENSES.register("mid")

@@ -38,7 +38,17 @@ from torch import Tensor
 
 from fdattack.data.imageset import ImageSet
 from fdattack.engine import vectorised
-from fdattack.engine.jobs import Batchable, BatchSampler, FitJob, FitResult, ModelHandle, clear_gradients, epoch_order, has_batch_norm, without_lone_row
+from fdattack.engine.jobs import (
+    Batchable,
+    BatchSampler,
+    FitJob,
+    FitResult,
+    ModelHandle,
+    clear_gradients,
+    epoch_order,
+    has_batch_norm,
+    without_lone_row,
+)
 from fdattack.errors import ConfigError
 from fdattack.lit.modes import eval_mode
 from fdattack.randomness import derive_seed
@@ -69,8 +79,9 @@ class LocalTrainer:
     def is_global_zero(self) -> bool:
         return self.fabric.is_global_zero
 
-    def setup(self, name: str, module: L.LightningModule,
-              wrap_optimizer: Callable[[torch.optim.Optimizer], torch.optim.Optimizer] | None = None) -> ModelHandle:
+    def setup(
+        self, name: str, module: L.LightningModule, wrap_optimizer: Callable[[torch.optim.Optimizer], torch.optim.Optimizer] | None = None
+    ) -> ModelHandle:
         """Move ``module`` to the device, wrap it (DDP when asked) and build its optimizers (through ``wrap_optimizer``)."""
         handle = ModelHandle(name=name, module=module, wrapped=module, optimizers=[], wrap_optimizer=wrap_optimizer)
         wrapped, *optimizers = self.fabric.setup(module, *handle.new_optimizers())
@@ -105,8 +116,16 @@ class LocalTrainer:
             order = without_lone_row(order, batch_size)
         return list(torch.split(order, batch_size))
 
-    def fit_module(self, handle: ModelHandle, data: Batchable, epochs: int, seed: int, batch_size: int | None = None,
-                   shuffle: bool = True, sampler: BatchSampler | None = None) -> FitResult:
+    def fit_module(
+        self,
+        handle: ModelHandle,
+        data: Batchable,
+        epochs: int,
+        seed: int,
+        batch_size: int | None = None,
+        shuffle: bool = True,
+        sampler: BatchSampler | None = None,
+    ) -> FitResult:
         """Run ``epochs`` epochs of the module's own ``training_step`` over ``data``.
 
         With automatic optimisation the engine takes the step (zero_grad, ``fabric.backward``, step) on the
@@ -193,9 +212,13 @@ class LocalTrainer:
         groups: dict[tuple, list[int]] = defaultdict(list)
         for i in active:
             job = jobs[i]
-            reason = ("a model appears in several jobs" if uses[id(job.handle)] > 1
-                      else "a training defense draws the batches or takes the steps" if job.sampler or job.session
-                      else vectorised.unsupported(job))
+            reason = (
+                "a model appears in several jobs"
+                if uses[id(job.handle)] > 1
+                else "a training defense draws the batches or takes the steps"
+                if job.sampler or job.session
+                else vectorised.unsupported(job)
+            )
             if reason is None:
                 groups[vectorised.group_key(job)].append(i)
             else:

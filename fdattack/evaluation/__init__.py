@@ -13,5 +13,18 @@ from fdattack.evaluation.reconstruction import ReconstructionScorer
 from fdattack.evaluation.report import Report
 from fdattack.evaluation.scoring import SCORERS, Scorer, ScoringContext, check_labels
 
-__all__ = ["SCORERS", "ConfidenceGapDiagnostic", "Diagnostic", "Evaluator", "IdentityScorer", "Oracle", "ReconstructionScorer", "Report",
-           "Scorer", "ScoringContext", "check_labels", "protocol_metrics", "train_identity_scorer"]
+__all__ = [
+    "SCORERS",
+    "ConfidenceGapDiagnostic",
+    "Diagnostic",
+    "Evaluator",
+    "IdentityScorer",
+    "Oracle",
+    "ReconstructionScorer",
+    "Report",
+    "Scorer",
+    "ScoringContext",
+    "check_labels",
+    "protocol_metrics",
+    "train_identity_scorer",
+]

@@ -12,9 +12,8 @@ they are (``wandb.Histogram(np_histogram=...)``).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import math
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor

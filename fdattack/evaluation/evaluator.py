@@ -65,6 +65,7 @@ class Evaluator:
         scorer = self.scorers.get(type(result))
         if scorer is None:
             kind = type(result).__name__
-            raise RuntimeError(f"attack {attack} returned {kind} but does not declare them: "
-                               f"set produces = frozenset({{{kind}}}) on its class")
+            raise RuntimeError(
+                f"attack {attack} returned {kind} but does not declare them: set produces = frozenset({{{kind}}}) on its class"
+            )
         return scorer

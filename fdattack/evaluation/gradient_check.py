@@ -53,10 +53,15 @@ class GradientCheck:
         truth = true_gradient(self.oracle.clients[probe.victim].module.net, probe.points, probe.target_class, probe.loss)
         cosines = gradient_cosines(probe.estimate, truth)
         std = float(cosines.std()) if len(cosines) > 1 else 0.0
-        metrics = {f"attack/{name}/grad_cosine": float(cosines.mean()), f"attack/{name}/grad_cosine_std": std,
-                   **interval_keys(f"attack/{name}/grad_cosine", bootstrap_mean_interval(cosines.double().numpy()))}
-        return Report(metrics=metrics,
-                      histograms={f"attack/{name}/grad_true": truth[0].flatten(), f"attack/{name}/grad_estimate": probe.estimate[0].flatten()})
+        metrics = {
+            f"attack/{name}/grad_cosine": float(cosines.mean()),
+            f"attack/{name}/grad_cosine_std": std,
+            **interval_keys(f"attack/{name}/grad_cosine", bootstrap_mean_interval(cosines.double().numpy())),
+        }
+        return Report(
+            metrics=metrics,
+            histograms={f"attack/{name}/grad_true": truth[0].flatten(), f"attack/{name}/grad_estimate": probe.estimate[0].flatten()},
+        )
 
 
 @SCORERS.register(GradientProbe)

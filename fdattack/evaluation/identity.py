@@ -67,8 +67,14 @@ class IdentityScorer:
         class_names: a name per output (for messages and readers), or None.
     """
 
-    def __init__(self, predict: Callable[[Tensor], Tensor], target_labels: list[int], test_accuracy: float,
-                 public_look: Optional[tuple[Tensor, Tensor]] = None, class_names: Optional[Sequence[str]] = None) -> None:
+    def __init__(
+        self,
+        predict: Callable[[Tensor], Tensor],
+        target_labels: list[int],
+        test_accuracy: float,
+        public_look: Optional[tuple[Tensor, Tensor]] = None,
+        class_names: Optional[Sequence[str]] = None,
+    ) -> None:
         self.predict = predict
         self.index = {label: i for i, label in enumerate(target_labels)}
         self.test_accuracy = test_accuracy
@@ -92,8 +98,11 @@ class IdentityScorer:
     def __call__(self, recon: Tensor, labels: Tensor) -> dict[str, float]:
         logits = self.predict(recon)
         rows = self._rows(labels)
-        out = {"eval_top1": topk_accuracy(logits, rows, 1), "eval_top5": topk_accuracy(logits, rows, 5),
-               "eval_classifier_accuracy": self.test_accuracy}
+        out = {
+            "eval_top1": topk_accuracy(logits, rows, 1),
+            "eval_top5": topk_accuracy(logits, rows, 5),
+            "eval_classifier_accuracy": self.test_accuracy,
+        }
         hits = [self.public_look_hits()[int(y)] for y in labels if int(y) in self.public_look_hits()]
         if hits:
             out["eval_top1_public_look"] = sum(hits) / len(hits)
@@ -129,8 +138,10 @@ def identity_classes(split: FederatedSplit) -> IdentityClasses:
     public_target = known & is_target[public.labels.clamp(min=0)]
     look = public_target & (public.domain == AUXILIARY)
     parts += [(f"public look {j}", public.images[look & (public.labels == j)]) for j in targets]
-    parts += [(f"label {c}", public.images[known & ~public_target & (public.labels == c)])
-              for c in sorted(set(public.labels[known & ~public_target].tolist()))]
+    parts += [
+        (f"label {c}", public.images[known & ~public_target & (public.labels == c)])
+        for c in sorted(set(public.labels[known & ~public_target].tolist()))
+    ]
     parts.append(("unlabelled public", public.images[public.labels == UNLABELED]))
     parts = [(name, images) for i, (name, images) in enumerate(parts) if i < len(targets) or len(images)]  # no empty extra class
     images = torch.cat([x for _, x in parts])
@@ -165,8 +176,9 @@ def public_look_means(split: FederatedSplit) -> tuple[Tensor, Tensor]:
     return means[present], targets[present]
 
 
-def train_identity_scorer(split: FederatedSplit, engine: LocalTrainer, architecture: str, epochs: int, lr: float,
-                          seed: int) -> IdentityScorer:
+def train_identity_scorer(
+    split: FederatedSplit, engine: LocalTrainer, architecture: str, epochs: int, lr: float, seed: int
+) -> IdentityScorer:
     """The evaluation classifier over the targets' private looks, their public looks and the non-target classes.
 
     Args:
@@ -190,5 +202,10 @@ def train_identity_scorer(split: FederatedSplit, engine: LocalTrainer, architect
     engine.fit(FitJob(handle, with_noisy_copies(classes.train, NOISE_MAX, seed), epochs, balanced_cross_entropy(counts), seed))
     test_logits = engine.predict(handle, test.images)
     test_accuracy = topk_accuracy(test_logits, remap[test.labels], 1) if len(test) else float("nan")
-    return IdentityScorer(lambda images: engine.predict(handle, images), list(classes.targets), test_accuracy,
-                          public_look=public_look_means(split), class_names=classes.names)
+    return IdentityScorer(
+        lambda images: engine.predict(handle, images),
+        list(classes.targets),
+        test_accuracy,
+        public_look=public_look_means(split),
+        class_names=classes.names,
+    )

@@ -28,7 +28,8 @@ Metrics, under ``attack/<name>/``:
 * ``eval_classifier_accuracy``: the classifier's own held-out top-1 (A26); and the attack's ``details`` as they are.
 * 95 % intervals (``<metric>_ci_low`` / ``_ci_high``, :mod:`fdattack.functional.intervals`): Wilson over the S·T
   inversions for ``top1`` and ``top5``; the percentile bootstrap over the inversions for ``knn_dist``, ``fid`` (the
-  private images fixed; each replicate by :class:`~fdattack.functional.frechet.FrechetToReference`) and the centred feature cosines (the noise images for
+  private images fixed; each replicate by :class:`~fdattack.functional.frechet.FrechetToReference`) and the centred feature cosines (the
+  noise images for
   ``feature_cosine_noise``), pooled over the labels.
 
 The grid (a row per target label, a column per sample) is logged as ``attack/<name>/inversions``; the images
@@ -46,17 +47,22 @@ from torch import Tensor, nn
 from torchmetrics.image.fid import FrechetInceptionDistance
 
 from fdattack.attacks.results import Inversions
-from fdattack.evaluation.inversion_classifier import InversionEvaluationSettings
 from fdattack.data.federated import FederatedSplit
+from fdattack.engine import LocalTrainer
 from fdattack.evaluation.inception import load_inception
-from fdattack.evaluation.inversion_classifier import EvaluationClassifier, inversion_classifier
+from fdattack.evaluation.inversion_classifier import EvaluationClassifier, InversionEvaluationSettings, inversion_classifier
 from fdattack.evaluation.report import Report
 from fdattack.evaluation.scoring import SCORERS, ScoringContext, check_labels
-from fdattack.engine import LocalTrainer
 from fdattack.functional.frechet import FrechetToReference
 from fdattack.functional.intervals import NO_INTERVAL, bootstrap_interval, bootstrap_mean_interval, interval_keys, wilson_interval
-from fdattack.functional.inversion_metrics import (feature_cosine_samples, feature_diversity, inversion_grid, knn_distances, mean_and_std,
-                                                   topk_per_sample)
+from fdattack.functional.inversion_metrics import (
+    feature_cosine_samples,
+    feature_diversity,
+    inversion_grid,
+    knn_distances,
+    mean_and_std,
+    topk_per_sample,
+)
 from fdattack.randomness import derive_seed
 
 #: private images per label over which ``diversity_real`` is measured (the first ones)
@@ -108,8 +114,9 @@ class InversionScorer:
         inception: Inception-v3 features for ``fid_inception`` (None: not logged).
     """
 
-    def __init__(self, split: FederatedSplit, classifier: Callable[[], EvaluationClassifier], grid_samples: int,
-                 inception: nn.Module | None = None) -> None:
+    def __init__(
+        self, split: FederatedSplit, classifier: Callable[[], EvaluationClassifier], grid_samples: int, inception: nn.Module | None = None
+    ) -> None:
         self.real_images = torch.cat([p.images for p in split.private])
         self.real_labels = torch.cat([p.labels for p in split.private])
         self.classifier = classifier
@@ -177,17 +184,19 @@ class InversionScorer:
         distances = knn_distances(features, labels, real, self.real_labels)
         cosines = feature_cosine_samples(pre, labels, real_pre, self.real_labels, noise_pre)
         extractor = PenultimateFeatures(classifier)
-        values.update({
-            "chance": 1.0 / t,
-            "chance_top5": min(5, classifier.num_classes) / classifier.num_classes,
-            "diversity": feature_diversity([features[:, i] for i in range(t)]),
-            "diversity_real": feature_diversity([real[self.real_labels == y][:REAL_DIVERSITY_IMAGES] for y in labels.tolist()]),
-            **_with_interval("fid", *self.fid(flat, labels, extractor)),
-            "fid_images": float(s * t),
-            "knn_dist": float(distances.mean()) if len(distances) else float("nan"),
-            **interval_keys("knn_dist", bootstrap_mean_interval(distances.numpy())),
-            "eval_classifier_accuracy": classifier.test_accuracy,
-        })
+        values.update(
+            {
+                "chance": 1.0 / t,
+                "chance_top5": min(5, classifier.num_classes) / classifier.num_classes,
+                "diversity": feature_diversity([features[:, i] for i in range(t)]),
+                "diversity_real": feature_diversity([real[self.real_labels == y][:REAL_DIVERSITY_IMAGES] for y in labels.tolist()]),
+                **_with_interval("fid", *self.fid(flat, labels, extractor)),
+                "fid_images": float(s * t),
+                "knn_dist": float(distances.mean()) if len(distances) else float("nan"),
+                **interval_keys("knn_dist", bootstrap_mean_interval(distances.numpy())),
+                "eval_classifier_accuracy": classifier.test_accuracy,
+            }
+        )
         for key, per_image in cosines.items():
             values[key] = float(per_image.mean()) if len(per_image) else float("nan")
             if not key.endswith("_raw"):
@@ -195,13 +204,21 @@ class InversionScorer:
         if self.inception is not None:
             values.update(_with_interval("fid_inception", *self.fid(flat, labels, self.inception)))
         as_bytes = ((result.images.float() * 0.5 + 0.5).clamp(0, 1) * 255).round().to(torch.uint8)
-        return Report(metrics={f"attack/{name}/{key}": float(value) for key, value in values.items()},
-                      images={f"attack/{name}/inversions": inversion_grid(result.images, self.grid_samples)},
-                      artifacts={f"{name}_inversions": {"images": as_bytes, "labels": labels}})
+        return Report(
+            metrics={f"attack/{name}/{key}": float(value) for key, value in values.items()},
+            images={f"attack/{name}/inversions": inversion_grid(result.images, self.grid_samples)},
+            artifacts={f"{name}_inversions": {"images": as_bytes, "labels": labels}},
+        )
 
 
-def inversion_scorer(split: FederatedSplit, engine: LocalTrainer, settings: InversionEvaluationSettings, seed: int,
-                     cache_dir: Path | None, announce: Callable[[str], None] | None = None) -> InversionScorer:
+def inversion_scorer(
+    split: FederatedSplit,
+    engine: LocalTrainer,
+    settings: InversionEvaluationSettings,
+    seed: int,
+    cache_dir: Path | None,
+    announce: Callable[[str], None] | None = None,
+) -> InversionScorer:
     """The scorer of a run's inversions with its evaluation classifier (trained at the first score and kept under
     ``cache_dir``, see :func:`~fdattack.evaluation.inversion_classifier.inversion_classifier`) and, where
     ``settings.inception_weights`` names them, Inception-v3 for ``fid_inception``.
@@ -218,5 +235,11 @@ def inversion_scorer(split: FederatedSplit, engine: LocalTrainer, settings: Inve
 def build_inversion_scorer(context: ScoringContext) -> InversionScorer:
     """:func:`inversion_scorer` with the run's ``evaluation.inversion`` settings, its classifier seeded from the run seed."""
     settings = OmegaConf.to_object(context.cfg.evaluation.inversion)
-    return inversion_scorer(context.oracle.split, context.oracle.engine, settings,  # type: ignore[arg-type]
-                            derive_seed(context.cfg.seed, "inversion_classifier"), context.cache_dir, context.announce)
+    return inversion_scorer(
+        context.oracle.split,
+        context.oracle.engine,
+        settings,  # type: ignore[arg-type]
+        derive_seed(context.cfg.seed, "inversion_classifier"),
+        context.cache_dir,
+        context.announce,
+    )

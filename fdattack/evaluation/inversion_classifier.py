@@ -26,24 +26,38 @@ from torch import Tensor, nn
 
 from fdattack.data.federated import FederatedSplit
 from fdattack.data.imageset import ImageSet
-from fdattack.evaluation.weights import load_weights, read_state_dict
 from fdattack.engine import LocalTrainer, ModelHandle, predict_logits
+from fdattack.evaluation.weights import load_weights, read_state_dict
 from fdattack.functional import topk_accuracy
+from fdattack.knobs import knob
 from fdattack.lit.classifier import ClassifierLitModule
 from fdattack.models.classifiers import build_classifier
 from fdattack.tracking.checkpoint import save_checkpoint
-from fdattack.knobs import knob
 
 
 @dataclass
 class InversionEvaluationSettings:
-    classifier: str = knob("scnn", "evaluation classifier of model-inversion attacks (their top-1/top-5, diversity and FID): a classifier registry name, trained apart from the federated models on every class of the dataset (every client's private images and the attacker's auxiliary classes), once per run, and kept in the run directory's artifacts/ (reused on resume)")
+    classifier: str = knob(
+        "scnn",
+        "evaluation classifier of model-inversion attacks (their top-1/top-5, diversity and FID): a classifier registry name, trained "
+        "apart from the federated models on every class of the dataset (every client's private images and the attacker's auxiliary "
+        "classes), once per run, and kept in the run directory's artifacts/ (reused on resume)",
+    )
     epochs: int = knob(10, "its training epochs", ge=1)
     lr: float = knob(1e-3, "its Adam learning rate", gt=0)
     batch_size: int = knob(32, "its mini-batch size", ge=1)
-    checkpoint: Optional[str] = knob(None, "a trained evaluation classifier to use instead of training one: an earlier run's artifacts/inversion_classifier_*.pt or a state_dict of the network evaluation.inversion.classifier builds; null = train it")
+    checkpoint: Optional[str] = knob(
+        None,
+        "a trained evaluation classifier to use instead of training one: an earlier run's artifacts/inversion_classifier_*.pt or a "
+        "state_dict of the network evaluation.inversion.classifier builds; null = train it",
+    )
     grid_samples: int = knob(8, "samples of each target label shown in the inversion grid (its columns)", ge=1)
-    inception_weights: Optional[str] = knob(None, "torchvision's Inception-v3 state_dict on disk (e.g. inception_v3_google-0cc3c7bd.pth) for an extra fid_inception in its 2048-d pool features (slow on a CPU: every private image of the targets goes through it once); never downloaded; null = none")
+    inception_weights: Optional[str] = knob(
+        None,
+        "torchvision's Inception-v3 state_dict on disk (e.g. inception_v3_google-0cc3c7bd.pth) for an extra fid_inception in its 2048-d "
+        "pool features (slow on a CPU: every private image of the targets goes through it once); never downloaded; null = none",
+    )
+
 
 log = logging.getLogger("fdattack")
 
@@ -149,8 +163,14 @@ def training_sets(split: FederatedSplit, seed: int) -> tuple[ImageSet, ImageSet]
     return train, test
 
 
-def inversion_classifier(split: FederatedSplit, engine: LocalTrainer, settings: InversionEvaluationSettings, seed: int,
-                         cache_dir: Path | None, announce: Callable[[str], None] | None = None) -> Callable[[], EvaluationClassifier]:
+def inversion_classifier(
+    split: FederatedSplit,
+    engine: LocalTrainer,
+    settings: InversionEvaluationSettings,
+    seed: int,
+    cache_dir: Path | None,
+    announce: Callable[[str], None] | None = None,
+) -> Callable[[], EvaluationClassifier]:
     """The evaluation classifier, as a call that builds it once: from ``settings.checkpoint`` (loaded and checked
     now, so that a bad file stops the run before its first round), else from the cache under ``cache_dir``, else
     trained at the first call and cached there (by the writing rank; ``cache_dir`` None keeps it in memory).
@@ -172,11 +192,19 @@ def inversion_classifier(split: FederatedSplit, engine: LocalTrainer, settings: 
         return engine.setup("inversion_classifier", ClassifierLitModule(net, num_classes, lr=settings.lr))
 
     if settings.checkpoint is not None:
-        state = read_state_dict(settings.checkpoint, CHECKPOINT_KEY, "an earlier run's artifacts/inversion_classifier_*.pt or a saved "
-                                "state_dict of the network, or null to train the classifier")
+        state = read_state_dict(
+            settings.checkpoint,
+            CHECKPOINT_KEY,
+            "an earlier run's artifacts/inversion_classifier_*.pt or a saved state_dict of the network, or null to train the classifier",
+        )
         net = network()
-        load_weights(net, state, CHECKPOINT_KEY, settings.checkpoint,
-                     f"classifier {settings.classifier!r} with {num_classes} outputs for {c}x{size}x{size} images")
+        load_weights(
+            net,
+            state,
+            CHECKPOINT_KEY,
+            settings.checkpoint,
+            f"classifier {settings.classifier!r} with {num_classes} outputs for {c}x{size}x{size} images",
+        )
         loaded = _scored(build(net), engine, test)
         return lambda: loaded
     cache = None if cache_dir is None else cache_dir / f"inversion_classifier_{_digest(settings, seed, split, train, num_classes)}.pt"
@@ -192,11 +220,17 @@ def inversion_classifier(split: FederatedSplit, engine: LocalTrainer, settings: 
         handle = build(network())
         engine.fit_module(handle, train, settings.epochs, seed, batch_size=settings.batch_size)
         scored = _scored(handle, engine, test)
-        log.info("inversion evaluation classifier %s: test accuracy %.4f on %d held-out images", settings.classifier,
-                 scored.test_accuracy, scored.test_images)
+        log.info(
+            "inversion evaluation classifier %s: test accuracy %.4f on %d held-out images",
+            settings.classifier,
+            scored.test_accuracy,
+            scored.test_images,
+        )
         if cache is not None and engine.is_global_zero:
             cache.parent.mkdir(parents=True, exist_ok=True)
-            save_checkpoint(cache, {"net": scored.net.state_dict(), "classifier": settings.classifier, "test_accuracy": scored.test_accuracy})
+            save_checkpoint(
+                cache, {"net": scored.net.state_dict(), "classifier": settings.classifier, "test_accuracy": scored.test_accuracy}
+            )
         return scored
 
     return obtain
@@ -211,8 +245,12 @@ def _scored(handle: ModelHandle, engine: LocalTrainer, test: ImageSet) -> Evalua
 
 def _digest(settings: InversionEvaluationSettings, seed: int, split: FederatedSplit, train: ImageSet, num_classes: int) -> str:
     """A name for everything the trained classifier depends on: its settings, seed, shapes and training rows."""
-    digest = hashlib.blake2b(repr((settings.classifier, settings.epochs, settings.lr, settings.batch_size, seed, num_classes,
-                                   tuple(split.image_shape))).encode(), digest_size=8)
+    digest = hashlib.blake2b(
+        repr(
+            (settings.classifier, settings.epochs, settings.lr, settings.batch_size, seed, num_classes, tuple(split.image_shape))
+        ).encode(),
+        digest_size=8,
+    )
     digest.update(train.labels.numpy().tobytes())
     digest.update(train.images.float().contiguous().numpy().tobytes())
     return digest.hexdigest()

@@ -47,8 +47,10 @@ class CandidatePool:
 def candidate_pool(split: FederatedSplit, max_candidates: int | None, seed: int) -> CandidatePool:
     """Every private and test sample (or ``max_candidates`` of them, drawn uniformly), in a seeded random order."""
     sets = [*split.private, split.test]
-    origin = torch.cat([torch.full((len(s),), k, dtype=torch.long) for k, s in enumerate(split.private)]
-                       + [torch.full((len(split.test),), NON_MEMBER, dtype=torch.long)])
+    origin = torch.cat(
+        [torch.full((len(s),), k, dtype=torch.long) for k, s in enumerate(split.private)]
+        + [torch.full((len(split.test),), NON_MEMBER, dtype=torch.long)]
+    )
     rng = np.random.default_rng(seed)
     order = rng.permutation(len(origin))
     if max_candidates is not None:
@@ -131,8 +133,10 @@ def build_membership_scorer(context: ScoringContext) -> MembershipScorer:
         RuntimeError: the run has no candidates (no attack reads them), so membership cannot be scored.
     """
     if context.candidates is None:
-        raise RuntimeError("MembershipScores are scored against the attacker's candidate set, but this run has none: the attack "
-                           "that produces them must read it (reads = frozenset({ViewPart.candidates}) on its class)")
+        raise RuntimeError(
+            "MembershipScores are scored against the attacker's candidate set, but this run has none: the attack "
+            "that produces them must read it (reads = frozenset({ViewPart.candidates}) on its class)"
+        )
     return MembershipScorer(context.candidates, context.seed, context.cfg.evaluation.bootstrap_resamples)
 
 
@@ -149,7 +153,9 @@ def roc_figure(curves: list[tuple[Tensor, Tensor]], title: str) -> Tensor:
     for k, (fpr, tpr) in enumerate(curves):
         ax.plot(fpr.clamp_min(floor).numpy(), tpr.clamp_min(floor).numpy(), linewidth=1, label=f"client {k}" if len(curves) <= 10 else None)
     ax.plot([floor, 1], [floor, 1], "k--", linewidth=0.8, label="chance")
-    ax.set(xscale="log", yscale="log", xlim=(floor, 1), ylim=(floor, 1), xlabel="false positive rate", ylabel="true positive rate", title=title)
+    ax.set(
+        xscale="log", yscale="log", xlim=(floor, 1), ylim=(floor, 1), xlabel="false positive rate", ylabel="true positive rate", title=title
+    )
     ax.legend(fontsize=6, loc="lower right")
     buffer = io.BytesIO()
     fig.savefig(buffer, format="png", bbox_inches="tight")

@@ -27,7 +27,8 @@ class ReconstructionScorer:
 
     Metrics: accuracy, ssim, ssim_standard, too_close_to_public, chance, and with ``identity`` eval_top1,
     eval_top5 and eval_classifier_accuracy; 95 % intervals (``_ci_low``, ``_ci_high``) beside accuracy, eval_top1 and
-    eval_top5 (Wilson over the T targets) and both SSIMs (the percentile bootstrap over the targets). The grid (C, T*H, 3W) in [0, 1] has one row per target: the
+    eval_top5 (Wilson over the T targets) and both SSIMs (the percentile bootstrap over the targets). The grid (C, T*H, 3W) in [0, 1] has
+    one row per target: the
     reconstruction, the private mean and the public mean of its label. Private means pool every client's
     private images (pli.md §13.14); public means mix both looks, with the true public labels.
 
@@ -56,9 +57,11 @@ class ReconstructionScorer:
         scores, grid = self.measure(result.images, result.labels)
         if result.role == "prior":
             kept = [k + end for k in PRIOR_METRICS for end in ("", LOW, HIGH)]  # each with its interval
-            return Report(metrics={f"attack/{attack}/prior_{k}": scores[k] for k in kept if k in scores},
-                          images={f"attack/{attack}/prior": grid},
-                          artifacts={f"{attack}_prior": {"images": result.images, "labels": result.labels}})
+            return Report(
+                metrics={f"attack/{attack}/prior_{k}": scores[k] for k in kept if k in scores},
+                images={f"attack/{attack}/prior": grid},
+                artifacts={f"{attack}_prior": {"images": result.images, "labels": result.labels}},
+            )
         return Report(
             metrics={f"attack/{attack}/{k}": v for k, v in scores.items()},
             images={f"attack/{attack}/reconstructions": grid},
@@ -98,7 +101,11 @@ def build_reconstruction_scorer(context: ScoringContext) -> ReconstructionScorer
     cfg, ev = context.cfg, context.cfg.evaluation
     if ev.classifier and context.progress is not None:
         context.progress.activity(f"training the evaluation classifier ({ev.classifier}, {ev.epochs} epochs)")
-    identity = (train_identity_scorer(context.oracle.split, context.oracle.engine, ev.classifier, ev.epochs, ev.lr,
-                                      derive_seed(cfg.seed, 0, "evaluation_classifier"))
-                if ev.classifier else None)
+    identity = (
+        train_identity_scorer(
+            context.oracle.split, context.oracle.engine, ev.classifier, ev.epochs, ev.lr, derive_seed(cfg.seed, 0, "evaluation_classifier")
+        )
+        if ev.classifier
+        else None
+    )
     return ReconstructionScorer(context.oracle.split, identity)

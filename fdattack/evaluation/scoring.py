@@ -86,8 +86,10 @@ class ScorerRegistry:
             return self._factories[result_type]
         except KeyError:
             known = ", ".join(t.__name__ for t in self)
-            raise TypeError(f"no scorer is registered for {result_type.__name__} (scorers: {known}); register one with "
-                            f"@SCORERS.register({result_type.__name__}) in a module of fdattack/evaluation/") from None
+            raise TypeError(
+                f"no scorer is registered for {result_type.__name__} (scorers: {known}); register one with "
+                f"@SCORERS.register({result_type.__name__}) in a module of fdattack/evaluation/"
+            ) from None
 
     def types(self) -> list[type]:
         """The registered result types, in registration order."""
@@ -126,5 +128,6 @@ def check_labels(attack: str, result: Reconstructions | Inversions, target_label
         rule = "distinct target labels"
     if wrong or result.labels.dim() != 1 or result.images.shape[column] != len(labels):
         shape = f"{len(labels)} labels for images of shape {tuple(result.images.shape)}"
-        raise RuntimeError(f"attack {attack} returned {kind} for labels {labels} ({shape}), but they must be {rule}: "
-                           f"the target labels are {targets}")
+        raise RuntimeError(
+            f"attack {attack} returned {kind} for labels {labels} ({shape}), but they must be {rule}: the target labels are {targets}"
+        )

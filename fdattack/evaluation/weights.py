@@ -48,6 +48,9 @@ def load_weights(net: nn.Module, state: dict[str, Tensor], key: str, path: str, 
         raise ConfigError(f"{key}={path!r} does not fit {network} ({str(err).splitlines()[-1].strip()})") from None
     missing = [k for k in missing if not (optional and k.startswith(optional))]
     if missing or unexpected:
-        listed = "; ".join(f"{what}: {', '.join(keys[:3])}{', ...' if len(keys) > 3 else ''}"
-                           for what, keys in (("missing", missing), ("unexpected", unexpected)) if keys)
+        listed = "; ".join(
+            f"{what}: {', '.join(keys[:3])}{', ...' if len(keys) > 3 else ''}"
+            for what, keys in (("missing", missing), ("unexpected", unexpected))
+            if keys
+        )
         raise ConfigError(f"{key}={path!r} does not fit {network} ({listed})")

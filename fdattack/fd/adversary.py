@@ -80,7 +80,9 @@ class Adversary:
 
     def _require(self, power: Capability) -> None:
         if power not in self.powers:
-            raise QueryRefusedError(f"this attack was not granted {power.value}; it has: {', '.join(sorted(p.value for p in self.powers)) or 'nothing'}")
+            raise QueryRefusedError(
+                f"this attack was not granted {power.value}; it has: {', '.join(sorted(p.value for p in self.powers)) or 'nothing'}"
+            )
 
     # ------------------------------------------------------------ the attack's side
     def choose_public_rows(self, rows: Tensor) -> None:

@@ -54,9 +54,14 @@ def plain_result(result: T, result_types: tuple[type, ...], attack: str) -> T:
             side), or a field that is not plain data.
     """
     if type(result) not in result_types:
-        raise BoundaryError(f"attack {attack} returned a {type(result).__module__}.{type(result).__qualname__}; results must be "
-                            f"exactly one of {', '.join(t.__name__ for t in result_types)}")
+        raise BoundaryError(
+            f"attack {attack} returned a {type(result).__module__}.{type(result).__qualname__}; results must be "
+            f"exactly one of {', '.join(t.__name__ for t in result_types)}"
+        )
     fields = {f.name: getattr(result, f.name) for f in dataclasses.fields(result)}  # type: ignore[arg-type]
-    plain = {name: plain_tensor(value, f"attack {attack}'s {type(result).__name__}.{name}")
-             for name, value in fields.items() if isinstance(value, Tensor)}
+    plain = {
+        name: plain_tensor(value, f"attack {attack}'s {type(result).__name__}.{name}")
+        for name, value in fields.items()
+        if isinstance(value, Tensor)
+    }
     return dataclasses.replace(result, **plain) if plain else result  # type: ignore[type-var]

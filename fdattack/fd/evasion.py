@@ -46,7 +46,9 @@ def evasive_clients(value: Any, num_clients: int, uploads_outputs: bool = True, 
     else:
         raise ConfigError(f"{key}={value!r} is not known; {allowed}")
     if chosen and not uploads_outputs:
-        raise ConfigError(f"{key}={value!r}: this protocol's clients upload weights, not outputs on samples they could withhold; use {key}=none")
+        raise ConfigError(
+            f"{key}={value!r}: this protocol's clients upload weights, not outputs on samples they could withhold; use {key}=none"
+        )
     return chosen
 
 
@@ -83,8 +85,10 @@ class Evasion:
             return member
         others = torch.nonzero(~member).flatten()
         salt = self._salt[client]
-        keys = torch.tensor([int.from_bytes(hashlib.blake2b(salt + digests[i], digest_size=7).digest(), "little") for i in others.tolist()],
-                            dtype=torch.long)
+        keys = torch.tensor(
+            [int.from_bytes(hashlib.blake2b(salt + digests[i], digest_size=7).digest(), "little") for i in others.tolist()],
+            dtype=torch.long,
+        )
         decoys = others[torch.argsort(keys)[:count]]
         return member.index_fill(0, decoys, True)
 

@@ -15,10 +15,10 @@ from typing import Callable, Sequence
 import torch
 
 from fdattack.errors import UploadError
-from fdattack.randomness import derive_seed
 from fdattack.fd.observer import Observer
 from fdattack.fd.protocols.base import Phase, Protocol, RoundContext
 from fdattack.fd.record import UPLOAD_PHASE, RoundRecord
+from fdattack.randomness import derive_seed
 
 log = logging.getLogger(__name__)
 
@@ -41,8 +41,13 @@ class RoundOrchestrator:
         on_phase: called with the round and the phase name before the phase runs (progress display).
     """
 
-    def __init__(self, protocol: Protocol, observers: Sequence[Observer], on_bad_upload: str = "error",
-                 on_phase: Callable[[int, str], None] | None = None) -> None:
+    def __init__(
+        self,
+        protocol: Protocol,
+        observers: Sequence[Observer],
+        on_bad_upload: str = "error",
+        on_phase: Callable[[int, str], None] | None = None,
+    ) -> None:
         self.protocol = protocol
         self.observers = list(observers)
         self.on_bad_upload = on_bad_upload
@@ -101,7 +106,9 @@ class RoundOrchestrator:
             participants=tuple(ctx.participants),
             dropped=tuple(ctx.dropped),
             batch=None if ctx.batch is None else ctx.batch.clone(),
-            uploads=MappingProxyType({k: u.frozen_copy() for k, u in ctx.uploads.items()} if self.protocol.threat_model.sees_uploads else {}),
+            uploads=MappingProxyType(
+                {k: u.frozen_copy() for k, u in ctx.uploads.items()} if self.protocol.threat_model.sees_uploads else {}
+            ),
             aggregate=None if ctx.aggregate is None else ctx.aggregate.detach().clone(),
             aggregate_kind=ctx.aggregate_kind,
             global_state=None if ctx.global_state is None else MappingProxyType({k: v.clone() for k, v in ctx.global_state.items()}),

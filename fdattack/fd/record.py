@@ -179,8 +179,17 @@ class PublicQuery:
         temperature: softmax temperature of ``probs`` answers.
     """
 
-    def __init__(self, answer: Answer, round: int, phase: str, rows: Tensor, clients: tuple[int, ...], has_server: bool,
-                 kind: PayloadKind = "logits", temperature: float = 1.0) -> None:
+    def __init__(
+        self,
+        answer: Answer,
+        round: int,
+        phase: str,
+        rows: Tensor,
+        clients: tuple[int, ...],
+        has_server: bool,
+        kind: PayloadKind = "logits",
+        temperature: float = 1.0,
+    ) -> None:
         self._token: int | None = answering.register(answer)  # the answerer stays protocol-side (fdattack.fd.answering)
         weakref.finalize(self, answering.release, self._token)
         self.round = round
@@ -205,8 +214,10 @@ class PublicQuery:
     def __call__(self, model: int | str, public_indices: Tensor) -> Tensor:
         answer = answering.lookup(self._token)
         if answer is None:
-            raise StaleQueryError(f"the query handle of round {self.round}, phase {self.phase!r} was used after that phase ended; "
-                                  "collect the outputs in on_record, when the record arrives")
+            raise StaleQueryError(
+                f"the query handle of round {self.round}, phase {self.phase!r} was used after that phase ended; "
+                "collect the outputs in on_record, when the record arrives"
+            )
         model = checked_model(model)
         idx = plain_tensor(public_indices, "queried public rows").to(torch.long).flatten().cpu()
         if model == "server" and not self.has_server:
@@ -215,8 +226,10 @@ class PublicQuery:
             raise QueryRefusedError(f"no client {model!r} in round {self.round}; the round's clients are {self.clients}")
         outside = (idx < 0) | (idx >= len(self._granted))
         if bool(outside.any()) or not bool(self._granted[idx[~outside]].all()):
-            raise QueryRefusedError(f"round {self.round}, phase {self.phase!r}: public rows outside the {len(self.rows)} rows this "
-                                    "threat model grants (query.rows)")
+            raise QueryRefusedError(
+                f"round {self.round}, phase {self.phase!r}: public rows outside the {len(self.rows)} rows this "
+                "threat model grants (query.rows)"
+            )
         return answer(model, idx)
 
 

@@ -60,7 +60,9 @@ class Undeclared:
     part: ViewPart
 
     def _refuse(self) -> UndeclaredPartError:
-        return UndeclaredPartError(f"attack {self.attack} reads the view's {self.part} without declaring it: add ViewPart.{self.part} to its `reads`")
+        return UndeclaredPartError(
+            f"attack {self.attack} reads the view's {self.part} without declaring it: add ViewPart.{self.part} to its `reads`"
+        )
 
     def __getattr__(self, name: str) -> Any:
         if name.startswith("__"):  # copy, pickle and friends probe for optional hooks
@@ -114,8 +116,9 @@ CAPABILITY_TEXT = {
 }
 
 #: the active powers of an honest-but-not-passive server that schedules the public batch
-SERVER_POWERS = frozenset({Capability.choose_public_batch, Capability.add_public_samples, Capability.send_aggregate,
-                           Capability.query_chosen_batch})
+SERVER_POWERS = frozenset(
+    {Capability.choose_public_batch, Capability.add_public_samples, Capability.send_aggregate, Capability.query_chosen_batch}
+)
 
 
 @dataclass(frozen=True)
@@ -251,6 +254,7 @@ class AttackerView:
         """Attack ``name``'s own view: of the parts that hold data, only those in ``reads`` (each other part is an
         :class:`Undeclared` that refuses any use), and of the public, prior and candidate sets copies, so that no
         attack writes into another's."""
+
         def own(part: ViewPart) -> Any:
             if part not in reads:
                 return Undeclared(name, part)
@@ -281,11 +285,17 @@ def _public_as_known(public: ImageSet, threat: ThreatModel) -> ImageSet:
     return ImageSet(public.images.clone(), labels, domain, torch.arange(n))
 
 
-def attacker_view(split: FederatedSplit, threat: ThreatModel, protocol: str, has_server_model: bool,
-                  degradation: Optional[Degradation] = None, candidates: Optional[ImageSet] = None,
-                  architecture: Optional[str] = None,
-                  network_changes: tuple[Callable[[nn.Module], nn.Module], ...] = (),
-                  aggregation: Optional[ServerAggregation] = None) -> AttackerView:
+def attacker_view(
+    split: FederatedSplit,
+    threat: ThreatModel,
+    protocol: str,
+    has_server_model: bool,
+    degradation: Optional[Degradation] = None,
+    candidates: Optional[ImageSet] = None,
+    architecture: Optional[str] = None,
+    network_changes: tuple[Callable[[nn.Module], nn.Module], ...] = (),
+    aggregation: Optional[ServerAggregation] = None,
+) -> AttackerView:
     """Build the view an attack of ``protocol`` gets from the split, per ``threat``.
 
     Args:
@@ -305,7 +315,9 @@ def attacker_view(split: FederatedSplit, threat: ThreatModel, protocol: str, has
     # public set but not its labels (DS-FL, Cronus) gives no prior, or the labels would come in through it
     labels_through_prior = split.attacker is split.public and public is not None and not threat.public_labels_known
     if split.attacker is not None and not labels_through_prior:
-        prior = ImageSet(split.attacker.images.clone(), split.attacker.labels.clone(), split.attacker.domain.clone(), torch.arange(len(split.attacker)))
+        prior = ImageSet(
+            split.attacker.images.clone(), split.attacker.labels.clone(), split.attacker.domain.clone(), torch.arange(len(split.attacker))
+        )
     return AttackerView(
         threat=threat,
         protocol=protocol,

@@ -33,8 +33,9 @@ def batch_key(batch: PublicBatch) -> bytes:
     return key if batch.added is None else key + Release.key_of(batch.added)
 
 
-def as_answered(logits: Tensor, answered: Tensor | None, temperature: float, defenses: Sequence[UploadDefense],
-                release: Release) -> tuple[Tensor, int]:
+def as_answered(
+    logits: Tensor, answered: Tensor | None, temperature: float, defenses: Sequence[UploadDefense], release: Release
+) -> tuple[Tensor, int]:
     """:func:`as_sent` of the rows ``answered`` (all where None); withheld rows are zeros and cost nothing on the wire."""
     if answered is None or bool(answered.all()):
         return as_sent(logits, temperature, defenses, release)
@@ -81,8 +82,17 @@ class Sent(NamedTuple):
     withheld: int
 
 
-def client_uploads(logits: Tensor, clients: Sequence[int], batch: PublicBatch, round: int, kind: PayloadKind, temperature: float,
-                   defenses: Sequence[UploadDefense], evasion: Evasion | None, digests: PublicDigests) -> list[Sent]:
+def client_uploads(
+    logits: Tensor,
+    clients: Sequence[int],
+    batch: PublicBatch,
+    round: int,
+    kind: PayloadKind,
+    temperature: float,
+    defenses: Sequence[UploadDefense],
+    evasion: Evasion | None,
+    digests: PublicDigests,
+) -> list[Sent]:
     """Each client's upload on ``batch`` from its (N, J) logits ``logits[i]`` (``clients[i]``), in client order, through
     ``defenses``; an evasive client (:mod:`fdattack.fd.evasion`) withholds rows, and its upload says which it answered."""
     key = batch_key(batch)
@@ -105,9 +115,20 @@ class QueryAnswerer:
     """Answers queries from the queried networks alone, as the clients would send their outputs (evasive ones
     withholding as in their uploads: the answerer holds digests of their private images, no image)."""
 
-    def __init__(self, clients: dict[int, torch.nn.Module], server: torch.nn.Module | None, public_images: Tensor,
-                 defenses: Sequence[UploadDefense], kind: PayloadKind, temperature: float, round: int, phase: str,
-                 device: torch.device, batch_size: int, evasion: Evasion | None = None) -> None:
+    def __init__(
+        self,
+        clients: dict[int, torch.nn.Module],
+        server: torch.nn.Module | None,
+        public_images: Tensor,
+        defenses: Sequence[UploadDefense],
+        kind: PayloadKind,
+        temperature: float,
+        round: int,
+        phase: str,
+        device: torch.device,
+        batch_size: int,
+        evasion: Evasion | None = None,
+    ) -> None:
         self.clients = clients
         self.server = server
         self.public_images = public_images
@@ -130,8 +151,9 @@ class QueryAnswerer:
             return predict_logits(self.server, images, self.device, self.batch_size)
         reply, _ = self._client_payload(int(model), images, Release.key_of(rows))
         if not reply.complete:
-            raise QueryRefusedError(f"client {model} withholds {int((~reply.answered).sum())} of these public rows "
-                                    "(protocol.evasive_clients)")
+            raise QueryRefusedError(
+                f"client {model} withholds {int((~reply.answered).sum())} of these public rows (protocol.evasive_clients)"
+            )
         return reply.outputs
 
     def on_images(self, client: int, images: Tensor) -> tuple[Reply, int]:

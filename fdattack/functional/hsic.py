@@ -178,11 +178,10 @@ def split_halves(x: Tensor) -> tuple[Tensor, Tensor]:
     m = x.shape[0] // 2
     if m < 2:
         raise ValueError(f"splitting a batch for HSIC needs at least 4 samples, got {x.shape[0]}")
-    return x[:m].flatten(1), x[m:2 * m].flatten(1)
+    return x[:m].flatten(1), x[m : 2 * m].flatten(1)
 
 
-def hsic_loss_term(x: Tensor, *, lambda_h: float, sign: Literal[1, -1],
-                   options: HSICOptions = HSICOptions()) -> Tensor:
+def hsic_loss_term(x: Tensor, *, lambda_h: float, sign: Literal[1, -1], options: HSICOptions = HSICOptions()) -> Tensor:
     """sign · λ_H · HSIC(x1, x2), the term added to a minimised attack loss (Eq. 11; §5.4, §9 A14).
 
     sign = +1 is the released code's ``+ λ·nHSIC``: minimising it lowers the dependence measure, which with a

@@ -51,7 +51,9 @@ def _ssim_from_moments(mu_a: Tensor, sq_a: Tensor, mu_b: Tensor, sq_b: Tensor, c
     return ssim_map.flatten(1).mean(dim=1).float()
 
 
-def paper_ssim(a: Tensor, b: Tensor, data_range: float = PAPER_DATA_RANGE, window: int = PAPER_WINDOW, sigma: float = PAPER_SIGMA) -> Tensor:
+def paper_ssim(
+    a: Tensor, b: Tensor, data_range: float = PAPER_DATA_RANGE, window: int = PAPER_WINDOW, sigma: float = PAPER_SIGMA
+) -> Tensor:
     """The PLI evaluation SSIM (pli.md §10.1): Gaussian 11x11 window, sigma 1.5, per channel with zero
     padding, C1 = (0.01 * data_range)^2, C2 = (0.03 * data_range)^2, averaged over channels and pixels.
 

@@ -54,8 +54,9 @@ def wilson_interval(successes: int, trials: int, confidence: float = CONFIDENCE)
     return float(result.low), float(result.high)
 
 
-def bootstrap_mean_interval(values: Sequence[float] | np.ndarray, confidence: float = CONFIDENCE,
-                            resamples: int = BOOTSTRAP_RESAMPLES, seed: int = 0) -> Interval:
+def bootstrap_mean_interval(
+    values: Sequence[float] | np.ndarray, confidence: float = CONFIDENCE, resamples: int = BOOTSTRAP_RESAMPLES, seed: int = 0
+) -> Interval:
     """The percentile bootstrap interval of the mean of ``values`` (NaNs left out)."""
     data = np.asarray(values, dtype=np.float64).ravel()
     data = data[np.isfinite(data)]
@@ -63,13 +64,25 @@ def bootstrap_mean_interval(values: Sequence[float] | np.ndarray, confidence: fl
         return NO_INTERVAL
     if np.all(data == data[0]):
         return float(data[0]), float(data[0])
-    result = stats.bootstrap((data,), np.mean, n_resamples=resamples, confidence_level=confidence, method="percentile",
-                             vectorized=True, rng=np.random.default_rng(seed))
+    result = stats.bootstrap(
+        (data,),
+        np.mean,
+        n_resamples=resamples,
+        confidence_level=confidence,
+        method="percentile",
+        vectorized=True,
+        rng=np.random.default_rng(seed),
+    )
     return float(result.confidence_interval.low), float(result.confidence_interval.high)
 
 
-def bootstrap_interval(items: int, statistic: Callable[[np.ndarray], float], confidence: float = CONFIDENCE,
-                       resamples: int = BOOTSTRAP_RESAMPLES, seed: int = 0) -> Interval:
+def bootstrap_interval(
+    items: int,
+    statistic: Callable[[np.ndarray], float],
+    confidence: float = CONFIDENCE,
+    resamples: int = BOOTSTRAP_RESAMPLES,
+    seed: int = 0,
+) -> Interval:
     """The percentile bootstrap interval of any ``statistic(indices)`` of ``items`` items resampled with replacement
     (for statistics that are not a plain mean, such as a Fréchet distance)."""
     if items < 2:
@@ -128,8 +141,13 @@ def membership_points(members: np.ndarray, non_members: np.ndarray, fpr_levels: 
     return np.stack(columns, axis=1)
 
 
-def membership_bootstrap(per_client: Sequence[tuple[np.ndarray, np.ndarray]], fpr_levels: Sequence[float],
-                         confidence: float = CONFIDENCE, resamples: int = BOOTSTRAP_RESAMPLES, seed: int = 0) -> list[Interval]:
+def membership_bootstrap(
+    per_client: Sequence[tuple[np.ndarray, np.ndarray]],
+    fpr_levels: Sequence[float],
+    confidence: float = CONFIDENCE,
+    resamples: int = BOOTSTRAP_RESAMPLES,
+    seed: int = 0,
+) -> list[Interval]:
     """Percentile bootstrap intervals of the mean over clients of [TPR at each FPR level, AUC, balanced accuracy].
 
     Each replicate resamples every client's members and its non-members with replacement, apart (a stratified
@@ -152,8 +170,11 @@ def membership_bootstrap(per_client: Sequence[tuple[np.ndarray, np.ndarray]], fp
         rows = max(1, _BOOTSTRAP_CELLS // (len(members) + len(non_members)))
         for start in range(0, resamples, rows):
             b = min(rows, resamples - start)
-            replicates[start:start + b] += membership_points(members[rng.integers(0, len(members), (b, len(members)))],
-                                                             non_members[rng.integers(0, len(non_members), (b, len(non_members)))], fpr_levels)
+            replicates[start : start + b] += membership_points(
+                members[rng.integers(0, len(members), (b, len(members)))],
+                non_members[rng.integers(0, len(non_members), (b, len(non_members)))],
+                fpr_levels,
+            )
     replicates /= len(per_client)
     alpha = (1 - confidence) / 2
     low, high = np.quantile(replicates, alpha, axis=0), np.quantile(replicates, 1 - alpha, axis=0)

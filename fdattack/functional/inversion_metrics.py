@@ -70,8 +70,11 @@ def knn_distances(features: Tensor, labels: Tensor, real_features: Tensor, real_
     Returns:
         (n,) float64, the inversions of the labels that have real images, column by column.
     """
-    nearest = [torch.cdist(features[:, t].double(), real_features[real_labels == y].double()).min(dim=1).values.square()
-               for t, y in enumerate(labels.tolist()) if bool((real_labels == y).any())]
+    nearest = [
+        torch.cdist(features[:, t].double(), real_features[real_labels == y].double()).min(dim=1).values.square()
+        for t, y in enumerate(labels.tolist())
+        if bool((real_labels == y).any())
+    ]
     return torch.cat(nearest) if nearest else torch.empty(0, dtype=torch.float64)
 
 
@@ -118,8 +121,9 @@ def feature_cosine(generated: Tensor, real: Tensor, noise: Tensor) -> dict[str, 
     return feature_cosines(generated.unsqueeze(1), one_label, real, one_label.expand(len(real)), noise.unsqueeze(1))
 
 
-def feature_cosine_samples(features: Tensor, labels: Tensor, real_features: Tensor, real_labels: Tensor,
-                           noise_features: Tensor) -> dict[str, Tensor]:
+def feature_cosine_samples(
+    features: Tensor, labels: Tensor, real_features: Tensor, real_labels: Tensor, noise_features: Tensor
+) -> dict[str, Tensor]:
     """The per-image cosines behind :func:`feature_cosine`, for every target label, pooled over the labels.
 
     Args:
@@ -131,7 +135,9 @@ def feature_cosine_samples(features: Tensor, labels: Tensor, real_features: Tens
         ``feature_cosine`` and ``feature_cosine_raw``: (S·T',) one cosine per inversion; ``feature_cosine_noise`` and
         ``feature_cosine_noise_raw``: (S'·T',) one per noise image; T' the labels that have real images.
     """
-    pooled: dict[str, list[Tensor]] = {key: [] for key in ("feature_cosine", "feature_cosine_noise", "feature_cosine_raw", "feature_cosine_noise_raw")}
+    pooled: dict[str, list[Tensor]] = {
+        key: [] for key in ("feature_cosine", "feature_cosine_noise", "feature_cosine_raw", "feature_cosine_noise_raw")
+    }
     for t, y in enumerate(labels.tolist()):
         real = real_features[real_labels == y]
         if not len(real):
@@ -146,7 +152,9 @@ def feature_cosine_samples(features: Tensor, labels: Tensor, real_features: Tens
     return {key: torch.cat(values) if values else torch.empty(0, dtype=torch.float64) for key, values in pooled.items()}
 
 
-def feature_cosines(features: Tensor, labels: Tensor, real_features: Tensor, real_labels: Tensor, noise_features: Tensor) -> dict[str, float]:
+def feature_cosines(
+    features: Tensor, labels: Tensor, real_features: Tensor, real_labels: Tensor, noise_features: Tensor
+) -> dict[str, float]:
     """:func:`feature_cosine` of every target label, averaged over the labels (every label has S inversions, so this
     is the mean of :func:`feature_cosine_samples`).
 

@@ -97,6 +97,7 @@ def online_lira(target: Tensor, inside: Tensor, outside: Tensor) -> Tensor:
     Args:
         target: (N,) φ of the target model; inside/outside: (K, N) φ of reference models trained with/without each sample.
     """
+
     def log_normal(x: Tensor, ref: Tensor) -> Tensor:
         mu, sigma = ref.double().mean(dim=0), ref.double().std(dim=0, unbiased=True).clamp_min(MIN_STD)
         return -0.5 * ((x.double() - mu) / sigma) ** 2 - torch.log(sigma) - 0.5 * math.log(2 * math.pi)

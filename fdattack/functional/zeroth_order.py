@@ -15,8 +15,9 @@ def unit_sphere_directions(batch: int, m: int, shape: tuple[int, ...], generator
     return g / norms.view(batch, m, *([1] * len(shape)))
 
 
-def forward_difference_gradient(loss: Callable[[Tensor], Tensor], x: Tensor, m: int, epsilon: float,
-                                generator: torch.Generator) -> tuple[Tensor, int]:
+def forward_difference_gradient(
+    loss: Callable[[Tensor], Tensor], x: Tensor, m: int, epsilon: float, generator: torch.Generator
+) -> tuple[Tensor, int]:
     """Eq. 6: ∂L/∂x ≈ (1/m) Σ_i d (L(x + ε u_i) − L(x)) / ε · u_i, independently per sample of the batch.
 
     Args:

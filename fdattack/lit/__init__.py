@@ -11,5 +11,15 @@ from fdattack.lit.lattack import LAttackGenerator
 from fdattack.lit.translation import CycleGANLitModule, RestorerLitModule, TranslationLitModule
 from fdattack.lit.vmi import VMIMinerLitModule
 
-__all__ = ["ClassifierLitModule", "CycleGANLitModule", "InversionLitModule", "KPlusOneGAN", "LAttackGenerator", "RestorerLitModule", "TranslationLitModule",
-           "VMIMinerLitModule", "WGANGP", "cross_entropy"]
+__all__ = [
+    "ClassifierLitModule",
+    "CycleGANLitModule",
+    "InversionLitModule",
+    "KPlusOneGAN",
+    "LAttackGenerator",
+    "RestorerLitModule",
+    "TranslationLitModule",
+    "VMIMinerLitModule",
+    "WGANGP",
+    "cross_entropy",
+]

@@ -152,8 +152,16 @@ class WGANGP(ManualGAN):
 
     NETWORKS = ("generator", "critic")
 
-    def __init__(self, channels: int, image_size: int, z_dim: int = 100, width: int = 64, lr: float = 2e-4, n_critic: int = 5,
-                 gp_weight: float = 10.0) -> None:
+    def __init__(
+        self,
+        channels: int,
+        image_size: int,
+        z_dim: int = 100,
+        width: int = 64,
+        lr: float = 2e-4,
+        n_critic: int = 5,
+        gp_weight: float = 10.0,
+    ) -> None:
         super().__init__()
         self.save_hyperparameters()
         self.generator = Generator(channels, image_size, z_dim, width)
@@ -199,8 +207,18 @@ class KPlusOneGAN(ManualGAN):
 
     NETWORKS = ("generator", "discriminator")
 
-    def __init__(self, channels: int, image_size: int, target: nn.Module, num_classes: int, z_dim: int = 100, width: int = 64,
-                 lr: float = 2e-4, n_critic: int = 5, entropy_weight: float = 1e-4) -> None:
+    def __init__(
+        self,
+        channels: int,
+        image_size: int,
+        target: nn.Module,
+        num_classes: int,
+        z_dim: int = 100,
+        width: int = 64,
+        lr: float = 2e-4,
+        n_critic: int = 5,
+        entropy_weight: float = 1e-4,
+    ) -> None:
         super().__init__()
         self.save_hyperparameters(ignore=["target"])
         self.generator = Generator(channels, image_size, z_dim, width)

@@ -32,9 +32,17 @@ class InversionLitModule(L.LightningModule):
         in_features, out_channels, image_size, max_width: the decoder's shape, when ``decoder`` is None.
     """
 
-    def __init__(self, decoder: nn.Module | None = None, lr: float = 3e-5, weight_decay: float = 1e-4, gamma: float = 0.0,
-                 in_features: int | None = None, out_channels: int | None = None, image_size: int | None = None,
-                 max_width: int = 1024) -> None:
+    def __init__(
+        self,
+        decoder: nn.Module | None = None,
+        lr: float = 3e-5,
+        weight_decay: float = 1e-4,
+        gamma: float = 0.0,
+        in_features: int | None = None,
+        out_channels: int | None = None,
+        image_size: int | None = None,
+        max_width: int = 1024,
+    ) -> None:
         super().__init__()
         if decoder is None:
             if in_features is None or out_channels is None or image_size is None:

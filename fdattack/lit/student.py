@@ -7,8 +7,8 @@ from typing import Literal
 
 from torch import nn
 
-from fdattack.lit.objectives import kl_to_probs, l1_to_logits
 from fdattack.lit.classifier import ClassifierLitModule
+from fdattack.lit.objectives import kl_to_probs, l1_to_logits
 
 #: the student's loss: L1 between its logits and the teacher's (the authors' ``nn.L1Loss``), or KL(p_teacher ‖ softmax)
 StudentLoss = Literal["l1", "kl"]
@@ -29,8 +29,15 @@ class DistillationStudent(ClassifierLitModule):
         in_channels, image_size: C and H of the images, when ``net`` is a name.
     """
 
-    def __init__(self, net: nn.Module | str, num_classes: int, loss: StudentLoss = "l1", lr: float = 1e-3,
-                 in_channels: int | None = None, image_size: int | None = None) -> None:
+    def __init__(
+        self,
+        net: nn.Module | str,
+        num_classes: int,
+        loss: StudentLoss = "l1",
+        lr: float = 1e-3,
+        in_channels: int | None = None,
+        image_size: int | None = None,
+    ) -> None:
         super().__init__(net, num_classes, optimizer="adam", lr=lr, in_channels=in_channels, image_size=image_size)
         if loss not in ("l1", "kl"):
             raise ValueError(f"loss must be 'l1' or 'kl', got {loss!r}")

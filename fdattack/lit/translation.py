@@ -78,8 +78,17 @@ class CycleGANLitModule(TranslationLitModule):
         seed: seed of the image pools.
     """
 
-    def __init__(self, channels: int, image_size: int, width: int = 64, lr: float = 2e-4, lambda_cycle: float = 3.0,
-                 lambda_identity: float = 0.5, pool_size: int = 50, seed: int = 0) -> None:
+    def __init__(
+        self,
+        channels: int,
+        image_size: int,
+        width: int = 64,
+        lr: float = 2e-4,
+        lambda_cycle: float = 3.0,
+        lambda_identity: float = 0.5,
+        pool_size: int = 50,
+        seed: int = 0,
+    ) -> None:
         super().__init__()
         self.save_hyperparameters()
         self.generator = ResnetGenerator(channels, image_size, width)
@@ -104,8 +113,9 @@ class CycleGANLitModule(TranslationLitModule):
         self.disc_a.requires_grad_(True)
         self.disc_b.requires_grad_(True)
         pooled_b, pooled_a = self.pool_b.query(fake_b), self.pool_a.query(fake_a)
-        d_loss = 0.5 * (lsgan_loss(self.disc_b(b), True) + lsgan_loss(self.disc_b(pooled_b), False)) \
-            + 0.5 * (lsgan_loss(self.disc_a(a), True) + lsgan_loss(self.disc_a(pooled_a), False))
+        d_loss = 0.5 * (lsgan_loss(self.disc_b(b), True) + lsgan_loss(self.disc_b(pooled_b), False)) + 0.5 * (
+            lsgan_loss(self.disc_a(a), True) + lsgan_loss(self.disc_a(pooled_a), False)
+        )
         self._update(d_opt, d_loss)
         return {"g_loss": g_loss.detach(), "d_loss": d_loss.detach(), "cycle": cycle.detach()}
 
@@ -127,8 +137,15 @@ class RestorerLitModule(TranslationLitModule):
         adversarial_weight: weight of the LSGAN term (0.001; 0 trains the generator alone).
     """
 
-    def __init__(self, channels: int, image_size: int, width: int = 64, lr: float = 1e-4, pixel_weight: float = 0.5,
-                 adversarial_weight: float = 0.001) -> None:
+    def __init__(
+        self,
+        channels: int,
+        image_size: int,
+        width: int = 64,
+        lr: float = 1e-4,
+        pixel_weight: float = 0.5,
+        adversarial_weight: float = 0.001,
+    ) -> None:
         super().__init__()
         self.save_hyperparameters()
         self.generator = ResnetGenerator(channels, image_size, width)

@@ -77,14 +77,35 @@ class VMIMinerLitModule(L.LightningModule):
         dtype: the flows' dtype (float64 as the code); latents are cast to the generator's dtype.
     """
 
-    def __init__(self, generator: nn.Module, target: nn.Module, label: int, latent_dim: int, num_layers: int = 1, *,
-                 steps_per_level: int = 10, levels: int = 3, hidden: int = 100, actnorm: bool = True,
-                 lambda_attack: float = 1.0, lambda_kl: float = 1e-3, lambda_h: float = 0.0,
-                 hsic_sign: Literal[1, -1] = 1, hsic_options: HSICOptions = HSICOptions(),
-                 lr: float = 1e-4, momentum: float = 0.9, weight_decay: float = 0.0, batch_size: int = 32,
-                 steps_per_epoch: int = 10, eval_samples: int = 100, patience: int | None = 15,
-                 shared_noise: bool = True, scorer: Scorer | None = None, seed: int = 0,
-                 dtype: torch.dtype = torch.float64) -> None:
+    def __init__(
+        self,
+        generator: nn.Module,
+        target: nn.Module,
+        label: int,
+        latent_dim: int,
+        num_layers: int = 1,
+        *,
+        steps_per_level: int = 10,
+        levels: int = 3,
+        hidden: int = 100,
+        actnorm: bool = True,
+        lambda_attack: float = 1.0,
+        lambda_kl: float = 1e-3,
+        lambda_h: float = 0.0,
+        hsic_sign: Literal[1, -1] = 1,
+        hsic_options: HSICOptions = HSICOptions(),  # noqa: B008 - a frozen dataclass, shared safely
+        lr: float = 1e-4,
+        momentum: float = 0.9,
+        weight_decay: float = 0.0,
+        batch_size: int = 32,
+        steps_per_epoch: int = 10,
+        eval_samples: int = 100,
+        patience: int | None = 15,
+        shared_noise: bool = True,
+        scorer: Scorer | None = None,
+        seed: int = 0,
+        dtype: torch.dtype = torch.float64,
+    ) -> None:
         super().__init__()
         if num_layers < 1 or batch_size < 1 or steps_per_epoch < 1 or eval_samples < 1:
             raise ValueError("num_layers, batch_size, steps_per_epoch and eval_samples must be ≥ 1")
@@ -95,8 +116,9 @@ class VMIMinerLitModule(L.LightningModule):
         self.target = target.requires_grad_(False).eval()
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(seed)
-            self.flows = nn.ModuleList(Glow(latent_dim, steps_per_level, levels, hidden, actnorm, seed + layer, dtype)
-                                       for layer in range(num_layers))
+            self.flows = nn.ModuleList(
+                Glow(latent_dim, steps_per_level, levels, hidden, actnorm, seed + layer, dtype) for layer in range(num_layers)
+            )
             for flow in self.flows:
                 flow.initialize(torch.randn(100, latent_dim, dtype=dtype))
         self.scorer = scorer

@@ -9,5 +9,14 @@ from fdattack.models.gan import DGWGAN, Generator, MinibatchDiscriminator
 from fdattack.models.inversion import InversionDecoder
 from fdattack.models.translation import PatchDiscriminator, ResnetGenerator
 
-__all__ = ["CLASSIFIERS", "DGWGAN", "Generator", "Glow", "InversionDecoder", "MinibatchDiscriminator", "PatchDiscriminator", "ResnetGenerator",
-           "build_classifier"]
+__all__ = [
+    "CLASSIFIERS",
+    "DGWGAN",
+    "Generator",
+    "Glow",
+    "InversionDecoder",
+    "MinibatchDiscriminator",
+    "PatchDiscriminator",
+    "ResnetGenerator",
+    "build_classifier",
+]

@@ -88,9 +88,17 @@ class MCNN(nn.Module):
         self.input_size = max(image_size, self.min_size)
         side = ((((self.input_size - 4) // 2) - 4) // 2) - 4
         self.features = nn.Sequential(
-            nn.Conv2d(in_channels, 64, 7, stride=1, padding=1), nn.BatchNorm2d(64), nn.LeakyReLU(0.2), nn.MaxPool2d(2),
-            nn.Conv2d(64, 128, 5), nn.BatchNorm2d(128), nn.LeakyReLU(0.2), nn.MaxPool2d(2),
-            nn.Conv2d(128, 256, 5), nn.BatchNorm2d(256), nn.LeakyReLU(0.2),
+            nn.Conv2d(in_channels, 64, 7, stride=1, padding=1),
+            nn.BatchNorm2d(64),
+            nn.LeakyReLU(0.2),
+            nn.MaxPool2d(2),
+            nn.Conv2d(64, 128, 5),
+            nn.BatchNorm2d(128),
+            nn.LeakyReLU(0.2),
+            nn.MaxPool2d(2),
+            nn.Conv2d(128, 256, 5),
+            nn.BatchNorm2d(256),
+            nn.LeakyReLU(0.2),
             nn.Flatten(),
         )
         self.fc = nn.Linear(256 * side * side, num_classes)
@@ -153,11 +161,20 @@ def pdafd_cnn(in_channels: int, image_size: int, num_classes: int) -> nn.Module:
     if image_size < 8:
         raise _too_small("pdafd_cnn", image_size, 8, "three 2x2 average pools")
     return nn.Sequential(
-        nn.Conv2d(in_channels, 32, 3, padding=1), nn.ReLU(), nn.AvgPool2d(2),
-        nn.Conv2d(32, 64, 3, padding=1), nn.ReLU(), nn.AvgPool2d(2),
-        nn.Conv2d(64, 64, 3, padding=1), nn.ReLU(), nn.AvgPool2d(2),
-        nn.Conv2d(64, 128, 3, padding=1), nn.ReLU(), nn.AdaptiveAvgPool2d(1),
-        nn.Flatten(), nn.Linear(128, num_classes),
+        nn.Conv2d(in_channels, 32, 3, padding=1),
+        nn.ReLU(),
+        nn.AvgPool2d(2),
+        nn.Conv2d(32, 64, 3, padding=1),
+        nn.ReLU(),
+        nn.AvgPool2d(2),
+        nn.Conv2d(64, 64, 3, padding=1),
+        nn.ReLU(),
+        nn.AvgPool2d(2),
+        nn.Conv2d(64, 128, 3, padding=1),
+        nn.ReLU(),
+        nn.AdaptiveAvgPool2d(1),
+        nn.Flatten(),
+        nn.Linear(128, num_classes),
     )
 
 
@@ -179,8 +196,10 @@ def mlp(in_channels: int, image_size: int, num_classes: int) -> nn.Module:
     """PDA-FD Purchase MLP (pdafd.md §7.3): Flatten → Linear(C·H·W, 128) → ReLU → Linear(128, 64) → ReLU → Linear(64, J)."""
     return nn.Sequential(
         nn.Flatten(),
-        nn.Linear(in_channels * image_size * image_size, 128), nn.ReLU(),
-        nn.Linear(128, 64), nn.ReLU(),
+        nn.Linear(in_channels * image_size * image_size, 128),
+        nn.ReLU(),
+        nn.Linear(128, 64),
+        nn.ReLU(),
         nn.Linear(64, num_classes),
     )
 

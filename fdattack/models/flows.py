@@ -95,7 +95,7 @@ class AdditiveCoupling(nn.Module):
         self.net = nn.Sequential(nn.Linear(self.split, hidden), nn.ReLU(), nn.Linear(hidden, hidden), nn.ReLU(), last)
 
     def _shift(self, x: Tensor, sign: int) -> tuple[Tensor, Tensor]:
-        a, b = x[:, : self.split], x[:, self.split:]
+        a, b = x[:, : self.split], x[:, self.split :]
         return torch.cat([a, b + sign * self.net(a)], dim=1), x.new_zeros(x.shape[0])
 
     def encode(self, x: Tensor) -> tuple[Tensor, Tensor]:
@@ -142,8 +142,16 @@ class Glow(nn.Module):
         dtype: parameter and computation dtype (float64 as the code).
     """
 
-    def __init__(self, dim: int, steps_per_level: int = 10, levels: int = 3, hidden: int = 100,
-                 actnorm: bool = True, seed: int = 0, dtype: torch.dtype = torch.float64) -> None:
+    def __init__(
+        self,
+        dim: int,
+        steps_per_level: int = 10,
+        levels: int = 3,
+        hidden: int = 100,
+        actnorm: bool = True,
+        seed: int = 0,
+        dtype: torch.dtype = torch.float64,
+    ) -> None:
         super().__init__()
         if steps_per_level < 1 or levels < 1:
             raise ValueError(f"a flow needs steps_per_level ≥ 1 and levels ≥ 1, got {steps_per_level} and {levels}")
@@ -152,8 +160,7 @@ class Glow(nn.Module):
             raise ValueError(f"{levels} levels halve dim={dim} to {sizes[-1]} coordinates; the last level needs ≥ 2")
         self.dim = dim
         generator = torch.Generator().manual_seed(seed)
-        self.steps = nn.ModuleList(FlowStep(n, hidden, generator, actnorm)
-                                   for n in sizes for _ in range(steps_per_level))
+        self.steps = nn.ModuleList(FlowStep(n, hidden, generator, actnorm) for n in sizes for _ in range(steps_per_level))
         self.to(dtype)
 
     @property
@@ -171,7 +178,7 @@ class Glow(nn.Module):
         logdet = h.new_zeros(h.shape[0])
         for step in self.steps:
             x, ld = step.encode(h[:, : step.dim])
-            h, logdet = torch.cat([x, h[:, step.dim:]], dim=1), logdet + ld
+            h, logdet = torch.cat([x, h[:, step.dim :]], dim=1), logdet + ld
         return h, logdet
 
     def decode(self, eps: Tensor) -> tuple[Tensor, Tensor]:
@@ -182,7 +189,7 @@ class Glow(nn.Module):
         logdet = h.new_zeros(h.shape[0])
         for step in reversed(self.steps):
             x, ld = step.decode(h[:, : step.dim])
-            h, logdet = torch.cat([x, h[:, step.dim:]], dim=1), logdet + ld
+            h, logdet = torch.cat([x, h[:, step.dim :]], dim=1), logdet + ld
         return h, logdet
 
     @torch.no_grad()

@@ -139,8 +139,10 @@ class MinibatchDiscriminator(nn.Module):
         super().__init__()
         n = doublings(image_size)
         widths = [width * 2 ** min(i, 2) for i in range(n)]
-        blocks = [_conv_in_lrelu(c_in, c_out) if i < 3 else _conv_in_lrelu(c_in, c_out, 3, 1)
-                  for i, (c_in, c_out) in enumerate(zip([channels, *widths[:-1]], widths))]
+        blocks = [
+            _conv_in_lrelu(c_in, c_out) if i < 3 else _conv_in_lrelu(c_in, c_out, 3, 1)
+            for i, (c_in, c_out) in enumerate(zip([channels, *widths[:-1]], widths))
+        ]
         self.features = nn.Sequential(*blocks, nn.Flatten())
         self.feature_dim = widths[-1] * 4 * 4
         self.mbd1 = MinibatchDiscrimination(self.feature_dim)

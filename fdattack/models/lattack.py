@@ -13,7 +13,8 @@ def _up_block(c_in: int, c_out: int) -> nn.Sequential:
 class UpsamplingGenerator(nn.Module):
     """z (B, z_dim) → images (B, C, H, W) in [0, 1], for any H and W that are multiples of 4.
 
-    Linear(z_dim → w·(H/4)·(W/4)) + BN1d + ReLU (no biases before BN), reshaped to a (w, H/4, W/4) map; Upsample×2 + Conv3×3(w → w) + BN + ReLU;
+    Linear(z_dim → w·(H/4)·(W/4)) + BN1d + ReLU (no biases before BN), reshaped to a (w, H/4, W/4) map; Upsample×2 + Conv3×3(w → w) + BN +
+    ReLU;
     Upsample×2 + Conv3×3(w → w/2) + BN + ReLU; Conv3×3(w/2 → C) + Sigmoid. At 28×28×1 with w = 128 this is the spec's
     suggested MNIST generator layer for layer.
 
@@ -31,7 +32,9 @@ class UpsamplingGenerator(nn.Module):
         self.z_dim = z_dim
         self.start = (width, h // 4, w // 4)
         half = max(1, width // 2)
-        self.project = nn.Sequential(nn.Linear(z_dim, width * (h // 4) * (w // 4), bias=False), nn.BatchNorm1d(width * (h // 4) * (w // 4)), nn.ReLU())
+        self.project = nn.Sequential(
+            nn.Linear(z_dim, width * (h // 4) * (w // 4), bias=False), nn.BatchNorm1d(width * (h // 4) * (w // 4)), nn.ReLU()
+        )
         self.decode = nn.Sequential(_up_block(width, width), _up_block(width, half), nn.Conv2d(half, c, 3, padding=1), nn.Sigmoid())
 
     def forward(self, z: Tensor) -> Tensor:

@@ -27,8 +27,13 @@ class ResidualBlock(nn.Module):
     def __init__(self, width: int) -> None:
         super().__init__()
         self.body = nn.Sequential(
-            nn.ReflectionPad2d(1), nn.Conv2d(width, width, 3), nn.InstanceNorm2d(width), nn.ReLU(inplace=True),
-            nn.ReflectionPad2d(1), nn.Conv2d(width, width, 3), nn.InstanceNorm2d(width),
+            nn.ReflectionPad2d(1),
+            nn.Conv2d(width, width, 3),
+            nn.InstanceNorm2d(width),
+            nn.ReLU(inplace=True),
+            nn.ReflectionPad2d(1),
+            nn.Conv2d(width, width, 3),
+            nn.InstanceNorm2d(width),
         )
 
     def forward(self, x: Tensor) -> Tensor:
@@ -54,7 +59,12 @@ class ResnetGenerator(nn.Module):
         super().__init__()
         stages = generator_downsamplings(image_size)
         pad = min(3, image_size - 1)
-        layers: list[nn.Module] = [nn.ReflectionPad2d(pad), nn.Conv2d(channels, width, 2 * pad + 1), nn.InstanceNorm2d(width), nn.ReLU(True)]
+        layers: list[nn.Module] = [
+            nn.ReflectionPad2d(pad),
+            nn.Conv2d(channels, width, 2 * pad + 1),
+            nn.InstanceNorm2d(width),
+            nn.ReLU(True),
+        ]
         w = width
         for _ in range(stages):
             layers += [nn.Conv2d(w, 2 * w, 3, 2, 1), nn.InstanceNorm2d(2 * w), nn.ReLU(True)]

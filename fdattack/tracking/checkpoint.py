@@ -86,8 +86,10 @@ def _weights_only_safe(obj: Any, where: str) -> Any:
     if type(obj) in (list, tuple):
         values = [_weights_only_safe(v, f"{where}[{i}]") for i, v in enumerate(obj)]
         return obj if all(a is b for a, b in zip(values, obj)) else type(obj)(values)
-    raise TypeError(f"checkpoint payload {where}: {type(obj).__name__} cannot be loaded with weights_only=True; "
-                    "store tensors, numbers, strings, bools, None and dicts/lists of them")
+    raise TypeError(
+        f"checkpoint payload {where}: {type(obj).__name__} cannot be loaded with weights_only=True; "
+        "store tensors, numbers, strings, bools, None and dicts/lists of them"
+    )
 
 
 def save_checkpoint(path: Path, payload: dict) -> None:
@@ -131,8 +133,13 @@ def rng_state() -> dict:
     kind, keys, pos, has_gauss, cached = np.random.get_state(legacy=True)  # type: ignore[misc]
     state: dict[str, Any] = {
         "python": {"version": version, "state": torch.tensor(internal, dtype=torch.int64), "gauss": gauss},
-        "numpy": {"kind": kind, "keys": torch.from_numpy(keys.astype(np.int64)), "pos": int(pos),
-                  "has_gauss": int(has_gauss), "cached_gaussian": float(cached)},
+        "numpy": {
+            "kind": kind,
+            "keys": torch.from_numpy(keys.astype(np.int64)),
+            "pos": int(pos),
+            "has_gauss": int(has_gauss),
+            "cached_gaussian": float(cached),
+        },
         "torch": torch.get_rng_state(),
     }
     if torch.cuda.is_available():
@@ -195,7 +202,7 @@ class CheckpointDir:
             return path
         self.folder.mkdir(parents=True, exist_ok=True)
         save_checkpoint(path, payload)
-        for _, old in self.rounds()[:-self.keep]:
+        for _, old in self.rounds()[: -self.keep]:
             old.unlink(missing_ok=True)
         for stale in self.folder.glob(f"{_TMP_PREFIX}round_*{_TMP_SUFFIX}"):
             stale.unlink(missing_ok=True)

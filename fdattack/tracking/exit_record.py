@@ -67,8 +67,12 @@ def exit_record(run_dir: RunDirectory) -> Iterator[None]:
             record = {"signal": name, "exit_code": code, "last_round": done, "time": datetime.now(timezone.utc).isoformat()}
             atomic_write(run_dir.path / EXIT_NAME, lambda handle: handle.write((json.dumps(record, indent=2) + "\n").encode()))
             after = f"after round {done}" if done is not None else "before round 0 finished"
-            log.error("fdattack: terminated by %s %s (recorded in %s); resume=true continues from the last checkpoint",
-                      name, after, run_dir.path / EXIT_NAME)
+            log.error(
+                "fdattack: terminated by %s %s (recorded in %s); resume=true continues from the last checkpoint",
+                name,
+                after,
+                run_dir.path / EXIT_NAME,
+            )
         raise
     finally:
         if previous is not None:

@@ -66,8 +66,11 @@ class Progress:
     """
 
     def __init__(self, mode: str, total_rounds: int, start_round: int = 0) -> None:
-        self._bar = (tqdm(total=total_rounds, initial=start_round, desc="rounds", unit="round", file=sys.stderr,
-                          dynamic_ncols=True) if progress_shown(mode) else None)
+        self._bar = (
+            tqdm(total=total_rounds, initial=start_round, desc="rounds", unit="round", file=sys.stderr, dynamic_ncols=True)
+            if progress_shown(mode)
+            else None
+        )
         self._logging = logging_redirect_tqdm() if self._bar is not None else None  # log lines above the bar, not through it
         if self._logging is not None:
             self._logging.__enter__()

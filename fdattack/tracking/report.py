@@ -27,7 +27,8 @@ h1{margin-top:0} h2{border-bottom:2px solid #ddd;padding-bottom:4px;margin-top:2
 .scroll{overflow-x:auto;max-width:100%}
 table{border-collapse:collapse;margin:.3em 0 1em;font-size:14px}
 th,td{border:1px solid #ccc;padding:3px 6px;text-align:right;white-space:nowrap}
-th{background:#f4f4f4;white-space:normal} td.dir{text-align:left;white-space:normal;word-break:break-all;font-size:13px;min-width:10em} th.run,td.run{text-align:left;white-space:normal;min-width:9em;max-width:28em}
+th{background:#f4f4f4;white-space:normal} td.dir{text-align:left;white-space:normal;word-break:break-all;font-size:13px;min-width:10em}
+th.run,td.run{text-align:left;white-space:normal;min-width:9em;max-width:28em}
 .swatch{display:inline-block;width:14px;height:14px;border-radius:3px;margin-right:6px;vertical-align:-2px}
 .plots{display:flex;flex-wrap:wrap;gap:20px}
 .plots figure{flex:1 1 540px;max-width:680px;margin:0}
@@ -54,8 +55,11 @@ def _cell(value: Any, low: Any = None, high: Any = None) -> str:
         return "<td>nan</td>"  # the run record writes NaN as null
     if not _is_number(value):
         return "<td>–</td>"
-    interval = (f" <span class='ci'>[{low:.3g}, {high:.3g}]</span>"
-                if _is_number(low) and _is_number(high) and math.isfinite(low) and math.isfinite(high) and low < high else "")
+    interval = (
+        f" <span class='ci'>[{low:.3g}, {high:.3g}]</span>"
+        if _is_number(low) and _is_number(high) and math.isfinite(low) and math.isfinite(high) and low < high
+        else ""
+    )
     return f"<td>{value:.4g}{interval}</td>"
 
 
@@ -74,8 +78,10 @@ def _last_round(run: Run) -> str:
 
 def _table(css: str, heads: Iterable[str], rows: Iterable[str]) -> str:
     """A table in a horizontally scrolling box; dotted and underscored headers may wrap at their separators."""
-    head = "".join(f"<th{' class=run' if i == 0 else ''}>{html.escape(h).replace('.', '.<wbr>').replace('_', '_<wbr>')}</th>"
-                   for i, h in enumerate(heads))
+    head = "".join(
+        f"<th{' class=run' if i == 0 else ''}>{html.escape(h).replace('.', '.<wbr>').replace('_', '_<wbr>')}</th>"
+        for i, h in enumerate(heads)
+    )
     return f"<div class='scroll'><table class='{css}'><tr>{head}</tr>{''.join(f'<tr>{row}</tr>' for row in rows)}</table></div>"
 
 
@@ -86,9 +92,12 @@ def _ordered(metrics: list[str]) -> list[str]:
 
 def runs_table(runs: list[Run], keys: list[str]) -> str:
     """A row per run: label, its value of every differing config key, last round and directory."""
-    rows = [_run_cell(runs, i) + "".join(f"<td>{html.escape(format_value(run.config.get(k, '–')))}</td>" for k in keys)
-            + f"<td>{_last_round(run)}</td><td class='dir'>{'<br>'.join(html.escape(str(p)) for p in run.replicas or [run.path])}</td>"
-            for i, run in enumerate(runs)]
+    rows = [
+        _run_cell(runs, i)
+        + "".join(f"<td>{html.escape(format_value(run.config.get(k, '–')))}</td>" for k in keys)
+        + f"<td>{_last_round(run)}</td><td class='dir'>{'<br>'.join(html.escape(str(p)) for p in run.replicas or [run.path])}</td>"
+        for i, run in enumerate(runs)
+    ]
     return _table("runs", ["run", *keys, "last round", "directory"], rows)
 
 
@@ -106,8 +115,11 @@ def one_off_table(runs: list[Run], section: Section) -> str:
     for i, run in enumerate(runs):
         values = {m: run.series(section.key(m)) for m in section.one_off}
         recorded = sorted({points[0][0] for points in values.values() if points})
-        rows.append(_run_cell(runs, i) + f"<td>{', '.join(map(str, recorded)) or '–'}</td>"
-                    + "".join(_final_cell(run, section.key(m)) for m in section.one_off))
+        rows.append(
+            _run_cell(runs, i)
+            + f"<td>{', '.join(map(str, recorded)) or '–'}</td>"
+            + "".join(_final_cell(run, section.key(m)) for m in section.one_off)
+        )
     return _table(f"oneoff section-{section.name}", ["run", "round", *section.one_off], rows)
 
 
@@ -117,15 +129,20 @@ def plots(runs: list[Run], section: Section, out: Path) -> str:
     for metric in _ordered(section.per_round):
         key = section.key(metric)
         level = f"{section.name}/{CHANCE.get(metric)}"
-        chance = {i: float(run.final[level]) for i, run in enumerate(runs)
-                  if metric in CHANCE and section.attack and run.series(key) and run.final.get(level) is not None}
+        chance = {
+            i: float(run.final[level])
+            for i, run in enumerate(runs)
+            if metric in CHANCE and section.attack and run.series(key) and run.final.get(level) is not None
+        }
         name = f"plots/{section.name.replace('/', '_')}__{metric}.svg"
         plot_metric(out / name, metric, runs, key, chance)
         note = f" · dashed grey line: chance ({', '.join(f'{c:.3g}' for c in sorted(set(chance.values())))})" if chance else ""
         band = " · shaded: 95 % interval" if any(run.series(key + LOW) for run in runs) else ""
-        figures.append(f"<figure data-metric='{html.escape(key)}' data-chance='{int(bool(chance))}'>"
-                       f"<figcaption><b>{html.escape(TITLES.get(metric, metric))}</b> against the round{note}{band}</figcaption>"
-                       f"<img src='{name}' alt='{html.escape(key)} against the round'></figure>")
+        figures.append(
+            f"<figure data-metric='{html.escape(key)}' data-chance='{int(bool(chance))}'>"
+            f"<figcaption><b>{html.escape(TITLES.get(metric, metric))}</b> against the round{note}{band}</figcaption>"
+            f"<img src='{name}' alt='{html.escape(key)} against the round'></figure>"
+        )
     return f"<div class='plots'>{''.join(figures)}</div>"
 
 
@@ -139,11 +156,15 @@ def reconstructions(runs: list[Run], attack: str, out: Path) -> str:
             if kind in grids:
                 grid = grids[kind]
                 colour, _ = run_style(i)
-                cards.append(f"<div class='card'><h4><span class='swatch' style='background:{colour}'></span>{html.escape(run.label)}"
-                             f" · round {grid.round}</h4>{grid_html(grid, grid.labels(run, attack), copy_grid(grid, out, i))}</div>")
-        parts.append(f"<h3>{'Reconstructions' if kind == 'reconstructions' else html.escape(kind.capitalize())}, latest round</h3>"
-                     f"<p class='note'>{html.escape(NOTES.get(kind, DEFAULT_NOTE))}</p>"
-                     f"<div class='cards'>{''.join(cards)}</div>")
+                cards.append(
+                    f"<div class='card'><h4><span class='swatch' style='background:{colour}'></span>{html.escape(run.label)}"
+                    f" · round {grid.round}</h4>{grid_html(grid, grid.labels(run, attack), copy_grid(grid, out, i))}</div>"
+                )
+        parts.append(
+            f"<h3>{'Reconstructions' if kind == 'reconstructions' else html.escape(kind.capitalize())}, latest round</h3>"
+            f"<p class='note'>{html.escape(NOTES.get(kind, DEFAULT_NOTE))}</p>"
+            f"<div class='cards'>{''.join(cards)}</div>"
+        )
     return "".join(parts)
 
 
@@ -172,8 +193,11 @@ def write_report(run_dirs: list[Path], out: Path) -> Path:
     (out / "plots").mkdir(parents=True, exist_ok=True)
     found = sections(runs)
     shown = label_keys(keys)
-    differ = (f"Runs are labeled by the config keys in which they differ: {', '.join(html.escape(k) for k in shown)}."
-              if keys else "The runs' configs do not differ (output_dir, name, resume and logger.* aside).")
+    differ = (
+        f"Runs are labeled by the config keys in which they differ: {', '.join(html.escape(k) for k in shown)}."
+        if keys
+        else "The runs' configs do not differ (output_dir, name, resume and logger.* aside)."
+    )
     implied = [k for k in keys if k not in shown]
     if implied:
         differ += f" The settings of the differing components differ too: {', '.join(html.escape(k) for k in implied)}."

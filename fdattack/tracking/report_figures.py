@@ -58,13 +58,22 @@ def plot_metric(path: Path, metric: str, runs: list[Run], key: str, chance: dict
         if points:
             colour, style = run_style(i)
             thick = 1 - i / max(len(runs) - 1, 1)  # earlier runs wider, so runs with equal values all stay visible
-            ax.plot([p[0] for p in points], [p[1] for p in points], color=colour, linestyle=style, marker="o",
-                    linewidth=1.5 + 3 * thick, markersize=4 + 6 * thick, label=run.label)
+            ax.plot(
+                [p[0] for p in points],
+                [p[1] for p in points],
+                color=colour,
+                linestyle=style,
+                marker="o",
+                linewidth=1.5 + 3 * thick,
+                markersize=4 + 6 * thick,
+                label=run.label,
+            )
             low, high = dict(run.series(key + LOW)), dict(run.series(key + HIGH))
             rounds = [r for r, _ in points if r in low and r in high]
             if rounds:
-                ax.fill_between(rounds, [low[r] for r in rounds], [high[r] for r in rounds], color=colour, alpha=0.18, linewidth=0,
-                                gid=f"band{i}")
+                ax.fill_between(
+                    rounds, [low[r] for r in rounds], [high[r] for r in rounds], color=colour, alpha=0.18, linewidth=0, gid=f"band{i}"
+                )
     for j, level in enumerate(sorted(set(chance.values()))):
         ax.axhline(level, color="0.45", linestyle=(0, (6, 3)), linewidth=1.4, label=f"chance = {level:.3g}", gid=f"chance{j}")
     if chance:
@@ -128,8 +137,11 @@ def grid_html(grid: Grid, labels: list[str] | None, src: str) -> str:
     for r in range(min(rows, MAX_ROWS)):
         name = f"label {labels[r]}" if labels else f"row {r + 1}"
         cells.append(f"<div class='rowhead'>{html.escape(name)}</div>")
-        cells += [f"<div class='tile' style='width:{w}px;height:{h}px;background-image:url(\"{src}\");"
-                  f"background-size:{columns * w}px {rows * h}px;background-position:-{c * w}px -{r * h}px'></div>" for c in range(columns)]
+        cells += [
+            f"<div class='tile' style='width:{w}px;height:{h}px;background-image:url(\"{src}\");"
+            f"background-size:{columns * w}px {rows * h}px;background-position:-{c * w}px -{r * h}px'></div>"
+            for c in range(columns)
+        ]
     more = f"<p class='note'>first {MAX_ROWS} of {rows} targets; <a href='{src}'>full grid</a></p>" if rows > MAX_ROWS else ""
     return f"<div class='grid' style='grid-template-columns:auto repeat({columns}, {w}px)'>{''.join(cells)}</div>{more}"
 

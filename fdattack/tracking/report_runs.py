@@ -94,7 +94,9 @@ def load_run(path: Path) -> Run:
         try:
             config = flatten(OmegaConf.to_container(OmegaConf.load(config_path), resolve=False))
         except Exception as err:  # yaml's scanner and parser errors alike
-            raise DataError(f"{config_path}: not a readable config ({type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''})") from None
+            raise DataError(
+                f"{config_path}: not a readable config ({type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''})"
+            ) from None
     return Run(path, config, rounds, final)
 
 
@@ -122,7 +124,7 @@ def short_names(keys: list[str]) -> dict[str, str]:
     parts = {k: k.split(".")[:-1] if k.endswith(".name") else k.split(".") for k in keys}
     depth = dict.fromkeys(keys, 1)
     while True:
-        names = {k: ".".join(parts[k][-depth[k]:]) for k in keys}
+        names = {k: ".".join(parts[k][-depth[k] :]) for k in keys}
         taken = list(names.values())
         clashing = [k for k in keys if taken.count(names[k]) > 1 and depth[k] < len(parts[k])]
         if not clashing:
@@ -141,7 +143,9 @@ def label_keys(keys: list[str]) -> list[str]:
 
 def _identity(run: Run) -> str:
     """The run's config less its seed and the keys that never make runs different."""
-    kept = {k: format_value(v) for k, v in run.config.items() if k != "seed" and k not in IGNORED_KEYS and not k.startswith(IGNORED_PREFIXES)}
+    kept = {
+        k: format_value(v) for k, v in run.config.items() if k != "seed" and k not in IGNORED_KEYS and not k.startswith(IGNORED_PREFIXES)
+    }
     return json.dumps(kept, sort_keys=True)
 
 
@@ -161,8 +165,15 @@ def group_seeds(runs: list[Run]) -> list[Run]:
             out.append(run)
         elif run is members[0]:
             config = {**run.config, "seed": seeds}
-            out.append(Run(run.path, config, aggregate_rounds([m.rounds for m in members]), aggregate_metrics([m.final for m in members]),
-                           replicas=[m.path for m in members]))
+            out.append(
+                Run(
+                    run.path,
+                    config,
+                    aggregate_rounds([m.rounds for m in members]),
+                    aggregate_metrics([m.final for m in members]),
+                    replicas=[m.path for m in members],
+                )
+            )
     return out
 
 
@@ -185,7 +196,9 @@ def load_runs(paths: list[Path]) -> tuple[list[Run], list[str]]:
     labels = [run.label for run in runs]
     for i, run in enumerate(runs):
         if labels.count(run.label) > 1:
-            run.label = f"{run.label} ({run.path.name})" if [r.path.name for r in runs].count(run.path.name) == 1 else f"{run.label} (#{i + 1})"
+            run.label = (
+                f"{run.label} ({run.path.name})" if [r.path.name for r in runs].count(run.path.name) == 1 else f"{run.label} (#{i + 1})"
+            )
     return runs, keys
 
 

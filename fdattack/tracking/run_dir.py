@@ -73,8 +73,10 @@ class RunLock:
             fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             self.release()
-            raise CheckpointError(f"output_dir {path.parent} is in use: another fdattack run holds its lock {path.name}; "
-                                  "wait for it to end or choose another output_dir") from None
+            raise CheckpointError(
+                f"output_dir {path.parent} is in use: another fdattack run holds its lock {path.name}; "
+                "wait for it to end or choose another output_dir"
+            ) from None
 
     def release(self) -> None:
         """Drop the lock (idempotent); the file stays, so that no process that opened it meanwhile locks a deleted file."""
@@ -205,14 +207,18 @@ class RunDirectory:
         if self.lock_path.is_file() and not has_checkpoint and not self.metrics_path.exists() and all(map(_is_own, others)):
             return "restart" if others else "new"
         if resume:
-            raise CheckpointError(f"output_dir {self.path} has no checkpoint to resume from (no checkpoints/round_*.pt); "
-                                  "run without resume=true in a new output_dir")
+            raise CheckpointError(
+                f"output_dir {self.path} has no checkpoint to resume from (no checkpoints/round_*.pt); "
+                "run without resume=true in a new output_dir"
+            )
         if has_checkpoint or self.metrics_path.exists():
             raise CheckpointError(f"output_dir {self.path} is not empty; pass resume=true to continue it or choose another output_dir")
         if others:
             foreign = [e.name for e in others if not _is_own(e)] if self.lock_path.is_file() else [e.name for e in others]
-            raise CheckpointError(f"output_dir {self.path} holds files that are not from an fdattack run ({', '.join(foreign[:3])}); "
-                                  "nothing there is deleted: choose another output_dir or empty it")
+            raise CheckpointError(
+                f"output_dir {self.path} holds files that are not from an fdattack run ({', '.join(foreign[:3])}); "
+                "nothing there is deleted: choose another output_dir or empty it"
+            )
         return "new"
 
     def claim(self, cfg: DictConfig) -> None:
@@ -262,8 +268,11 @@ class RunDirectory:
         if plan == "restart":
             if self._lock is None:  # prepare() without claim(): never clear a directory that a running run holds
                 self._lock = RunLock(self.lock_path, create=False)
-            log.warning("output_dir %s holds no checkpoint and no metrics.json (a run stopped before its first checkpoint); "
-                        "clearing its files and starting from scratch", self.path)
+            log.warning(
+                "output_dir %s holds no checkpoint and no metrics.json (a run stopped before its first checkpoint); "
+                "clearing its files and starting from scratch",
+                self.path,
+            )
             for entry in self.path.iterdir():
                 if entry.name != LOCK_NAME:
                     shutil.rmtree(entry) if entry.is_dir() else entry.unlink()
@@ -284,14 +293,17 @@ class RunDirectory:
         try:
             old = OmegaConf.load(self.config_path)
         except Exception as err:  # yaml and OmegaConf errors alike
-            raise CheckpointError(f"{self.config_path}: unreadable stored config ({str(err).splitlines()[0]}); "
-                                  "restore it or choose another output_dir") from None
+            raise CheckpointError(
+                f"{self.config_path}: unreadable stored config ({str(err).splitlines()[0]}); restore it or choose another output_dir"
+            ) from None
         new = OmegaConf.create(OmegaConf.to_container(cfg, resolve=True, enum_to_str=True))
         key = _first_difference(_comparable(old), _comparable(new))
         if key is not None:
             stored, given = OmegaConf.select(old, key), OmegaConf.select(new, key)
-            raise CheckpointError(f"{self.config_path}: cannot resume, config key '{key}' differs from the stored run "
-                                  f"(stored {stored!r}, given {given!r}); resume with the same config or choose another output_dir")
+            raise CheckpointError(
+                f"{self.config_path}: cannot resume, config key '{key}' differs from the stored run "
+                f"(stored {stored!r}, given {given!r}); resume with the same config or choose another output_dir"
+            )
 
     def write_config(self, cfg: DictConfig) -> None:
         """Write the resolved config to ``config.yaml``; on resume check it matches the stored one instead.

@@ -60,7 +60,13 @@ def seeds_table(seeds: Sequence[int], replicas: Sequence[dict[str, object]], agg
     writer = csv.writer(buffer, lineterminator="\n")
     writer.writerow(["metric", "mean", "std", "ci_low", "ci_high", *(f"seed_{s}" for s in seeds)])
     for key in sorted(k for k in aggregate if not is_interval_key(k) and not k.endswith(SEED_STD) and k != SEEDS_KEY):
-        cells = [aggregate[key], aggregate.get(key + SEED_STD, math.nan), *(aggregate.get(key + end, math.nan) for end in ("_ci_low", "_ci_high"))]
+        cells = [
+            aggregate[key],
+            aggregate.get(key + SEED_STD, math.nan),
+            *(aggregate.get(key + end, math.nan) for end in ("_ci_low", "_ci_high")),
+        ]
         per_seed = [r.get(key) for r in replicas]
-        writer.writerow([key, *(f"{v:.6g}" for v in cells), *("" if v is None else f"{float(v):.6g}" if _is_number(v) else v for v in per_seed)])
+        writer.writerow(
+            [key, *(f"{v:.6g}" for v in cells), *("" if v is None else f"{float(v):.6g}" if _is_number(v) else v for v in per_seed)]
+        )
     return buffer.getvalue()

@@ -12,15 +12,38 @@ from fdattack.functional.intervals import HIGH, LOW
 #: first table whose first metric it reports, and in no other (model inversion comes before label distribution: VMI
 #: logs a ``kl`` detail)
 TABLES = (
-    (("accuracy", "accuracy", "{:.2f}"), ("ssim", "SSIM", "{:.3f}"), ("too_close_to_public", "too close to public", "{:.0f}"),
-     ("eval_top1", "eval top-1", "{:.2f}"), ("chance", "chance", "{:.2f}")),
-    (("top1", "top-1", "{:.2%}"), ("top1_std", "top-1 std", "{:.2%}"), ("top5", "top-5", "{:.2%}"), ("top5_std", "top-5 std", "{:.2%}"),
-     ("chance", "chance", "{:.2%}"), ("diversity", "diversity", "{:.3g}"), ("fid", "FID", "{:.4g}"), ("fid_images", "FID images", "{:.0f}"),
-     ("feature_cosine", "feature cos.", "{:.3f}"), ("feature_cosine_noise", "noise cos.", "{:.3f}"), ("eval_classifier_accuracy", "eval classifier acc.", "{:.2%}")),
-    (("kl", "KL(p||p^)", "{:.3f}"), ("chebyshev", "Chebyshev", "{:.3f}"), ("random_kl", "random KL", "{:.3f}"),
-     ("uniform_kl", "uniform KL", "{:.3f}")),
-    (("tpr_at_1pct_fpr", "TPR@1%FPR", "{:.2%}"), ("tpr_at_0.1pct_fpr", "TPR@0.1%FPR", "{:.2%}"), ("auc", "AUC", "{:.3f}"),
-     ("balanced_accuracy", "balanced acc.", "{:.2%}")),
+    (
+        ("accuracy", "accuracy", "{:.2f}"),
+        ("ssim", "SSIM", "{:.3f}"),
+        ("too_close_to_public", "too close to public", "{:.0f}"),
+        ("eval_top1", "eval top-1", "{:.2f}"),
+        ("chance", "chance", "{:.2f}"),
+    ),
+    (
+        ("top1", "top-1", "{:.2%}"),
+        ("top1_std", "top-1 std", "{:.2%}"),
+        ("top5", "top-5", "{:.2%}"),
+        ("top5_std", "top-5 std", "{:.2%}"),
+        ("chance", "chance", "{:.2%}"),
+        ("diversity", "diversity", "{:.3g}"),
+        ("fid", "FID", "{:.4g}"),
+        ("fid_images", "FID images", "{:.0f}"),
+        ("feature_cosine", "feature cos.", "{:.3f}"),
+        ("feature_cosine_noise", "noise cos.", "{:.3f}"),
+        ("eval_classifier_accuracy", "eval classifier acc.", "{:.2%}"),
+    ),
+    (
+        ("kl", "KL(p||p^)", "{:.3f}"),
+        ("chebyshev", "Chebyshev", "{:.3f}"),
+        ("random_kl", "random KL", "{:.3f}"),
+        ("uniform_kl", "uniform KL", "{:.3f}"),
+    ),
+    (
+        ("tpr_at_1pct_fpr", "TPR@1%FPR", "{:.2%}"),
+        ("tpr_at_0.1pct_fpr", "TPR@0.1%FPR", "{:.2%}"),
+        ("auc", "AUC", "{:.3f}"),
+        ("balanced_accuracy", "balanced acc.", "{:.2%}"),
+    ),
 )
 
 #: the chance level of each accuracy (an attack's ``attack/<name>/<chance metric>``): a dashed line on its plots
@@ -51,6 +74,10 @@ def attack_summary(final: dict[str, float]) -> str:
         header = ["attack", *(title for _, title, _ in columns)]
         rows = [[name, *(format_score(final, f"attack/{name}/{metric}", fmt) for metric, _, fmt in columns)] for name in listed]
         widths = [max(len(row[i]) for row in [header, *rows]) for i in range(len(header))]
-        tables.append("\n".join("  ".join(cell.ljust(w) if i == 0 else cell.rjust(w) for i, (cell, w) in enumerate(zip(row, widths)))
-                                for row in [header, *rows]))
+        tables.append(
+            "\n".join(
+                "  ".join(cell.ljust(w) if i == 0 else cell.rjust(w) for i, (cell, w) in enumerate(zip(row, widths)))
+                for row in [header, *rows]
+            )
+        )
     return "\n\n".join(tables)

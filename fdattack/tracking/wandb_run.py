@@ -63,8 +63,7 @@ def has_credentials() -> bool:
         auth = wbauth.authenticate_session(host=url, source="fdattack", prompt=False, update_session=False)
     except (wandb.errors.Error, ValueError) as err:
         first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-        raise ConfigError(f"W&B credentials are unusable: {first}; run `wandb login --relogin` "
-                          "or use logger.wandb.mode=offline") from None
+        raise ConfigError(f"W&B credentials are unusable: {first}; run `wandb login --relogin` or use logger.wandb.mode=offline") from None
     return auth is not None
 
 
@@ -89,8 +88,10 @@ def resolve_mode(mode: str) -> str:
             log.warning("%s; logging offline", err)
             return "offline"
     if mode == "online" and not has_credentials():
-        raise ConfigError(f"logger.wandb.mode=online but no W&B credentials were found for {server_url()} (set WANDB_API_KEY "
-                          "or run `wandb login`); use logger.wandb.mode=auto or offline to log locally")
+        raise ConfigError(
+            f"logger.wandb.mode=online but no W&B credentials were found for {server_url()} (set WANDB_API_KEY "
+            "or run `wandb login`); use logger.wandb.mode=auto or offline to log locally"
+        )
     return mode
 
 
@@ -106,8 +107,12 @@ def run_identity(cfg: Any, config: dict) -> dict[str, Any]:
         attack and defense names followed by ``logger.wandb.tags``.
     """
     experiment = config.get("name")
-    derived = [(config.get("protocol") or {}).get("name"), (config.get("data") or {}).get("name"),
-               *(config.get("attacks") or []), *(config.get("defenses") or [])]
+    derived = [
+        (config.get("protocol") or {}).get("name"),
+        (config.get("data") or {}).get("name"),
+        *(config.get("attacks") or []),
+        *(config.get("defenses") or []),
+    ]
     tags = list(dict.fromkeys(str(tag) for tag in [*derived, *(cfg.tags or [])] if tag))
     return {"name": cfg.name or experiment, "group": cfg.group or experiment, "job_type": cfg.job_type or "run", "tags": tags}
 
@@ -189,14 +194,30 @@ class WandbRun:
         before = set(folder.iterdir()) if folder.is_dir() else None
         folder.mkdir(parents=True, exist_ok=True)
         timeout = float(cfg.init_timeout_s)
-        kwargs = dict(project=cfg.project, entity=cfg.entity, config=config, dir=str(run_dir), id=resume_id,
-                      resume="allow" if resume_id else None, reinit="create_new", **run_identity(cfg, config))
+        kwargs = dict(
+            project=cfg.project,
+            entity=cfg.entity,
+            config=config,
+            dir=str(run_dir),
+            id=resume_id,
+            resume="allow" if resume_id else None,
+            reinit="create_new",
+            **run_identity(cfg, config),
+        )
 
         def init(run_mode: str) -> Any:
             lean = run_mode == "offline"  # offline: skip console capture and system probes (start-up time)
-            settings = wandb.Settings(silent=True, disable_git=True, save_code=False, x_save_requirements=False,
-                                      console="off" if lean else "auto", x_disable_stats=lean, x_disable_meta=lean,
-                                      x_disable_machine_info=lean, init_timeout=timeout)
+            settings = wandb.Settings(
+                silent=True,
+                disable_git=True,
+                save_code=False,
+                x_save_requirements=False,
+                console="off" if lean else "auto",
+                x_disable_stats=lean,
+                x_disable_meta=lean,
+                x_disable_machine_info=lean,
+                init_timeout=timeout,
+            )
             return wandb.init(mode=run_mode, settings=settings, **kwargs)
 
         try:
@@ -207,8 +228,10 @@ class WandbRun:
             _remove_new_entries(folder, before)
             reason = f"W&B did not start online at {server_url()} within {timeout:g} s ({_first_line(err)})"
             if requested == "online":
-                raise ConfigError(f"logger.wandb.mode=online: {reason}; check the network or raise logger.wandb.init_timeout_s, "
-                                  "or use logger.wandb.mode=offline and `wandb sync` later") from None
+                raise ConfigError(
+                    f"logger.wandb.mode=online: {reason}; check the network or raise logger.wandb.init_timeout_s, "
+                    "or use logger.wandb.mode=offline and `wandb sync` later"
+                ) from None
             folder.mkdir(parents=True, exist_ok=True)
             mode, run = "offline", init("offline")
             log.warning("%s; logging offline to %s", reason, Path(run.dir).parent)
@@ -221,8 +244,14 @@ class WandbRun:
         """Whether anything is logged."""
         return self._run is not None
 
-    def log_round(self, round: int, metrics: dict[str, Any], histograms: dict[str, torch.Tensor] | None = None,
-                  images: dict[str, torch.Tensor | Path | str] | None = None, num_bins: int = 64) -> None:
+    def log_round(
+        self,
+        round: int,
+        metrics: dict[str, Any],
+        histograms: dict[str, torch.Tensor] | None = None,
+        images: dict[str, torch.Tensor | Path | str] | None = None,
+        num_bins: int = 64,
+    ) -> None:
         """Log one round as one W&B step, ``step=round``.
 
         Args:

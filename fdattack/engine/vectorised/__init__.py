@@ -22,11 +22,13 @@ shadow students (``lira_distill``) train through the same call. :func:`predict_c
 counterpart (:meth:`LocalTrainer.predict_many <fdattack.engine.trainer.LocalTrainer.predict_many>`).
 
 Five things make the path fast on a CPU, each measured on one thread: the vmapped networks run their 2-D
-convolutions as im2col + matrix product with channels-last results (:class:`~fdattack.engine.vectorised.copies._CpuLayers`; without it a FedMD
+convolutions as im2col + matrix product with channels-last results (:class:`~fdattack.engine.vectorised.copies._CpuLayers`; without it a
+FedMD
 round of K = 100 digits clients takes 2.3x as long), and their linear layers as batched products in the
 orientations that are fast on a CPU (:mod:`fdattack.engine.vectorised.kernels.batched_linear`; MNIST's shadow students 1.09x as fast,
 their linear weight gradient 7x); an activation directly followed by max-pooling runs after the pool
-(:func:`~fdattack.engine.vectorised.copies._pool_first`; 6 to 20% on the digits round); a convolution that takes the data and the max-pool after it
+(:func:`~fdattack.engine.vectorised.copies._pool_first`; 6 to 20% on the digits round); a convolution that takes the data and the max-pool
+after it
 run as one layer in cache-sized chunks where a model's batch of its outputs is large (:mod:`fdattack.engine.vectorised.kernels.conv_pool`;
 MNIST's shadow students 1.65x as fast); and the activations of one call are bounded
 (:data:`~fdattack.engine.vectorised.copies.CPU_ELEMENTS_PER_CALL`). The ``fdattack`` command also keeps freed memory for reuse

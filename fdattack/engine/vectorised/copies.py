@@ -94,8 +94,11 @@ def _optimizer_problem(handle: ModelHandle) -> str | None:
 def is_plain_classifier(module: nn.Module) -> bool:
     """A :class:`ClassifierLitModule` whose forward and training step are its class's: ``objective(net(x), batch)``."""
     kind = type(module)
-    return (isinstance(module, ClassifierLitModule) and kind.forward is ClassifierLitModule.forward
-            and kind.training_step is ClassifierLitModule.training_step)
+    return (
+        isinstance(module, ClassifierLitModule)
+        and kind.forward is ClassifierLitModule.forward
+        and kind.training_step is ClassifierLitModule.training_step
+    )
 
 
 _NETWORKS: "weakref.WeakKeyDictionary[nn.Module, tuple[tuple, str | None]]" = weakref.WeakKeyDictionary()
@@ -121,9 +124,14 @@ def _pool_first(net: nn.Module) -> nn.Module:
     ``nn.Sequential`` comes after the pool instead: the same values and gradients (a non-decreasing activation
     commutes with a maximum, and picks the same element of each window), with the activation on 1/k² of the rows.
     Parameter and buffer names are unchanged (both layers have none)."""
+
     def activation_then_pool(first: nn.Module, second: nn.Module) -> bool:
-        return (isinstance(first, (nn.ReLU, nn.LeakyReLU)) and getattr(first, "negative_slope", 0.0) >= 0
-                and isinstance(second, nn.MaxPool2d) and not second.return_indices)
+        return (
+            isinstance(first, (nn.ReLU, nn.LeakyReLU))
+            and getattr(first, "negative_slope", 0.0) >= 0
+            and isinstance(second, nn.MaxPool2d)
+            and not second.return_indices
+        )
 
     return rewrite_pairs(net, activation_then_pool, lambda activation, pool: (pool, activation))
 
@@ -143,8 +151,10 @@ class _Stack:
 
     def take(self, models: Tensor) -> tuple[dict[str, Tensor], dict[str, Tensor]]:
         """Copies of the rows of ``models``: parameters as leaves that require grad, and buffers."""
-        return ({name: t[models].requires_grad_() for name, t in self.params.items()},
-                {name: t[models] for name, t in self.buffers.items()})
+        return (
+            {name: t[models].requires_grad_() for name, t in self.params.items()},
+            {name: t[models] for name, t in self.buffers.items()},
+        )
 
     def write_back(self) -> None:
         """Copy every model's rows into its network."""
@@ -287,7 +297,10 @@ def fit_copies(jobs: Sequence[FitJob], batch_size: int, device: torch.device) ->
     total = torch.zeros(len(jobs), device=device)
     steps = torch.zeros(len(jobs), dtype=torch.long)
     for epoch in range(jobs[0].epochs):
-        orders = [trim(epoch_order(n, derive_seed(job.seed, epoch)), batch_size) + offset for job, n, offset in zip(jobs, rows.sizes, rows.offsets)]
+        orders = [
+            trim(epoch_order(n, derive_seed(job.seed, epoch)), batch_size) + offset
+            for job, n, offset in zip(jobs, rows.sizes, rows.offsets)
+        ]
         for step in _steps(orders, batch_size):
             for models, batch_rows in step:
                 batch = rows.batch(batch_rows.to(device))
@@ -335,6 +348,8 @@ def predict_copies(modules: Sequence[ClassifierLitModule], images: Tensor, devic
         for lo in range(0, len(modules), per_call):
             params = {name: t[lo : lo + per_call] for name, t in stack.params.items()}
             buffers = {name: t[lo : lo + per_call] for name, t in stack.buffers.items()}
-            parts = [apply(params, buffers, images[start : start + rows].to(device)).float().cpu() for start in range(0, images.shape[0], rows)]
+            parts = [
+                apply(params, buffers, images[start : start + rows].to(device)).float().cpu() for start in range(0, images.shape[0], rows)
+            ]
             outputs.append(torch.cat(parts, dim=1))
     return torch.cat(outputs)

@@ -11,7 +11,8 @@ from torch import Tensor
 
 
 class _StackedOptimizer(ABC):
-    """Per-model optimizer state stacked like the weights of :class:`~fdattack.engine.vectorised.copies._Stack`; ``update`` steps the rows of some models, as torch.optim would.
+    """Per-model optimizer state stacked like the weights of :class:`~fdattack.engine.vectorised.copies._Stack`;
+    ``update`` steps the rows of some models, as torch.optim would.
 
     Reads each model's hyper-parameters and state from its ``torch.optim`` optimizer and writes the state back
     in ``torch.optim``'s own format, so ``state_dict()`` and a later per-model step are unchanged.
@@ -24,10 +25,16 @@ class _StackedOptimizer(ABC):
         self.names = list(names)
         self.group = {key: value for key, value in optimizers[0].param_groups[0].items() if key != "params"}
         states = [[opt.state.get(p, {}) for p in opt.param_groups[0]["params"]] for opt in optimizers]
-        self.state = {key: {name: torch.stack([self._initial(s[i], key, params[name][k]) for k, s in enumerate(states)])
-                            for i, name in enumerate(self.names)} for key in self.state_keys}
-        self.started = {name: torch.tensor([self._started(s[i]) for s in states], device=params[name].device)
-                        for i, name in enumerate(self.names)}
+        self.state = {
+            key: {
+                name: torch.stack([self._initial(s[i], key, params[name][k]) for k, s in enumerate(states)])
+                for i, name in enumerate(self.names)
+            }
+            for key in self.state_keys
+        }
+        self.started = {
+            name: torch.tensor([self._started(s[i]) for s in states], device=params[name].device) for i, name in enumerate(self.names)
+        }
 
     @staticmethod
     def _initial(state: dict, key: str, param: Tensor) -> Tensor:
@@ -43,8 +50,9 @@ class _StackedOptimizer(ABC):
         (ascending; ``grads`` rows aligned with them), leaving the other models and their state untouched."""
         for name in self.names:
             if models is None:
-                self.started[name] = self._step(params[name], grads[name], {key: self.state[key][name] for key in self.state_keys},
-                                                 self.started[name])
+                self.started[name] = self._step(
+                    params[name], grads[name], {key: self.state[key][name] for key in self.state_keys}, self.started[name]
+                )
                 continue
             param, state = params[name][models], {key: self.state[key][name][models] for key in self.state_keys}
             self.started[name][models] = self._step(param, grads[name], state, self.started[name][models])
@@ -96,8 +104,11 @@ class StackedAdam(_StackedOptimizer):
         return step.to(started.dtype)
 
     def _state_of(self, k: int, name: str) -> dict:
-        return {"step": torch.tensor(float(self.started[name][k])), "exp_avg": self.state["exp_avg"][name][k].clone(),
-                "exp_avg_sq": self.state["exp_avg_sq"][name][k].clone()}
+        return {
+            "step": torch.tensor(float(self.started[name][k])),
+            "exp_avg": self.state["exp_avg"][name][k].clone(),
+            "exp_avg_sq": self.state["exp_avg_sq"][name][k].clone(),
+        }
 
 
 class StackedSGD(_StackedOptimizer):

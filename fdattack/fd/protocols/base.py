@@ -18,21 +18,21 @@ import torch
 from omegaconf import DictConfig
 from torch import Tensor
 
-from fdattack.fd.protocols.settings import ProtocolSettings
 from fdattack.data import partitions
 from fdattack.data.federated import FederatedSplit
 from fdattack.data.imageset import UNLABELED, ImageSet
 from fdattack.defenses.base import Defense, NetworkChange, TrainingDefense, UploadDefense, dense_bytes
+from fdattack.engine import FitJob, LocalTrainer, ModelHandle
 from fdattack.errors import ConfigError
 from fdattack.fd.adversary import Adversary, checked_aggregate, checked_images, checked_rows
-from fdattack.engine import FitJob, LocalTrainer, ModelHandle
-from fdattack.randomness import derive_seed
 from fdattack.fd.evasion import Evasion, evasive_clients
+from fdattack.fd.protocols.settings import ProtocolSettings
 from fdattack.fd.record import PayloadKind, PublicBatch, PublicQuery, QueryRefusedError, Upload
 from fdattack.fd.threat import Capability, ServerAggregation, ThreatModel
 from fdattack.fd.uploads import PublicDigests, QueryAnswerer, client_uploads
 from fdattack.lit.classifier import ClassifierLitModule, Objective, cross_entropy
 from fdattack.models import build_classifier
+from fdattack.randomness import derive_seed
 from fdattack.registry import Registry
 
 
@@ -100,8 +100,15 @@ class Protocol(ABC):
     #: the server model is the clients' average (FedAvg): it has their architecture, training defenses' changes included
     server_is_client_average: ClassVar[bool] = False
 
-    def __init__(self, cfg: DictConfig, model_cfg: DictConfig, split: FederatedSplit, engine: LocalTrainer, seed: int,
-                 defenses: Sequence[Defense] = ()) -> None:
+    def __init__(
+        self,
+        cfg: DictConfig,
+        model_cfg: DictConfig,
+        split: FederatedSplit,
+        engine: LocalTrainer,
+        seed: int,
+        defenses: Sequence[Defense] = (),
+    ) -> None:
         self.cfg = cfg
         self.model_cfg = model_cfg
         self.split = split
@@ -117,7 +124,8 @@ class Protocol(ABC):
         self.training_defenses = tuple(d for d in defenses if isinstance(d, TrainingDefense))
         #: defense name -> its change of the architecture (MID's VIB head), applied to every client's network
         self.network_changes: dict[str, NetworkChange] = {
-            d.name: change for d in self.training_defenses if (change := d.network_change()) is not None}
+            d.name: change for d in self.training_defenses if (change := d.network_change()) is not None
+        }
         #: the active powers granted to attacks (:meth:`grant_adversary`), and the protocol's own record of each grant
         #: (what it takes from an adversary is checked against this, not against the adversary's ``powers``)
         self.adversaries: list[Adversary] = []
@@ -159,8 +167,10 @@ class Protocol(ABC):
     def _granted(self, index: int, power: Capability) -> None:
         """Refuse what adversary ``index`` queued without the power (checked on the protocol's side)."""
         if power not in self.grants[index]:
-            raise QueryRefusedError(f"an attack used {power.value}, which it was not granted (it has: "
-                                    f"{', '.join(sorted(p.value for p in self.grants[index])) or 'nothing'})")
+            raise QueryRefusedError(
+                f"an attack used {power.value}, which it was not granted (it has: "
+                f"{', '.join(sorted(p.value for p in self.grants[index])) or 'nothing'})"
+            )
 
     # ------------------------------------------------------------------ construction
     def _make_model(self, name: str, arch: str, client: int | None = None) -> ModelHandle:
@@ -187,15 +197,22 @@ class Protocol(ABC):
                 raise ConfigError(f"defense {defense.name}: {key}={arch} {err}") from None
         optim = self.cfg.optim
         module = ClassifierLitModule(
-            net, self.split.num_classes, optimizer=str(optim.name), lr=optim.lr, weight_decay=optim.weight_decay,
-            momentum=optim.momentum, nesterov=optim.nesterov,
+            net,
+            self.split.num_classes,
+            optimizer=str(optim.name),
+            lr=optim.lr,
+            weight_decay=optim.weight_decay,
+            momentum=optim.momentum,
+            nesterov=optim.nesterov,
         )
         wrap = None
         if defenses:
+
             def wrap(optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
                 for defense in defenses:
                     optimizer = defense.wrap_optimizer(client, optimizer)  # type: ignore[arg-type]
                 return optimizer
+
         return self.engine.setup(name, module, wrap_optimizer=wrap)
 
     def _arch_key(self, client: int) -> str:
@@ -258,15 +275,30 @@ class Protocol(ABC):
             objective = defense.wrap_objective(client, objective)
         return objective
 
-    def train_clients(self, ctx: RoundContext, phase: str, clients: list[int], data: Callable[[int], ImageSet], epochs: int,
-                      objective: Objective, targets: Tensor | Callable[[int], Tensor] | None = None) -> None:
+    def train_clients(
+        self,
+        ctx: RoundContext,
+        phase: str,
+        clients: list[int],
+        data: Callable[[int], ImageSet],
+        epochs: int,
+        objective: Objective,
+        targets: Tensor | Callable[[int], Tensor] | None = None,
+    ) -> None:
         """Train ``clients`` (each on ``data(k)``, with soft targets ``targets`` or ``targets(k)``) in one engine call;
         each client's job goes through the training defenses' :meth:`~TrainingDefense.wrap_job` for ``phase``."""
         fresh = bool(self.cfg.optim.fresh_per_phase)
         jobs = []
         for k in clients:
-            job = FitJob(self.clients[k], data(k), epochs, self._objective_for(k, objective), self.seed_for(ctx.round, phase, k),
-                         targets=targets(k) if callable(targets) else targets, fresh_optimizer=fresh)
+            job = FitJob(
+                self.clients[k],
+                data(k),
+                epochs,
+                self._objective_for(k, objective),
+                self.seed_for(ctx.round, phase, k),
+                targets=targets(k) if callable(targets) else targets,
+                fresh_optimizer=fresh,
+            )
             for defense in self.training_defenses:
                 job = defense.wrap_job(k, phase, job, self.engine.batch_size)
             jobs.append(job)
@@ -279,11 +311,19 @@ class Protocol(ABC):
         """Train the round's participants on their own private sets for ``epochs`` epochs of cross-entropy (:meth:`train_clients`)."""
         self.train_clients(ctx, phase, ctx.participants, lambda k: self.split.private[k], epochs, cross_entropy)
 
-    def train_server(self, ctx: RoundContext, phase: str, data: ImageSet, epochs: int, objective: Objective,
-                     targets: Tensor | None = None) -> None:
+    def train_server(
+        self, ctx: RoundContext, phase: str, data: ImageSet, epochs: int, objective: Objective, targets: Tensor | None = None
+    ) -> None:
         assert self.server is not None
-        job = FitJob(self.server, data, epochs, objective, self.seed_for(ctx.round, phase, "server"), targets=targets,
-                     fresh_optimizer=bool(self.cfg.optim.fresh_per_phase))
+        job = FitJob(
+            self.server,
+            data,
+            epochs,
+            objective,
+            self.seed_for(ctx.round, phase, "server"),
+            targets=targets,
+            fresh_optimizer=bool(self.cfg.optim.fresh_per_phase),
+        )
         result = self.engine.fit(job)
         if result.steps:
             ctx.metrics[f"protocol/{phase}_loss"] = result.mean_loss
@@ -302,8 +342,10 @@ class Protocol(ABC):
                     chosen = checked_aggregate(queued)
                     break
             if chosen is not None and chosen.shape != aggregate.shape:
-                raise ValueError(f"round {ctx.round}: the aggregate chosen for client {k} has shape {tuple(chosen.shape)}, "
-                                 f"the protocol's has {tuple(aggregate.shape)}")
+                raise ValueError(
+                    f"round {ctx.round}: the aggregate chosen for client {k} has shape {tuple(chosen.shape)}, "
+                    f"the protocol's has {tuple(aggregate.shape)}"
+                )
             sent = aggregate if chosen is None else chosen
             ctx.count_bytes("download", dense_bytes(sent))
             return sent
@@ -326,8 +368,9 @@ class Protocol(ABC):
         assert ctx.batch is not None
         kind, temperature = self.upload_kind()
         logits = self.engine.predict_many([self.clients[k] for k in ctx.participants], self.public_subset(ctx))
-        for upload, size, withheld in client_uploads(logits, ctx.participants, ctx.batch, ctx.round, kind, temperature,
-                                                     self.upload_defenses, self.evasion, self._public_digests):
+        for upload, size, withheld in client_uploads(
+            logits, ctx.participants, ctx.batch, ctx.round, kind, temperature, self.upload_defenses, self.evasion, self._public_digests
+        ):
             ctx.count_bytes("upload", size)
             if withheld:
                 ctx.metrics["protocol/withheld_rows"] = ctx.metrics.get("protocol/withheld_rows", 0.0) + float(withheld)
@@ -384,8 +427,15 @@ class Protocol(ABC):
         answer = QueryAnswerer(
             {k: self.clients[k].module.net for k in ctx.participants},
             None if self.server is None else self.server.module.net,
-            self.split.public.images, self.upload_defenses, kind, temperature, ctx.round, phase,
-            self.engine.fabric.device, self.engine.predict_batch_size, self.evasion,
+            self.split.public.images,
+            self.upload_defenses,
+            kind,
+            temperature,
+            ctx.round,
+            phase,
+            self.engine.fabric.device,
+            self.engine.predict_batch_size,
+            self.evasion,
         )
         for adversary, grant in zip(self.adversaries, self.grants):
             if Capability.query_chosen_batch in grant:
@@ -408,7 +458,7 @@ class Protocol(ABC):
         """Protocol state beyond the models (e.g. FedGEMS' knowledge pool)."""
         return {}
 
-    def load_extra_state(self, state: dict) -> None:
+    def load_extra_state(self, state: dict) -> None:  # noqa: B027 - an optional hook: most protocols keep no extra state
         """Restore :meth:`extra_state`."""
 
     def state_dict(self) -> dict:

@@ -6,13 +6,13 @@ from dataclasses import dataclass
 
 import torch
 
-from fdattack.knobs import knob
-from fdattack.fd.protocols.settings import ProtocolSettings
 from fdattack.fd.aggregation import robust_mean
-from fdattack.lit.objectives import kl_to_probs, mixed_ce_kl
 from fdattack.fd.protocols.base import PROTOCOLS, Phase, Protocol, RoundContext
+from fdattack.fd.protocols.settings import ProtocolSettings
 from fdattack.fd.record import PayloadKind
 from fdattack.fd.threat import SERVER_POWERS, ThreatModel
+from fdattack.knobs import knob
+from fdattack.lit.objectives import kl_to_probs, mixed_ce_kl
 
 
 @dataclass
@@ -89,4 +89,6 @@ class CronusProtocol(Protocol):
             aggregate = received(k)
             return torch.cat([torch.zeros(len(private[k]), aggregate.shape[1]), aggregate])
 
-        self.train_clients(ctx, "distill", ctx.senders, lambda k: private[k].concat(public), self.cfg.kd_epochs, mixed_ce_kl, targets=targets)
+        self.train_clients(
+            ctx, "distill", ctx.senders, lambda k: private[k].concat(public), self.cfg.kd_epochs, mixed_ce_kl, targets=targets
+        )

@@ -6,13 +6,13 @@ from dataclasses import dataclass
 
 import torch
 
-from fdattack.knobs import Choice, knob
-from fdattack.fd.protocols.settings import ProtocolSettings
 from fdattack.fd.aggregation import era
-from fdattack.lit.objectives import soft_cross_entropy
 from fdattack.fd.protocols.base import PROTOCOLS, Phase, Protocol, RoundContext
+from fdattack.fd.protocols.settings import ProtocolSettings
 from fdattack.fd.record import PayloadKind
 from fdattack.fd.threat import SERVER_POWERS, Capability, ThreatModel
+from fdattack.knobs import Choice, knob
+from fdattack.lit.objectives import soft_cross_entropy
 
 
 class DSFLUpload(Choice):
@@ -96,4 +96,6 @@ class DSFLProtocol(Protocol):
 
     def _distill(self, ctx: RoundContext) -> None:
         public = self.public_subset(ctx)
-        self.train_clients(ctx, "distill", ctx.senders, lambda k: public, self.cfg.distill_epochs, soft_cross_entropy, targets=self.aggregate_for(ctx))
+        self.train_clients(
+            ctx, "distill", ctx.senders, lambda k: public, self.cfg.distill_epochs, soft_cross_entropy, targets=self.aggregate_for(ctx)
+        )

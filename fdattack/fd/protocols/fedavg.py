@@ -8,13 +8,14 @@ from dataclasses import dataclass
 import numpy as np
 from torch import Tensor
 
-from fdattack.knobs import knob
-from fdattack.fd.protocols.settings import OptimizerName, OptimSettings, ProtocolSettings
 from fdattack.errors import ConfigError
 from fdattack.fd.aggregation import fedavg
-from fdattack.randomness import derive_seed
 from fdattack.fd.protocols.base import PROTOCOLS, Phase, Protocol, RoundContext
+from fdattack.fd.protocols.settings import OptimizerName, OptimSettings, ProtocolSettings
+from fdattack.fd.record import Upload
 from fdattack.fd.threat import ThreatModel
+from fdattack.knobs import knob
+from fdattack.randomness import derive_seed
 
 
 def state_bytes(state: dict[str, Tensor]) -> int:
@@ -29,8 +30,9 @@ class FedAvgSettings(ProtocolSettings):
     name: str = "fedavg"
     fraction: float = knob(1.0, "C: fraction of clients sampled per round", gt=0, le=1)
     local_epochs: int = knob(1, "E: local epochs per round", ge=0)
-    optim: OptimSettings = knob(OptimSettings(name=OptimizerName.sgd, lr=0.01, batch_size=10, fresh_per_phase=True), "optimizer of clients and server")
-from fdattack.fd.record import Upload
+    optim: OptimSettings = knob(
+        OptimSettings(name=OptimizerName.sgd, lr=0.01, batch_size=10, fresh_per_phase=True), "optimizer of clients and server"
+    )
 
 
 @PROTOCOLS.register("fedavg")
@@ -59,7 +61,10 @@ class FedAvgProtocol(Protocol):
         super().__init__(*args, **kwargs)
         archs = set(self.client_archs) | {self.model_cfg.server or self.model_cfg.name}
         if len(archs) > 1:
-            raise ConfigError(f"protocol.name=fedavg needs one architecture for all clients and the server; model.clients/model.server give {sorted(archs)}")
+            raise ConfigError(
+                f"protocol.name=fedavg needs one architecture for all clients and the server; model.clients/model.server give "
+                f"{sorted(archs)}"
+            )
 
     def participants(self, round: int) -> list[int]:
         m = max(math.floor(self.cfg.fraction * self.num_clients), 1)

@@ -7,12 +7,12 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from fdattack.knobs import Choice, knob
-from fdattack.fd.protocols.settings import ProtocolSettings
 from fdattack.data.imageset import IndexedBatch
 from fdattack.fd.aggregation import fedgems_ensemble, fedgems_fusion_loss, fedgems_kl
 from fdattack.fd.protocols.base import PROTOCOLS, Phase, Protocol, RoundContext
+from fdattack.fd.protocols.settings import ProtocolSettings
 from fdattack.fd.threat import Capability, ThreatModel
+from fdattack.knobs import Choice, knob
 from fdattack.lit.classifier import Objective, cross_entropy, vmappable
 
 
@@ -27,13 +27,13 @@ def fedgems_client(epsilon: float, kl_mode: str) -> Objective:
     ``kl_mode="code"`` reproduces the authors' ``nn.KLDivLoss()(log_softmax(teacher), softmax(z))``
     (element-wise mean, teacher in the log slot, §13.8); ``"standard"`` is batchmean KL(teacher || student).
     """
+
     @vmappable
     def objective(logits: Tensor, batch: IndexedBatch) -> Tensor:
         kl = fedgems_kl(logits, batch["target"], kl_mode)  # type: ignore[typeddict-item]
         return epsilon * cross_entropy(logits, batch) + (1.0 - epsilon) * kl
 
     return objective
-
 
 
 @dataclass
@@ -43,7 +43,9 @@ class FedGEMSSettings(ProtocolSettings):
     public_epochs: int = knob(2, "per round: client epochs of eps*CE + (1-eps)*KL to the server logits on the public set", ge=0)
     server_epochs: int = knob(1, "per round: server epochs of selective knowledge fusion", ge=0)
     epsilon: float = knob(0.75, "weight of CE against KL", ge=0, le=1)
-    kl_mode: KLMode = knob(KLMode.code, "code (nn.KLDivLoss mean, teacher in the log slot, as the authors' code) | standard (batchmean KL(teacher||student))")
+    kl_mode: KLMode = knob(
+        KLMode.code, "code (nn.KLDivLoss mean, teacher in the log slot, as the authors' code) | standard (batchmean KL(teacher||student))"
+    )
 
 
 @PROTOCOLS.register("fedgems")
@@ -96,8 +98,9 @@ class FedGEMSProtocol(Protocol):
         def objective(logits: Tensor, batch: IndexedBatch) -> Tensor:
             rows = rows_of[batch["index"].cpu()]
             pool, has_pool = self.pool[rows].to(logits.device), self.has_pool[rows].to(logits.device)
-            loss, correct = fedgems_fusion_loss(logits, batch["y"], pool, has_pool, ensemble[batch["index"].cpu()].to(logits.device),
-                                                self.cfg.epsilon, self.cfg.kl_mode)
+            loss, correct = fedgems_fusion_loss(
+                logits, batch["y"], pool, has_pool, ensemble[batch["index"].cpu()].to(logits.device), self.cfg.epsilon, self.cfg.kl_mode
+            )
             correct = correct.cpu()
             self.pool[rows[correct]] = logits.detach().float().cpu()[correct]
             self.has_pool[rows[correct]] = True
@@ -117,7 +120,9 @@ class FedGEMSProtocol(Protocol):
     def _distill(self, ctx: RoundContext) -> None:
         public = self.public_subset(ctx)
         objective = fedgems_client(self.cfg.epsilon, self.cfg.kl_mode)
-        self.train_clients(ctx, "distill", ctx.participants, lambda k: public, self.cfg.public_epochs, objective, targets=self.aggregate_for(ctx))
+        self.train_clients(
+            ctx, "distill", ctx.participants, lambda k: public, self.cfg.public_epochs, objective, targets=self.aggregate_for(ctx)
+        )
 
     def extra_state(self) -> dict:
         return {"pool": self.pool.clone(), "has_pool": self.has_pool.clone()}

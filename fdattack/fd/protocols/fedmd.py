@@ -8,14 +8,14 @@ from typing import ClassVar
 
 from torch import Tensor
 
-from fdattack.knobs import knob
-from fdattack.fd.protocols.settings import ProtocolSettings
 from fdattack.data.imageset import UNLABELED
 from fdattack.fd.aggregation import mean_logits
-from fdattack.lit.objectives import cross_entropy, l1_to_logits
 from fdattack.fd.protocols.base import PROTOCOLS, Phase, Protocol, RoundContext
+from fdattack.fd.protocols.settings import ProtocolSettings
 from fdattack.fd.threat import SERVER_POWERS, Capability, ServerAggregation, ThreatModel
+from fdattack.knobs import knob
 from fdattack.lit.classifier import Objective
+from fdattack.lit.objectives import cross_entropy, l1_to_logits
 
 log = logging.getLogger(__name__)
 
@@ -100,7 +100,9 @@ class FedMDProtocol(Protocol):
 
     def _digest(self, ctx: RoundContext) -> None:
         public = self.public_subset(ctx)
-        self.train_clients(ctx, "digest", ctx.senders, lambda k: public, self.cfg.digest_epochs, self.digest_objective, targets=self.aggregate_for(ctx))
+        self.train_clients(
+            ctx, "digest", ctx.senders, lambda k: public, self.cfg.digest_epochs, self.digest_objective, targets=self.aggregate_for(ctx)
+        )
 
     def _revisit(self, ctx: RoundContext) -> None:
         self.train_on_private(ctx, "revisit", self.cfg.revisit_epochs)

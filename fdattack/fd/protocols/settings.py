@@ -38,7 +38,18 @@ class ProtocolSettings:
     num_clients: int = knob(4, "K, the number of clients", ge=1)
     rounds: int = knob(5, "communication rounds T", ge=1)
     public_per_round: Optional[int] = knob(None, "public samples drawn per round; null = all of the public set", ge=1)
-    public_stratified: bool = knob(False, "draw the round's public samples evenly over the labels (PDA-FD's class-balanced D_inf) where the public set is labeled; else uniformly")
-    on_bad_upload: OnBadUpload = knob(OnBadUpload.error, "what a NaN/inf upload does: error (stop with a message) | drop (leave that client out of the round and record it)")
-    evasive_clients: Any = knob("none", "clients that refuse to return outputs on public or queried samples of their own training set, and withhold as many seeded decoys (pdafd.md 6.7): none | all | a list of client indices")
+    public_stratified: bool = knob(
+        False,
+        "draw the round's public samples evenly over the labels (PDA-FD's class-balanced D_inf) where the public set is labeled; else "
+        "uniformly",
+    )
+    on_bad_upload: OnBadUpload = knob(
+        OnBadUpload.error,
+        "what a NaN/inf upload does: error (stop with a message) | drop (leave that client out of the round and record it)",
+    )
+    evasive_clients: Any = knob(
+        "none",
+        "clients that refuse to return outputs on public or queried samples of their own training set, and withhold as many seeded decoys "
+        "(pdafd.md 6.7): none | all | a list of client indices",
+    )
     optim: OptimSettings = knob(OptimSettings(), "optimizer of clients and server")

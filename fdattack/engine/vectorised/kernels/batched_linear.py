@@ -32,8 +32,11 @@ class _LinearFunction(torch.autograd.Function):
     def backward(ctx: torch.autograd.function.FunctionCtx, grad: Tensor) -> tuple[Tensor | None, Tensor | None, Tensor | None]:  # type: ignore[override]
         x, weight = ctx.saved_tensors  # type: ignore[attr-defined]
         needs_x, needs_weight, needs_bias = ctx.needs_input_grad  # type: ignore[attr-defined]
-        return (torch.bmm(grad, weight) if needs_x else None, torch.bmm(grad.transpose(1, 2), x) if needs_weight else None,
-                grad.sum(1) if needs_bias else None)
+        return (
+            torch.bmm(grad, weight) if needs_x else None,
+            torch.bmm(grad.transpose(1, 2), x) if needs_weight else None,
+            grad.sum(1) if needs_bias else None,
+        )
 
     @staticmethod
     def vmap(info: object, in_dims: tuple, x: Tensor, weight: Tensor, bias: Tensor | None) -> tuple[Tensor, int]:

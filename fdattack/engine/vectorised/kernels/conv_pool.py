@@ -71,7 +71,9 @@ class Geometry:
     def pool_backward(self, grad: Tensor, indices: Tensor, like: Tensor) -> Tensor:
         """The pool's input gradient (n, O, h, w), channels-last like ``like``, from the channels-last pooled gradient
         and argmax indices (PyTorch's CPU pool backward is several times slower on mixed layouts)."""
-        return torch.ops.aten.max_pool2d_with_indices_backward(grad, like, list(self.pool), list(self.pool_stride), [0, 0], [1, 1], False, indices)
+        return torch.ops.aten.max_pool2d_with_indices_backward(
+            grad, like, list(self.pool), list(self.pool_stride), [0, 0], [1, 1], False, indices
+        )
 
 
 def _chunks(models: int, rows: int, per_row: int) -> Iterator[tuple[int, slice]]:
@@ -131,7 +133,9 @@ class _ConvMaxPoolFunction(torch.autograd.Function):
         return None, kernel_grad, bias_grad, None
 
     @staticmethod
-    def vmap(info: object, in_dims: tuple, x: Tensor, kernel: Tensor, bias: Tensor, geometry: Geometry) -> tuple[tuple[Tensor, Tensor], tuple[int, int]]:
+    def vmap(
+        info: object, in_dims: tuple, x: Tensor, kernel: Tensor, bias: Tensor, geometry: Geometry
+    ) -> tuple[tuple[Tensor, Tensor], tuple[int, int]]:
         """Under vmap, the vmapped models join the model axis."""
         size = info.batch_size  # type: ignore[attr-defined]
         x, kernel, bias = (fold(t, dim, size) for t, dim in zip((x, kernel, bias), in_dims[:3]))
@@ -152,8 +156,13 @@ class ConvMaxPool(nn.Module):
         super().__init__()
         self.weight = conv.weight
         self.bias = conv.bias
-        self.geometry = Geometry(pair(conv.kernel_size), pair(conv.stride), pair(conv.padding),  # type: ignore[arg-type]
-                                 pair(pool.kernel_size), pair(pool.stride or pool.kernel_size))
+        self.geometry = Geometry(
+            pair(conv.kernel_size),
+            pair(conv.stride),
+            pair(conv.padding),  # type: ignore[arg-type]
+            pair(pool.kernel_size),
+            pair(pool.stride or pool.kernel_size),
+        )
 
     def _conv_outputs(self, x: Tensor) -> int:
         """Convolution outputs per row of ``x`` (N, C, H, W) that the pool reads."""
@@ -186,9 +195,18 @@ class ConvMaxPool(nn.Module):
 def fusable(conv: nn.Module, pool: nn.Module) -> bool:
     """Whether :class:`ConvMaxPool` computes ``pool(conv(x))``: a plain zero-padded convolution and a floor-mode pool
     without padding, dilation or indices."""
-    return (type(conv) is nn.Conv2d and conv.groups == 1 and pair(conv.dilation) == (1, 1) and not isinstance(conv.padding, str)
-            and conv.padding_mode == "zeros" and type(pool) is nn.MaxPool2d and pair(pool.padding) == (0, 0)
-            and pair(pool.dilation) == (1, 1) and not pool.ceil_mode and not pool.return_indices)
+    return (
+        type(conv) is nn.Conv2d
+        and conv.groups == 1
+        and pair(conv.dilation) == (1, 1)
+        and not isinstance(conv.padding, str)
+        and conv.padding_mode == "zeros"
+        and type(pool) is nn.MaxPool2d
+        and pair(pool.padding) == (0, 0)
+        and pair(pool.dilation) == (1, 1)
+        and not pool.ceil_mode
+        and not pool.return_indices
+    )
 
 
 def fuse_conv_pool(net: nn.Module) -> nn.Module:

@@ -40,8 +40,15 @@ def kernel_matrix(weight: Tensor, bias: Tensor | None) -> Tensor:
     return torch.cat([rows, last], dim=1).t().contiguous()  # row-major: a transposed right factor slows its gradient
 
 
-def conv2d(input: Tensor, weight: Tensor, bias: Tensor | None = None, stride: int | Sequence[int] = 1,
-           padding: int | Sequence[int] | str = 0, dilation: int | Sequence[int] = 1, groups: int = 1) -> Tensor:
+def conv2d(
+    input: Tensor,
+    weight: Tensor,
+    bias: Tensor | None = None,
+    stride: int | Sequence[int] = 1,
+    padding: int | Sequence[int] | str = 0,
+    dilation: int | Sequence[int] = 1,
+    groups: int = 1,
+) -> Tensor:
     """``F.conv2d`` as :func:`columns` times :func:`kernel_matrix`, its result channels-last in memory (``F.conv2d``
     itself for grouped, dilated or ``padding="same"`` convolutions). Same sums, in another order."""
     if input.dim() != 4 or groups != 1 or isinstance(padding, str) or pair(dilation) != (1, 1):

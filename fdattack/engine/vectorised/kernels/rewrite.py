@@ -9,10 +9,12 @@ from typing import Callable
 from torch import nn
 
 
-def rewrite_pairs(net: nn.Module, matches: Callable[[nn.Module, nn.Module], bool],
-                  rewrite: Callable[[nn.Module, nn.Module], tuple[nn.Module, nn.Module]]) -> nn.Module:
+def rewrite_pairs(
+    net: nn.Module, matches: Callable[[nn.Module, nn.Module], bool], rewrite: Callable[[nn.Module, nn.Module], tuple[nn.Module, nn.Module]]
+) -> nn.Module:
     """``net`` itself where no two adjacent layers of an ``nn.Sequential`` ``matches``, else a deep copy in which every
     matching pair (first, second) is replaced by ``rewrite(first, second)``."""
+
     def pairs(module: nn.Module) -> list[tuple[nn.Sequential, int]]:
         return [(m, i) for m in module.modules() if isinstance(m, nn.Sequential) for i in range(len(m) - 1) if matches(m[i], m[i + 1])]
 
