@@ -47,6 +47,7 @@ from fdattack.tracking import (
     set_rng_state,
 )
 from fdattack.tracking.exit_record import exit_record
+from fdattack.tracking.logs import configure_logging
 from fdattack.tracking.machine import machine_info
 
 log = logging.getLogger("fdattack")
@@ -168,7 +169,7 @@ class Experiment:
     """
 
     def __init__(self, cfg: DictConfig) -> None:
-        logging.basicConfig(level=getattr(logging, str(cfg.logger.level)), format="%(message)s")
+        configure_logging(str(cfg.logger.level))
         self.cfg = cfg
         self.started = time.perf_counter()
         t = cfg.trainer

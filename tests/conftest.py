@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Iterator
 from pathlib import Path
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")  # tiny models: one thread is faster than two on a 2-core box
@@ -27,6 +28,20 @@ def _offline_wandb(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.setenv("NETRC", str(netrc))
 
 
+@pytest.fixture(autouse=True)
+def _fdattack_records_reach_caplog(request: pytest.FixtureRequest) -> Iterator[None]:
+    """fdattack's logger stops its records at its own handler (``fdattack.tracking.logs``); a test that asks for caplog
+    gets them through caplog's handler on that logger too."""
+    if "caplog" not in request.fixturenames:
+        yield
+        return
+    handler = request.getfixturevalue("caplog").handler
+    logger = logging.getLogger("fdattack")
+    logger.addHandler(handler)
+    yield
+    logger.removeHandler(handler)
+
+
 def own_records(caplog: pytest.LogCaptureFixture) -> list[logging.LogRecord]:
     """caplog's records from fdattack's own loggers only.
 
@@ -40,6 +55,15 @@ def own_records(caplog: pytest.LogCaptureFixture) -> list[logging.LogRecord]:
 def own_messages(caplog: pytest.LogCaptureFixture) -> list[str]:
     """The messages of :func:`own_records`."""
     return [r.getMessage() for r in own_records(caplog)]
+
+
+def error_of(stderr: str) -> str:
+    """The one error line of a failed command's stderr, asserted: exactly one line starts with ``fdattack: error:`` and
+    it is the last, with no traceback; fdattack's progress lines (INFO, shown when there is no terminal) may come first."""
+    lines = stderr.strip().splitlines()
+    errors = [line for line in lines if line.startswith("fdattack: error:")]
+    assert len(errors) == 1 and lines[-1] == errors[0] and "Traceback" not in stderr, stderr
+    return errors[0]
 
 
 def tiny(tmp_path: Path, *extra: str) -> list[str]:

@@ -24,7 +24,7 @@ from fdattack.errors import ConfigError
 from fdattack.functional import topk_accuracy
 from fdattack.functional.attack_accuracy import attack_accuracy
 from fdattack.knobs import Range, _leaves
-from tests.conftest import REPO, tiny
+from tests.conftest import REPO, error_of, tiny
 from tests.test_data import _fake_faces
 
 
@@ -33,7 +33,7 @@ def _one_line(capsys: pytest.CaptureFixture[str], argv: list[str], *named: str) 
     code = main(argv)
     err = capsys.readouterr().err.strip()
     assert code == 2, err
-    assert len(err.splitlines()) == 1 and err.startswith("fdattack: error: "), err
+    err = error_of(err)
     assert "Traceback" not in err
     for text in named:
         assert text in err, (text, err)
@@ -134,7 +134,7 @@ def test_bad_precision_in_a_real_process_has_no_traceback(tmp_path: Path) -> Non
         cwd=REPO,
     )
     assert proc.returncode == 2
-    assert len(proc.stderr.strip().splitlines()) == 1 and "trainer.precision='bogus'" in proc.stderr
+    assert "trainer.precision='bogus'" in error_of(proc.stderr)
     assert not (tmp_path / "run").exists()
 
 

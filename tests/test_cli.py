@@ -9,14 +9,14 @@ from pathlib import Path
 import pytest
 
 from fdattack.cli import main
-from tests.conftest import SHARED_DATA, tiny
+from tests.conftest import SHARED_DATA, error_of, tiny
 
 
 def _error_line(capsys: pytest.CaptureFixture[str], argv: list[str]) -> str:
     code = main(argv)
     err = capsys.readouterr().err.strip()
     assert code == 2, err
-    assert len(err.splitlines()) == 1, err
+    err = error_of(err)
     assert "Traceback" not in err
     return err
 

@@ -35,7 +35,7 @@ from fdattack.functional.inversion_metrics import feature_cosine, feature_divers
 from fdattack.knobs import knob
 from fdattack.tracking.report import write_report
 from fdattack.tracking.summary import attack_summary
-from tests.conftest import tiny
+from tests.conftest import error_of, tiny
 from tests.object_graph import reachable
 
 
@@ -451,21 +451,15 @@ def test_a_weights_file_that_is_missing_or_does_not_fit_is_one_line_and_exit_2(
 ) -> None:
     args = ["run", *tiny(tmp_path, *DIGITS, "attacks=[prior_inversion]")]
     assert main([*args, f"evaluation.inversion.checkpoint={tmp_path / 'nope.pt'}"]) == 2
-    err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and err[0].startswith("fdattack: error: evaluation.inversion.checkpoint=") and "file not found" in err[0]
+    err = error_of(capsys.readouterr().err)
+    assert err.startswith("fdattack: error: evaluation.inversion.checkpoint=") and "file not found" in err
     assert main([*args, f"evaluation.inversion.checkpoint={digits.checkpoint}", "evaluation.inversion.classifier=pdafd_cnn"]) == 2
-    err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and "does not fit classifier 'pdafd_cnn'" in err[0]
+    assert "does not fit classifier 'pdafd_cnn'" in error_of(capsys.readouterr().err)
     (tmp_path / "garbage.pt").write_bytes(b"not a torch file")
     checkpoint = f"evaluation.inversion.checkpoint={digits.checkpoint}"
     assert main([*args, checkpoint, f"evaluation.inversion.inception_weights={tmp_path / 'garbage.pt'}"]) == 2
-    err = capsys.readouterr().err.strip().splitlines()
-    assert (
-        len(err) == 1
-        and err[0].startswith("fdattack: error: evaluation.inversion.inception_weights=")
-        and "not a readable torch file" in err[0]
-    )
+    err = error_of(capsys.readouterr().err)
+    assert err.startswith("fdattack: error: evaluation.inversion.inception_weights=") and "not a readable torch file" in err
     assert main([*args, checkpoint, f"evaluation.inversion.inception_weights={digits.checkpoint}"]) == 2
-    err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and "does not fit torchvision's Inception-v3 (size mismatch for fc.bias" in err[0]
+    assert "does not fit torchvision's Inception-v3 (size mismatch for fc.bias" in error_of(capsys.readouterr().err)
     assert not (tmp_path / "run").exists()  # stopped before anything was written

@@ -21,7 +21,7 @@ from fdattack.experiment import Experiment
 from fdattack.fd.record import RoundRecord
 from fdattack.fd.threat import Capability
 from fdattack.functional import label_vector, labelavg_comm_mib, smooth_labels, top_k_labels
-from tests.conftest import tiny
+from tests.conftest import error_of, tiny
 
 # ------------------------------------------------------------------ Eqs. 7-10: top-K labels and β
 
@@ -248,5 +248,4 @@ def test_uploads_and_query_answers_are_top_k_label_uploads(labelavg_run: tuple[E
 
 def test_top_k_above_the_number_of_classes_is_one_line_and_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["run", "protocol=labelavg", *tiny(tmp_path, "protocol.top_k=11")]) == 2
-    err = capsys.readouterr().err.strip()
-    assert err == "fdattack: error: protocol.top_k=11 is more than the data's 10 classes; allowed: 1 to 10"
+    assert error_of(capsys.readouterr().err) == "fdattack: error: protocol.top_k=11 is more than the data's 10 classes; allowed: 1 to 10"

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from fdattack.cli import main
-from tests.conftest import REPO
+from tests.conftest import REPO, error_of
 
 ARGS = [
     "protocol.num_clients=3",
@@ -101,7 +101,7 @@ def test_corrupt_checkpoint_is_named(tmp_path: Path, capsys: pytest.CaptureFixtu
     capsys.readouterr()
     assert main(["run", *ARGS, "protocol.rounds=1", f"output_dir={out}", "resume=true"]) == 2
     err = capsys.readouterr().err.strip()
-    assert str(ckpt) in err and len(err.splitlines()) == 1
+    assert str(ckpt) in error_of(err)
 
 
 def test_resume_from_an_older_kept_checkpoint_with_attacks_matches(tmp_path: Path) -> None:

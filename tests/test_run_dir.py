@@ -17,7 +17,7 @@ from fdattack.data.federated import FederatedData
 from fdattack.errors import ConfigError
 from fdattack.experiment import Experiment
 from fdattack.tracking.run_dir import LOCK_NAME
-from tests.conftest import own_messages, tiny
+from tests.conftest import error_of, own_messages, tiny
 
 FAST = ("evaluation.confidence_gap.enabled=false", "protocol.transfer_public_epochs=1", "protocol.transfer_private_epochs=1")
 
@@ -36,7 +36,7 @@ def _error_line(capsys: pytest.CaptureFixture[str], argv: list[str]) -> str:
     code = main(argv)
     err = capsys.readouterr().err.strip()
     assert code == 2, err
-    assert len(err.splitlines()) == 1 and "Traceback" not in err, err
+    err = error_of(err)
     return err
 
 

@@ -23,7 +23,7 @@ from fdattack.config import WandbConfig
 from fdattack.errors import ConfigError
 from fdattack.tracking import WandbRun, has_credentials
 from fdattack.tracking.wandb_run import run_identity, server_url
-from tests.conftest import REPO, own_messages, tiny
+from tests.conftest import REPO, error_of, own_messages, tiny
 
 KEY = "k" * 40
 UNREACHABLE = "http://127.0.0.1:9"  # loopback, discard port: connection refused at once
@@ -210,7 +210,7 @@ def test_cli_online_without_network_is_exit_2_with_one_line(
         ]
     )
     err = capsys.readouterr().err.strip()
-    assert code == 2 and err.startswith("fdattack: error: logger.wandb.mode=online: W&B did not start online") and "\n" not in err
+    assert code == 2 and error_of(err).startswith("fdattack: error: logger.wandb.mode=online: W&B did not start online")
 
 
 # ---------------------------------------------------------------------------------- one step per round

@@ -71,7 +71,8 @@ class Progress:
             if progress_shown(mode)
             else None
         )
-        self._logging = logging_redirect_tqdm() if self._bar is not None else None  # log lines above the bar, not through it
+        # log lines above the bar, not through it (fdattack's own handler: tracking/logs.py; and the root's, for others)
+        self._logging = logging_redirect_tqdm(loggers=[logging.root, log]) if self._bar is not None else None
         if self._logging is not None:
             self._logging.__enter__()
 

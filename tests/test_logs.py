@@ -1,0 +1,43 @@
+"""Batch runs show fdattack's INFO lines as the docs promise, whatever a dependency did to logging first (issue 30):
+opacus calls ``logging.basicConfig`` at import, which made fdattack's own ``basicConfig`` a no-op (no INFO lines, and
+warnings with a foreign prefix)."""
+
+from __future__ import annotations
+
+import logging
+import subprocess
+import sys
+from pathlib import Path
+
+from fdattack.tracking.logs import LOGGER, configure_logging
+from tests.conftest import REPO
+
+OPACUS_FIRST = "import opacus, sys\nfrom fdattack.cli import main\nsys.exit(main(sys.argv[1:]))"
+
+
+def test_a_batch_run_prints_its_steps_and_scores_after_opacus_configured_logging(tmp_path: Path) -> None:
+    args = [
+        "run",
+        "attacks=[ldia]",
+        "protocol.rounds=1",
+        "protocol.num_clients=2",
+        f"output_dir={tmp_path / 'run'}",
+        "logger.wandb.mode=disabled",
+        "logger.progress=never",
+    ]
+    proc = subprocess.run([sys.executable, "-c", OPACUS_FIRST, *args], capture_output=True, text=True, timeout=600, cwd=REPO)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    lines = proc.stderr.splitlines()
+    assert "loading data (digits)" in lines and "round 1: attack ldia" in lines  # plain messages, no prefix
+    assert [line for line in lines if line.startswith("round 1  ldia: KL ")], lines
+    assert not [line for line in lines if line.startswith(("INFO", "WARNING")) or ":fdattack" in line]
+
+
+def test_configuring_twice_keeps_one_handler_and_the_latest_level() -> None:
+    try:
+        configure_logging("INFO")
+        configure_logging("WARNING")
+        own = [h for h in LOGGER.handlers if type(h).__name__ == "_OwnHandler"]
+        assert len(own) == 1 and LOGGER.level == logging.WARNING and not LOGGER.propagate
+    finally:
+        configure_logging("INFO")
