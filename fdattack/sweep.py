@@ -136,6 +136,38 @@ def _finished_run(sweeps: ModuleType, trial: Trial) -> Any:
     )
 
 
+def check_before_trials(path: Path, config: dict, count: int | None) -> int | None:
+    """What a sweep file must say before any trial runs (issue 30): random and bayes search never end on their own
+    (``--count`` or the file's ``run_cap`` bounds them), bayes needs a metric, and a grid needs listed values.
+
+    Returns:
+        The number of trials in all: ``count``, else the file's ``run_cap``, else None (a grid's every point).
+    """
+    method = config.get("method")
+    count = count if count is not None else config.get("run_cap")
+    if method in ("random", "bayes") and count is None:
+        raise ConfigError(f"{path}: method: {method} never ends on its own; give --count N (or run_cap: N in the sweep file)")
+    if method == "bayes" and not (config.get("metric") or {}).get("name"):
+        raise ConfigError(f"{path}: method: bayes needs a metric to model (metric: {{name: attack/<name>/<metric>, goal: maximize}})")
+    if method == "grid":
+        for key, spec in config["parameters"].items():
+            if isinstance(spec, dict) and "values" not in spec and "value" not in spec:
+                raise ConfigError(f"{path}: parameters.{key}: a grid takes listed values (values: [...] or value: x), not a distribution")
+    return count
+
+
+def check_trial_config(sweeps: ModuleType, config: dict, experiment: str | None, fixed: list[str], extra: list[str], folder: Path) -> None:
+    """Compose the first trial's config before any trial runs, so a misspelt parameter or override, or an experiment file
+    not found from here, stops the sweep with one line instead of failing every trial."""
+    from fdattack.config import compose
+
+    proposal = sweeps.next_run(config, [])
+    if proposal is None:
+        return
+    params = [f"{key}={proposal.config[key]['value']}" for key in config["parameters"]]
+    compose(experiment, [*fixed, *params, f"output_dir={folder / 'trial_check'}", *extra])  # in a trial's order
+
+
 def run_sweep(path: Path, count: int | None, root: Path, extra: list[str]) -> list[Trial]:
     """Run the sweep until ``count`` trials (those already done included) or the whole grid are done.
 
@@ -154,7 +186,9 @@ def run_sweep(path: Path, count: int | None, root: Path, extra: list[str]) -> li
 
     config = load_sweep(path)
     experiment, fixed = command_tokens(config)
+    count = check_before_trials(path, config, count)
     name, folder = path.stem, root / path.stem
+    check_trial_config(sweeps, config, experiment, fixed, extra, folder)
     earlier = earlier_trials(folder, list(config["parameters"]))
     trials = [trial for trial in earlier if trial.state == "done"]
     finished = [_finished_run(sweeps, trial) for trial in trials]

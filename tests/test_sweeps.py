@@ -12,7 +12,7 @@ from fdattack.cli import main
 from fdattack.config import compose
 from fdattack.sweep import command_tokens, format_value, load_sweep, trial_label
 from fdattack.tracking.report_runs import short_names
-from tests.conftest import REPO
+from tests.conftest import REPO, error_of
 
 SWEEPS = sorted((REPO / "sweeps").glob("*.yaml"))
 
@@ -147,3 +147,33 @@ def test_sweep_exits_1_on_a_failed_trial_then_resumes_and_skips_finished_ones(tm
     assert (trial / "metrics.json").stat().st_mtime_ns == finished_at  # not run again
     assert _table(out)[1] == ["trial_000", "done", "2", f"{loss:.4g}"] and "fdattack: 1 trial(s) finished by an earlier call" in out
     assert sorted(p.name for p in (root / "clients").iterdir()) == ["trial_000"]
+
+
+BAD_SWEEPS = [  # (sweep file body, extra command-line tokens, what the one line must name)
+    ("method: random\nparameters: {attack.pli.tau: {min: 0.5, max: 5.0}}\n", [], "method: random never ends on its own; give --count N"),
+    ("method: bayes\nparameters: {attack.pli.tau: {min: 0.5, max: 5.0}}\n", ["--count", "2"], "method: bayes needs a metric"),
+    ("method: grid\nparameters: {attack.pli.tau: {min: 0.5, max: 5.0}}\n", [], "parameters.attack.pli.tau: a grid takes listed values"),
+    ("method: grid\nparameters: {attack.pli.taux: {values: [1.0]}}\n", [], "unknown config key 'attack.pli.taux'"),
+    ("method: grid\nparameters: {attack.pli.tau: {values: [1.0]}}\n", ["protocol.roundz=2"], "unknown config key 'protocol.roundz'"),
+    (
+        "method: grid\nparameters: {attack.pli.tau: {values: [1.0]}}\n"
+        "command: [fdattack, run, conf/experiment/nope.yaml, '${args_no_hyphens}']\n",
+        [],
+        "experiment file not found: conf/experiment/nope.yaml",
+    ),
+]
+
+
+@pytest.mark.parametrize(("body", "extra", "named"), BAD_SWEEPS)
+def test_a_sweep_that_cannot_work_stops_before_any_trial_with_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, body: str, extra: list[str], named: str
+) -> None:
+    """Issue 30: a random sweep without --count never stopped; a misspelt parameter or override, or an experiment not
+    found from here, failed every trial with the same error (exit 1); a grid over a distribution or bayes without a
+    metric raised a traceback. Each now stops before the first trial, with one line and exit 2."""
+    monkeypatch.chdir(REPO)
+    sweep = tmp_path / "bad.yaml"
+    sweep.write_text(body)
+    assert main(["sweep", str(sweep), "--root", str(tmp_path / "sweeps"), *extra]) == 2
+    assert named in error_of(capsys.readouterr().err)
+    assert not (tmp_path / "sweeps").exists()
