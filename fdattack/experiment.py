@@ -26,7 +26,7 @@ from fdattack.data.domains import DOMAIN_TRANSFORMS
 from fdattack.data.federated import FederatedData
 from fdattack.defenses import DEFENSES, Defense
 from fdattack.engine import LocalTrainer, make_fabric
-from fdattack.errors import FdattackError
+from fdattack.errors import CheckpointError, FdattackError
 from fdattack.evaluation import SCORERS, ConfidenceGapDiagnostic, Evaluator, Oracle, Report, ScoringContext
 from fdattack.evaluation.membership import CandidatePool, candidate_pool
 from fdattack.fd.orchestrator import RoundOrchestrator
@@ -49,6 +49,7 @@ from fdattack.tracking import (
 from fdattack.tracking.exit_record import exit_record
 from fdattack.tracking.logs import configure_logging
 from fdattack.tracking.machine import machine_info
+from fdattack.tracking.run_dir import config_fingerprint
 
 log = logging.getLogger("fdattack")
 
@@ -171,6 +172,7 @@ class Experiment:
     def __init__(self, cfg: DictConfig) -> None:
         configure_logging(str(cfg.logger.level))
         self.cfg = cfg
+        self._fingerprint = config_fingerprint(cfg)
         self.started = time.perf_counter()
         t = cfg.trainer
         self.fabric = make_fabric(t.accelerator, t.devices, t.strategy, t.num_nodes, t.precision)
@@ -238,6 +240,11 @@ class Experiment:
         last = run_dir.checkpoints.latest() if cfg.resume else None
         if last is not None:
             state = load_checkpoint(last[1])
+            if state.get("config_fingerprint", self._fingerprint) != self._fingerprint:  # checkpoints before issue 30 carry none
+                raise CheckpointError(
+                    f"{last[1]}: this checkpoint was written by a run with another config (seed, data or settings) than "
+                    f"{run_dir.config_path.name} and this command; delete it to resume from an earlier one, or choose another output_dir"
+                )
             self.protocol.load_state_dict(state["protocol"])
             for attack in self.attacks:
                 attack.load_state_dict(state.get("attacks", state.get("observers", {})).get(attack.name, {}))  # "observers" before issue 29
@@ -326,6 +333,7 @@ class Experiment:
             round_index,
             {
                 "round": round_index,
+                "config_fingerprint": self._fingerprint,
                 "protocol": self.protocol.state_dict(),
                 "attacks": {a.name: a.state_dict() for a in self.attacks},
                 "rng": rng_state(),

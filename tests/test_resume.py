@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -129,3 +130,17 @@ def test_resume_from_an_older_kept_checkpoint_with_attacks_matches(tmp_path: Pat
     assert main([*args, "resume=true"]) == 0
     assert _without_times(json.loads((out / "metrics.json").read_text())) == _without_times(finished)
     assert [_without_times(json.loads(x)) for x in (out / "rounds.jsonl").read_text().splitlines()] == rows
+
+
+def test_a_checkpoint_of_another_seed_is_refused_not_continued(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue 30: a checkpoint from the same experiment at another seed, copied into a run directory, resumed without a
+    word into a hybrid of the two runs. The checkpoint carries its config's fingerprint; a resume refuses another's."""
+    mine, theirs = tmp_path / "mine", tmp_path / "theirs"
+    assert main(["run", *ARGS, "protocol.rounds=1", "seed=1", f"output_dir={mine}"]) == 0
+    assert main(["run", *ARGS, "protocol.rounds=1", "seed=2", f"output_dir={theirs}"]) == 0
+    ckpt = sorted((mine / "checkpoints").glob("round_*.pt"))[-1]
+    shutil.copyfile(sorted((theirs / "checkpoints").glob("round_*.pt"))[-1], ckpt)
+    capsys.readouterr()
+    assert main(["run", *ARGS, "protocol.rounds=1", "seed=1", f"output_dir={mine}", "resume=true"]) == 2
+    err = error_of(capsys.readouterr().err)
+    assert str(ckpt) in err and "another config" in err

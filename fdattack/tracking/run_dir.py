@@ -12,6 +12,7 @@ A run holds an exclusive lock on ``.fdattack.lock`` in the directory from its pr
 from __future__ import annotations
 
 import fcntl
+import hashlib
 import json
 import logging
 import math
@@ -104,6 +105,13 @@ def to_jsonable(value: Any) -> Any:
     if value is None or isinstance(value, (bool, int, str)):
         return value
     raise TypeError(f"cannot record a {type(value).__name__} in JSON: {value!r}")
+
+
+def config_fingerprint(cfg: DictConfig) -> str:
+    """A digest of the resolved config without the keys that may change on resume (:data:`RESUME_FREE_KEYS`): what a
+    checkpoint carries, so that a resume refuses a checkpoint written by another run (another seed, data, settings)."""
+    text = json.dumps(_comparable(cfg), sort_keys=True, default=str)
+    return hashlib.blake2b(text.encode(), digest_size=16).hexdigest()
 
 
 def _comparable(cfg: DictConfig) -> dict:
