@@ -376,10 +376,6 @@ class Protocol(ABC):
                 ctx.metrics["protocol/withheld_rows"] = ctx.metrics.get("protocol/withheld_rows", 0.0) + float(withheld)
             ctx.uploads[upload.client] = upload
 
-    def _batch_digests(self, batch: PublicBatch) -> list[list[bytes]]:
-        """The two parts of a batch as an evasive client reads them: its public rows' digests, then its added images'."""
-        return self._public_digests.of_batch(batch)
-
     def aggregate_uploads(self, ctx: RoundContext, rule: Callable[[Tensor, Tensor], Tensor], kind: PayloadKind) -> Tensor:
         """(N, J) aggregate of the accepted uploads: ``rule(outputs (K', N', J), rows (N',))`` -> (N', J).
 
