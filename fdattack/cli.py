@@ -1,16 +1,23 @@
 """Command line: ``fdattack run [EXPERIMENT.yaml] [key=value ...]``.
 
 The entry point only parses tokens, composes the config and calls :func:`fdattack.experiment.run`.
-A :class:`~fdattack.errors.FdattackError` becomes one line on stderr and exit status 2.
+A :class:`~fdattack.errors.FdattackError` becomes one line on stderr and exit status 2; a full disk one line and exit
+status 1; SIGTERM one line (a run records it in ``exit.json``) and exit status 143, Ctrl-C 130.
 """
 
 from __future__ import annotations
 
 import argparse
+import errno
+import signal
 import sys
+import threading
 from typing import Sequence
 
-from fdattack.errors import FdattackError
+from fdattack.errors import FdattackError, Terminated, raise_terminated
+
+#: Errors of the machine, not of fdattack or its input: one line and exit status 1 (nothing recorded is lost).
+DISK_ERRORS = {errno.ENOSPC: "no space left on the device", errno.EDQUOT: "disk quota exceeded"}
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -59,25 +66,55 @@ def main(argv: Sequence[str] | None = None) -> int:
         from fdattack.engine.malloc import keep_freed_memory
 
         keep_freed_memory()
-    try:
-        if args.command == "run":
-            return _run(args)
-        if args.command == "sweep":
-            return _sweep(args)
-        if args.command == "report":
-            from pathlib import Path
-
-            from fdattack.tracking.report import write_report
-
-            print(f"fdattack: report in {write_report([Path(r) for r in args.runs], Path(args.out)).resolve()}")
-            return 0
+    previous = signal.signal(signal.SIGTERM, raise_terminated) if threading.current_thread() is threading.main_thread() else None
+    try:  # a run's own exit record (exit.json) takes over SIGTERM while its directory exists
+        return _command(args)
     except FdattackError as err:
         print(f"fdattack: error: {err}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("fdattack: interrupted", file=sys.stderr)
         return 130
+    except Terminated as stop:
+        if not stop.recorded:
+            print(f"fdattack: terminated by {stop.signal_name}", file=sys.stderr)
+        return int(stop.code)  # type: ignore[arg-type]
+    except Exception as err:  # a full disk surfaces wrapped by whichever writer hit it (torch.save, W&B, json)
+        disk_error = _disk_error(err)
+        if disk_error is None:
+            raise
+        print(f"fdattack: error: {disk_error}; what was recorded before it is kept (resume=true continues a run)", file=sys.stderr)
+        return 1
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
+
+
+def _command(args: argparse.Namespace) -> int:
+    """Run the parsed command; its errors are :func:`main`'s to report."""
+    if args.command == "run":
+        return _run(args)
+    if args.command == "sweep":
+        return _sweep(args)
+    from pathlib import Path
+
+    from fdattack.tracking.report import write_report
+
+    print(f"fdattack: report in {write_report([Path(r) for r in args.runs], Path(args.out)).resolve()}")
     return 0
+
+
+def _disk_error(err: BaseException) -> str | None:
+    """One line for a full disk or quota anywhere in the chain of ``err`` (a logger may wrap the write's error), else None."""
+    seen: set[int] = set()
+    current: BaseException | None = err
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        if isinstance(current, OSError) and current.errno in DISK_ERRORS:
+            where = f" writing {current.filename}" if current.filename else ""
+            return f"{DISK_ERRORS[current.errno]}{where}"
+        current = current.__cause__ or current.__context__
+    return None
 
 
 def _run(args: argparse.Namespace) -> int:

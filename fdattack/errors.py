@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import signal
+from types import FrameType
+
 
 class FdattackError(Exception):
     """Base class for user-facing errors: bad config, data, checkpoint or upload.
@@ -24,3 +27,20 @@ class CheckpointError(FdattackError):
 
 class UploadError(FdattackError):
     """A client upload is invalid (NaN/inf), naming the client and round."""
+
+
+class Terminated(SystemExit):
+    """A signal asked the run to stop; the exit status is ``128 + signal number`` (SIGTERM: 143).
+
+    ``recorded`` is set once the stop has been reported (in ``exit.json`` and one line), so the CLI says it only once.
+    """
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(128 + signum)
+        self.signal_name = signal.Signals(signum).name
+        self.recorded = False
+
+
+def raise_terminated(signum: int, frame: FrameType | None) -> None:
+    """A signal handler that raises :class:`Terminated`, so that the program unwinds like on any error."""
+    raise Terminated(signum)

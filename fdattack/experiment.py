@@ -26,7 +26,8 @@ from fdattack.data.domains import DOMAIN_TRANSFORMS
 from fdattack.data.federated import FederatedData
 from fdattack.defenses import DEFENSES, Defense
 from fdattack.engine import LocalTrainer, make_fabric
-from fdattack.errors import CheckpointError, FdattackError
+from fdattack.engine.cluster import check_launcher
+from fdattack.errors import CheckpointError, ConfigError, FdattackError
 from fdattack.evaluation import SCORERS, ConfidenceGapDiagnostic, Evaluator, Oracle, Report, ScoringContext
 from fdattack.evaluation.membership import CandidatePool, candidate_pool
 from fdattack.fd.orchestrator import RoundOrchestrator
@@ -72,9 +73,21 @@ def attack_classes(cfg: DictConfig) -> list[type[Attack]]:
 
 
 def membership_candidates(cfg: DictConfig, data: FederatedData) -> CandidatePool | None:
-    """The candidate samples of the membership attacks (None when none runs), drawn with the run seed."""
-    if not any(ViewPart.candidates in cls.reads for cls in attack_classes(cfg)):
+    """The candidate samples of the membership attacks (None when none runs), drawn with the run seed.
+
+    Raises:
+        ConfigError: the test set, whence every client's non-members come, is empty (``data.test_fraction=0`` on a
+            dataset without a test split of its own): no client could be scored.
+    """
+    readers = [name for name in cfg.attacks if ViewPart.candidates in ATTACKS.get(name).reads]
+    if not readers:
         return None
+    if len(data.split.test) == 0:
+        raise ConfigError(
+            f"attacks=[{','.join(readers)}] score each client's members against non-members from the test set, which is empty "
+            f"(data.test_fraction={cfg.data.test_fraction} with data.name={cfg.data.name}), so no client could be scored; "
+            "set data.test_fraction > 0 (e.g. 0.2)"
+        )
     return candidate_pool(data.split, cfg.evaluation.max_candidates, derive_seed(cfg.seed, "membership_candidates"))
 
 
@@ -175,6 +188,7 @@ class Experiment:
         self._fingerprint = config_fingerprint(cfg)
         self.started = time.perf_counter()
         t = cfg.trainer
+        check_launcher(int(t.num_nodes))
         self.fabric = make_fabric(t.accelerator, t.devices, t.strategy, t.num_nodes, t.precision)
         output_dir = Path(cfg.output_dir) if cfg.output_dir else default_output_dir(cfg)
         self.output_dir = Path(self.fabric.broadcast(str(output_dir)))
@@ -182,7 +196,8 @@ class Experiment:
         self._on_rank_zero(self._preflight)
         self.progress = Progress(cfg.logger.progress if self.fabric.is_global_zero else "never", total_rounds=int(cfg.protocol.rounds))
         try:
-            self._build()
+            with exit_record(self.run_dir):  # a stop while the data, networks and evaluation classifier are built is recorded
+                self._build()
         except BaseException:
             self.progress.close()
             self.run_dir.release()
@@ -239,18 +254,11 @@ class Experiment:
         start_round, elapsed_before, wandb_id = 0, 0.0, None
         last = run_dir.checkpoints.latest() if cfg.resume else None
         if last is not None:
-            state = load_checkpoint(last[1])
-            if state.get("config_fingerprint", self._fingerprint) != self._fingerprint:  # checkpoints before issue 30 carry none
-                raise CheckpointError(
-                    f"{last[1]}: this checkpoint was written by a run with another config (seed, data or settings) than "
-                    f"{run_dir.config_path.name} and this command; delete it to resume from an earlier one, or choose another output_dir"
-                )
-            self.protocol.load_state_dict(state["protocol"])
-            for attack in self.attacks:
-                attack.load_state_dict(state.get("attacks", state.get("observers", {})).get(attack.name, {}))  # "observers" before issue 29
-            set_rng_state(state["rng"])
+            state = load_checkpoint(last[1])  # the pre-flight checked its keys, round and fingerprint
+            self._restore(state, last[1])
             start_round, elapsed_before, wandb_id = int(state["round"]), float(state["elapsed_s"]), state["wandb_id"]
             run_dir.truncate_rounds(start_round)
+            run_dir.forget_stop()
             progress.skip_to(start_round)
             log.info("resuming %s after round %d", self.output_dir, start_round)
         elif fabric.is_global_zero:
@@ -310,6 +318,25 @@ class Experiment:
             if adversary is not None:
                 report.metrics.update({f"adversary/{attack.name}/{key}": value for key, value in adversary.end_round().items()})
         return report
+
+    def _restore(self, state: dict, path: Path) -> None:
+        """Load the protocol's, the attacks' and the RNGs' states of a checkpoint.
+
+        Raises:
+            CheckpointError: a state that does not fit this run's networks or attacks (a checkpoint without a config
+                fingerprint, from before issue 30, is checked by nothing else).
+        """
+        try:
+            self.protocol.load_state_dict(state["protocol"])
+            for attack in self.attacks:
+                attack.load_state_dict(state.get("attacks", state.get("observers", {})).get(attack.name, {}))  # "observers" before issue 29
+            set_rng_state(state["rng"])
+        except (KeyError, IndexError, TypeError, ValueError, RuntimeError, AttributeError) as err:
+            reason = (str(err).strip().splitlines() or [type(err).__name__])[0][:200]
+            raise CheckpointError(
+                f"{path}: does not fit this run ({type(err).__name__}: {reason}); delete it to resume from an earlier checkpoint, "
+                "or choose another output_dir"
+            ) from None
 
     def _prepare_run_dir(self) -> None:
         """Lay out the run directory (clearing a stranded run's files) and write ``config.yaml``."""

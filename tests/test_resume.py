@@ -13,8 +13,10 @@ import time
 from pathlib import Path
 
 import pytest
+from omegaconf import OmegaConf
 
 from fdattack.cli import main
+from fdattack.tracking.run_dir import config_fingerprint
 from tests.conftest import REPO, error_of
 
 ARGS = [
@@ -144,3 +146,136 @@ def test_a_checkpoint_of_another_seed_is_refused_not_continued(tmp_path: Path, c
     assert main(["run", *ARGS, "protocol.rounds=1", "seed=1", f"output_dir={mine}", "resume=true"]) == 2
     err = error_of(capsys.readouterr().err)
     assert str(ckpt) in err and "another config" in err
+
+
+#: A one-round run built in seconds: 2 clients, a small attack, no evaluation classifier.
+QUICK = [
+    "protocol.num_clients=2",
+    "protocol.rounds=1",
+    "protocol.transfer_public_epochs=1",
+    "protocol.transfer_private_epochs=1",
+    "logger.wandb.mode=disabled",
+    "logger.progress=never",
+    "evaluation.confidence_gap.enabled=false",
+    "evaluation.classifier=null",
+    "attacks=[tbi]",
+    "attack.tbi.max_width=16",
+    "attack.tbi.epochs_per_round=1",
+]
+
+
+def _payload(path: Path) -> dict:
+    import torch
+
+    return torch.load(path, map_location="cpu", weights_only=True)
+
+
+def _save(path: Path, payload: dict) -> None:
+    import torch
+
+    torch.save(payload, path)
+
+
+def _without(payload: dict, *keys: str) -> dict:
+    return {k: v for k, v in payload.items() if k not in keys}
+
+
+def _tamper_config_gone(run: Path, other: Path) -> None:
+    (run / "config.yaml").unlink()
+
+
+def _tamper_rounds_gone(run: Path, other: Path) -> None:
+    (run / "rounds.jsonl").unlink()
+
+
+def _tamper_round_line_torn(run: Path, other: Path) -> None:
+    lines = (run / "rounds.jsonl").read_text().splitlines()
+    (run / "rounds.jsonl").write_text("\n".join([lines[0], lines[1][: len(lines[1]) // 2]]) + "\n")
+
+
+def _tamper_empty_payload(run: Path, other: Path) -> None:
+    _save(run / "checkpoints" / "round_0001.pt", {})
+
+
+def _tamper_no_rng(run: Path, other: Path) -> None:
+    path = run / "checkpoints" / "round_0001.pt"
+    _save(path, _without(_payload(path), "rng"))
+
+
+def _tamper_renamed_round(run: Path, other: Path) -> None:
+    path = run / "checkpoints" / "round_0001.pt"
+    _save(path, {**_payload(path), "round": 7})
+
+
+def _tamper_other_run(run: Path, other: Path) -> None:
+    shutil.copyfile(other / "checkpoints" / "round_0001.pt", run / "checkpoints" / "round_0001.pt")
+
+
+def _tamper_other_run_before_fingerprints(run: Path, other: Path) -> None:
+    """Another run's checkpoint as written before issue 30 (no fingerprint): its networks do not fit this run's."""
+    _save(run / "checkpoints" / "round_0001.pt", _without(_payload(other / "checkpoints" / "round_0001.pt"), "config_fingerprint"))
+
+
+#: (tamper, the other run's overrides, overrides of the resume, text the one error line names)
+REFUSED_RESUMES = {
+    "config.yaml missing, a key changed": (_tamper_config_gone, [], ["protocol.revisit_epochs=5"], "another config"),
+    "rounds.jsonl missing": (_tamper_rounds_gone, [], [], "rounds.jsonl: misses round(s) 0, 1"),
+    "rounds.jsonl round 1 torn": (_tamper_round_line_torn, [], [], "rounds.jsonl: misses round(s) 1"),
+    "checkpoint holding {}": (_tamper_empty_payload, [], [], "not an fdattack run checkpoint (it has no round, protocol"),
+    "checkpoint without its rng": (_tamper_no_rng, [], [], "(it has no rng)"),
+    "checkpoint of another round": (_tamper_renamed_round, [], [], "holds round 7, not round 1"),
+    "another protocol's checkpoint": (_tamper_other_run, ["protocol=fedgems"], [], "another config"),
+    "another client count's checkpoint": (_tamper_other_run, ["protocol.num_clients=3"], [], "another config"),
+    "another client count's, before fingerprints": (
+        _tamper_other_run_before_fingerprints,
+        ["protocol.num_clients=3"],
+        [],
+        "does not fit this run",
+    ),
+}
+
+
+@pytest.fixture(scope="module")
+def finished_runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """The one-round run that each case tampers with, and the other runs whose checkpoints are planted in it."""
+    root = tmp_path_factory.mktemp("finished")
+    runs = {}
+    for extra in [(), *sorted({tuple(case[1]) for case in REFUSED_RESUMES.values()} - {()})]:
+        runs[" ".join(extra)] = root / f"run{len(runs)}"
+        other_protocol = any(token.startswith("protocol=") for token in extra)  # FedMD's epoch keys are its own
+        args = [a for a in QUICK if not (other_protocol and a.startswith("protocol.transfer_"))]
+        assert main(["run", *args, *extra, f"output_dir={runs[' '.join(extra)]}"]) == 0
+    return runs
+
+
+@pytest.mark.parametrize("case", list(REFUSED_RESUMES))
+def test_a_run_directory_that_is_not_what_it_claims_is_refused_and_kept(
+    case: str, finished_runs: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Issue 30: a resume from a directory whose checkpoint, config.yaml or rounds.jsonl is not this run's continued into
+    a hybrid run, lost metrics, or failed with a traceback. Each is refused in one line; the directory (exit.json
+    included) is left as it was."""
+    tamper, other, resume_extra, named = REFUSED_RESUMES[case]
+    run = tmp_path / "run"
+    shutil.copytree(finished_runs[""], run)
+    tamper(run, finished_runs[" ".join(other)])
+    (run / "exit.json").write_text('{"signal": "SIGTERM"}\n')
+    before = {p.relative_to(run): p.read_bytes() for p in sorted(run.rglob("*")) if p.is_file() and p.name != ".fdattack.lock"}
+    capsys.readouterr()
+    assert main(["run", *QUICK, f"output_dir={run}", "resume=true", *resume_extra]) == 2
+    assert named in error_of(capsys.readouterr().err)
+    after = {p.relative_to(run): p.read_bytes() for p in sorted(run.rglob("*")) if p.is_file() and p.name != ".fdattack.lock"}
+    assert after == before
+
+
+def test_a_missing_config_yaml_is_written_again_when_the_checkpoint_vouches_for_the_config(
+    finished_runs: dict[str, Path], tmp_path: Path
+) -> None:
+    """Issue 30: with config.yaml missing, a resume never wrote it again. The checkpoint's fingerprint shows the command
+    is the run's config: the resume goes on and config.yaml is back, as the first run wrote it."""
+    run = tmp_path / "run"
+    shutil.copytree(finished_runs[""], run)
+    stored = (run / "config.yaml").read_text()
+    (run / "config.yaml").unlink()
+    assert main(["run", *QUICK, f"output_dir={run}", "resume=true"]) == 0
+    assert config_fingerprint(OmegaConf.load(run / "config.yaml")) == config_fingerprint(OmegaConf.create(stored))

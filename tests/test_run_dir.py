@@ -145,7 +145,8 @@ def test_checks_run_before_anything_is_built(
 
 
 def test_an_exit_record_is_fdattacks_own_and_is_removed_when_the_run_continues(tmp_path: Path) -> None:
-    """A run stopped by SIGTERM before its first checkpoint restarts in place; a resumed run drops the stale record."""
+    """A run stopped by SIGTERM before its first checkpoint restarts in place; a resumed run drops the stale record once
+    its checkpoint is restored (a refused resume keeps it)."""
     from fdattack.tracking.run_dir import RunDirectory
 
     stranded = RunDirectory(tmp_path / "stranded")
@@ -161,4 +162,6 @@ def test_an_exit_record_is_fdattacks_own_and_is_removed_when_the_run_continues(t
     (stopped.path / "exit.json").write_text('{"signal": "SIGTERM"}')
     assert stopped.check(resume=True) == "resume"
     stopped.prepare(resume=True)
+    assert (stopped.path / "exit.json").exists()
+    stopped.forget_stop()
     assert not (stopped.path / "exit.json").exists() and stopped.checkpoints.latest() is not None

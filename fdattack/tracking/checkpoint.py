@@ -107,8 +107,11 @@ def save_checkpoint(path: Path, payload: dict) -> None:
     atomic_write(Path(path), lambda handle: torch.save(safe, handle))
 
 
-def load_checkpoint(path: Path) -> dict:
+def load_checkpoint(path: Path, mmap: bool = False) -> dict:
     """Load a checkpoint written by :func:`save_checkpoint` onto the CPU, weights only.
+
+    Args:
+        mmap: map the tensors' storage from the file instead of reading it (a cheap look at the payload's keys).
 
     Raises:
         CheckpointError: the file is missing, unreadable, truncated, corrupt or not a dict payload.
@@ -116,7 +119,7 @@ def load_checkpoint(path: Path) -> dict:
     path = Path(path)
     what_to_do = "delete it to resume from an earlier checkpoint, or start a new output_dir"
     try:
-        payload = torch.load(path, map_location="cpu", weights_only=True)
+        payload = torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
     except FileNotFoundError:
         raise CheckpointError(f"{path}: checkpoint not found") from None
     except Exception as err:  # zipfile, pickle, EOF and torch errors alike

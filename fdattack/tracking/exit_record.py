@@ -15,25 +15,13 @@ import threading
 from contextlib import contextmanager
 from datetime import datetime, timezone
 from pathlib import Path
-from types import FrameType
 from typing import Iterator
 
+from fdattack.errors import Terminated, raise_terminated
 from fdattack.tracking.checkpoint import atomic_write
 from fdattack.tracking.run_dir import EXIT_NAME, RunDirectory
 
 log = logging.getLogger("fdattack")
-
-
-class Terminated(SystemExit):
-    """A signal asked the run to stop; the exit status is ``128 + signal number`` (SIGTERM: 143)."""
-
-    def __init__(self, signum: int) -> None:
-        super().__init__(128 + signum)
-        self.signal_name = signal.Signals(signum).name
-
-
-def _raise_terminated(signum: int, frame: FrameType | None) -> None:
-    raise Terminated(signum)
 
 
 def last_round(rounds_path: Path) -> int | None:
@@ -57,7 +45,7 @@ def exit_record(run_dir: RunDirectory) -> Iterator[None]:
     """
     previous = None
     if threading.current_thread() is threading.main_thread():
-        previous = signal.signal(signal.SIGTERM, _raise_terminated)
+        previous = signal.signal(signal.SIGTERM, raise_terminated)
     try:
         yield
     except (Terminated, KeyboardInterrupt) as stop:
@@ -73,6 +61,8 @@ def exit_record(run_dir: RunDirectory) -> Iterator[None]:
                 after,
                 run_dir.path / EXIT_NAME,
             )
+            if isinstance(stop, Terminated):
+                stop.recorded = True
         raise
     finally:
         if previous is not None:

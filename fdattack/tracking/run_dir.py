@@ -26,7 +26,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from fdattack.errors import CheckpointError
-from fdattack.tracking.checkpoint import CheckpointDir, atomic_write
+from fdattack.tracking.checkpoint import CheckpointDir, atomic_write, load_checkpoint
 
 log = logging.getLogger("fdattack")
 
@@ -41,6 +41,8 @@ EXIT_NAME = "exit.json"
 MACHINE_NAME = "machine.json"
 OWN_FILES = frozenset({LOCK_NAME, EXIT_NAME, MACHINE_NAME, "config.yaml", "partition.json", "rounds.jsonl", "metrics.json"})
 OWN_FOLDERS = frozenset({"checkpoints", "attack_state", "images", "artifacts", "wandb"})
+#: What every round checkpoint holds (``config_fingerprint`` too since issue 30, ``attacks`` where attacks ran).
+CHECKPOINT_KEYS = ("round", "protocol", "rng", "elapsed_s", "wandb_id")
 
 
 def _is_own(entry: Path) -> bool:
@@ -110,11 +112,11 @@ def to_jsonable(value: Any) -> Any:
 def config_fingerprint(cfg: DictConfig) -> str:
     """A digest of the resolved config without the keys that may change on resume (:data:`RESUME_FREE_KEYS`): what a
     checkpoint carries, so that a resume refuses a checkpoint written by another run (another seed, data, settings)."""
-    text = json.dumps(_comparable(cfg), sort_keys=True, default=str)
+    text = json.dumps(comparable_tree(cfg), sort_keys=True, default=str)
     return hashlib.blake2b(text.encode(), digest_size=16).hexdigest()
 
 
-def _comparable(cfg: DictConfig) -> dict:
+def comparable_tree(cfg: DictConfig) -> dict:
     """The plain config tree without the keys that may change on resume."""
     tree = OmegaConf.to_container(cfg, resolve=True, enum_to_str=True)
     if not isinstance(tree, dict):
@@ -129,26 +131,45 @@ def _comparable(cfg: DictConfig) -> dict:
     return tree
 
 
-def _first_difference(old: Any, new: Any, prefix: str = "") -> str | None:
+def first_difference(old: Any, new: Any, prefix: str = "") -> str | None:
     """Dotted key of the first difference between two plain config trees (None when equal)."""
     if isinstance(old, dict) and isinstance(new, dict):
         for key in list(old) + [k for k in new if k not in old]:
             name = f"{prefix}{key}"
             if key not in old or key not in new:
                 return name
-            found = _first_difference(old[key], new[key], name + ".")
+            found = first_difference(old[key], new[key], name + ".")
             if found is not None:
                 return found
         return None
     if isinstance(old, list) and isinstance(new, list) and len(old) == len(new):
         for i, (a, b) in enumerate(zip(old, new)):
-            found = _first_difference(a, b, f"{prefix}{i}.")
+            found = first_difference(a, b, f"{prefix}{i}.")
             if found is not None:
                 return found
         return None
     both_nan = isinstance(old, float) and isinstance(new, float) and math.isnan(old) and math.isnan(new)
     same = (old == new and type(old) is type(new)) or both_nan
     return None if same else prefix.rstrip(".") or "<root>"
+
+
+def _round_of(row: Any) -> int | None:
+    """The ``round`` of a ``rounds.jsonl`` row (None when the row is not an object with an integer round)."""
+    value = row.get("round") if isinstance(row, dict) else None
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def recorded_rounds(rounds_path: Path) -> set[int]:
+    """The rounds that ``rounds.jsonl`` records (lines that are not JSON objects with an integer ``round`` are ignored)."""
+    found: set[int] = set()
+    for line in rounds_path.read_text(encoding="utf-8", errors="replace").splitlines() if rounds_path.is_file() else []:
+        try:
+            round_index = _round_of(json.loads(line))
+        except json.JSONDecodeError:
+            continue
+        if round_index is not None:
+            found.add(round_index)
+    return found
 
 
 class RunDirectory:
@@ -231,10 +252,10 @@ class RunDirectory:
 
     def claim(self, cfg: DictConfig) -> None:
         """Pre-flight: lock the directory for this run and check that the run may use it (:meth:`check`, and on
-        resume the stored config), before anything is built. Writes nothing but the folder and the lock file.
+        resume :meth:`check_resume`), before anything is built. Writes nothing but the folder and the lock file.
 
         Raises:
-            CheckpointError: another run holds the lock, or :meth:`check` or :meth:`check_config` refuses.
+            CheckpointError: another run holds the lock, or :meth:`check` or :meth:`check_resume` refuses.
         """
         if not self.is_writer:
             return
@@ -242,7 +263,7 @@ class RunDirectory:
             if self.lock_path.is_file():  # lock before reading, so a running run is reported as such
                 self._lock = RunLock(self.lock_path, create=False)
             if self.check(bool(cfg.resume)) == "resume":
-                self.check_config(cfg)
+                self.check_resume(cfg)
             if self._lock is None:
                 self._created = not self.path.exists()
                 self.path.mkdir(parents=True, exist_ok=True)
@@ -285,9 +306,55 @@ class RunDirectory:
                 if entry.name != LOCK_NAME:
                     shutil.rmtree(entry) if entry.is_dir() else entry.unlink()
         self._resuming = plan == "resume"
-        (self.path / EXIT_NAME).unlink(missing_ok=True)  # the stop it recorded is being continued
         for sub in ("checkpoints", "images"):
             (self.path / sub).mkdir(parents=True, exist_ok=True)
+
+    def forget_stop(self) -> None:
+        """Remove ``exit.json`` once a resumed run has restored its checkpoint: the stop it recorded is being continued
+        (a refused resume leaves it)."""
+        if self.is_writer:
+            (self.path / EXIT_NAME).unlink(missing_ok=True)
+
+    def check_resume(self, cfg: DictConfig) -> None:
+        """Check, reading only, that the directory is the run that ``cfg`` resumes (issue 30): its newest checkpoint is an
+        fdattack checkpoint of this round, written under this config (its ``config_fingerprint``); the stored
+        ``config.yaml`` matches (:meth:`check_config`), or, when missing, the checkpoint's fingerprint vouches for the
+        config (it is written again); and ``rounds.jsonl`` holds every round up to the checkpoint's, from which
+        ``metrics.json`` is rebuilt.
+
+        Raises:
+            CheckpointError: naming the file and what is wrong with it.
+        """
+        latest = self.checkpoints.latest()
+        if latest is None:
+            return
+        round_index, path = latest
+        payload = load_checkpoint(path, mmap=True)
+        redo = "delete it to resume from an earlier checkpoint, or choose another output_dir"
+        missing = [key for key in CHECKPOINT_KEYS if key not in payload]
+        if missing:
+            raise CheckpointError(f"{path}: not an fdattack run checkpoint (it has no {', '.join(missing)}); {redo}")
+        if payload["round"] != round_index:
+            raise CheckpointError(f"{path}: holds round {payload['round']!r}, not round {round_index} as its name says; {redo}")
+        self.check_config(cfg)  # first: it names the differing key
+        fingerprint = payload.get("config_fingerprint")  # checkpoints before issue 30 carry none
+        if fingerprint is not None and fingerprint != config_fingerprint(cfg):
+            raise CheckpointError(
+                f"{path}: this checkpoint was written by a run with another config (seed, data or settings) than "
+                f"{self.config_path.name} and this command; {redo}"
+            )
+        if fingerprint is None and not self.config_path.is_file():
+            raise CheckpointError(
+                f"{self.config_path}: missing, and {path.name} predates config fingerprints, so nothing shows this command "
+                "is the stored run's config; restore config.yaml or choose another output_dir"
+            )
+        missing_rounds = sorted(set(range(round_index + 1)) - recorded_rounds(self.rounds_path))
+        if missing_rounds:
+            shown = ", ".join(map(str, missing_rounds[:5])) + (", ..." if len(missing_rounds) > 5 else "")
+            raise CheckpointError(
+                f"{self.rounds_path}: misses round(s) {shown} of the {round_index + 1} before {path.name}, whose metrics "
+                "metrics.json is built from; restore rounds.jsonl or choose another output_dir"
+            )
 
     def check_config(self, cfg: DictConfig) -> None:
         """Check that ``cfg`` matches the stored ``config.yaml`` of the run being resumed (reading only).
@@ -305,7 +372,7 @@ class RunDirectory:
                 f"{self.config_path}: unreadable stored config ({str(err).splitlines()[0]}); restore it or choose another output_dir"
             ) from None
         new = OmegaConf.create(OmegaConf.to_container(cfg, resolve=True, enum_to_str=True))
-        key = _first_difference(_comparable(old), _comparable(new))
+        key = first_difference(comparable_tree(old), comparable_tree(new))
         if key is not None:
             stored, given = OmegaConf.select(old, key), OmegaConf.select(new, key)
             raise CheckpointError(
@@ -314,14 +381,15 @@ class RunDirectory:
             )
 
     def write_config(self, cfg: DictConfig) -> None:
-        """Write the resolved config to ``config.yaml``; on resume check it matches the stored one instead.
+        """Write the resolved config to ``config.yaml``; on resume check it matches the stored one instead (a missing one,
+        which :meth:`check_resume` let through on the checkpoint's fingerprint, is written again).
 
         Raises:
             CheckpointError: see :meth:`check_config`.
         """
         if not self.is_writer:
             return
-        if self._resuming:
+        if self._resuming and self.config_path.is_file():
             self.check_config(cfg)
             return
         text = OmegaConf.to_yaml(OmegaConf.create(OmegaConf.to_container(cfg, resolve=True, enum_to_str=True)))
@@ -342,12 +410,13 @@ class RunDirectory:
         if not self.is_writer or not self.rounds_path.is_file():
             return
         kept: list[str] = []
-        for line in self.rounds_path.read_text(encoding="utf-8").splitlines():
+        for line in self.rounds_path.read_text(encoding="utf-8", errors="replace").splitlines():
             try:
                 row = json.loads(line)
             except json.JSONDecodeError:
                 continue
-            if isinstance(row, dict) and int(row.get("round", 0)) <= last_round:
+            round_index = _round_of(row)
+            if round_index is not None and round_index <= last_round:
                 kept.append(line + "\n")
         atomic_write(self.rounds_path, lambda handle: handle.write("".join(kept).encode()))
 

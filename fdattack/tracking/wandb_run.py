@@ -31,6 +31,8 @@ from fdattack.errors import ConfigError
 log = logging.getLogger("fdattack")
 
 MODES = ("auto", "online", "offline", "disabled")
+#: The values W&B itself accepts in the ``WANDB_MODE`` environment variable (``wandb.Settings.mode``).
+WANDB_ENV_MODES = ("online", "offline", "shared", "disabled", "dryrun", "run")
 
 
 def _wandb() -> ModuleType:
@@ -74,12 +76,18 @@ def resolve_mode(mode: str) -> str:
     ``online`` with usable credentials and ``offline`` without (unusable ones are named in one line).
 
     Raises:
-        ConfigError: an unknown mode, or ``online`` without usable credentials (which would prompt).
+        ConfigError: an unknown mode, a ``WANDB_MODE`` that W&B would refuse, or ``online`` without usable credentials
+            (which would prompt).
     """
     if mode not in MODES:
         raise ConfigError(f"logger.wandb.mode={mode!r} is not allowed; choose one of: {' | '.join(MODES)}")
+    env_mode = os.environ.get("WANDB_MODE", "")
+    if mode != "disabled" and env_mode and env_mode not in WANDB_ENV_MODES:  # W&B would fail on it with a traceback
+        raise ConfigError(
+            f"environment variable WANDB_MODE={os.environ['WANDB_MODE']!r} is not a W&B mode; unset it or set one of: "
+            f"{' | '.join(WANDB_ENV_MODES)} (or pass logger.wandb.mode=disabled)"
+        )
     if mode == "auto":
-        env_mode = os.environ.get("WANDB_MODE", "").lower()
         if env_mode in ("offline", "dryrun", "disabled"):
             return "disabled" if env_mode == "disabled" else "offline"
         try:
