@@ -5,13 +5,18 @@ The ``sweeps`` package (grid, random, bayes) proposes each trial from the finish
 in ``<root>/<sweep name>/trial_NNN``, logged to the sweep file's ``project`` with the sweep name as W&B
 group, job type ``sweep-trial`` and the parameter values as run name (``tau=3,gamma=0.1``).
 
-Re-running a sweep continues it: trials whose folder already holds ``metrics.json`` for the same
-parameter values are fed to the engine as finished and not run again, and a trial cut short resumes
-from its last checkpoint. Online users run the same file with ``wandb sweep`` + ``wandb agent``.
+Re-running a sweep continues it: a trial folder whose ``config.yaml`` is the config that this call composes for
+the trial (experiment, fixed overrides, parameter values, extra overrides; up to ``output_dir``, ``resume`` and
+``logger``, whose log settings and W&B identity change no result) is the sweep's: with ``metrics.json`` it is fed to the
+engine as finished and not run again, without, it resumes from its last checkpoint. A trial folder of another
+config stops the sweep before any trial: one sweep's table holds one configuration. Online users run the same
+file with ``wandb sweep`` + ``wandb agent``.
 """
 
 from __future__ import annotations
 
+import difflib
+import itertools
 import json
 import logging
 import math
@@ -27,10 +32,17 @@ from omegaconf import DictConfig, OmegaConf
 
 from fdattack.errors import ConfigError, FdattackError
 from fdattack.tracking.report_runs import short_names
+from fdattack.tracking.run_dir import comparable_tree, first_difference
 
 log = logging.getLogger("fdattack")
 
 TRIAL_PREFIX = "trial_"
+#: The first part of every key in ``metrics.json``; ``attack/``, ``adversary/`` and ``defense/`` name an attack or defense next.
+METRIC_PREFIXES = ("protocol", "attack", "adversary", "defense", "comm", "diag", "time", "seeds")
+#: The most values a sweep file may hold with its YAML aliases written out (a few aliases can stand for billions).
+MAX_YAML_NODES = 10_000
+#: The longest part of a message quoted from a YAML error or a schema violation (which quotes the offending value whole).
+MAX_QUOTE = 300
 
 
 @dataclass
@@ -47,6 +59,43 @@ class Trial:
     metrics: dict[str, Any] = field(default_factory=dict)
 
 
+@dataclass
+class SweepPlan:
+    """What every trial of one ``fdattack sweep`` call shares: the sweep file, its command and this call's overrides."""
+
+    path: Path
+    config: dict
+    root: Path
+    extra: list[str]
+
+    @property
+    def folder(self) -> Path:
+        """``<root>/<sweep file stem>``: the trials' folders."""
+        return self.root / self.path.stem
+
+    @property
+    def metric(self) -> str | None:
+        """The sweep's ``metric.name``, if it names one."""
+        return (self.config.get("metric") or {}).get("name")
+
+    def compose(self, params: dict[str, Any], out: Path, resume: bool = False) -> DictConfig:
+        """A trial's config: the experiment, the fixed overrides, the parameter values, its W&B identity and folder,
+        then this call's overrides."""
+        from fdattack.config import compose
+
+        experiment, fixed = command_tokens(self.config)
+        identity = {"project": self.config.get("project"), "group": self.path.stem, "job_type": "sweep-trial", "name": trial_label(params)}
+        overrides = [
+            *fixed,
+            *(f"{k}={v}" for k, v in params.items()),
+            *(f"logger.wandb.{k}={json.dumps(v)}" for k, v in identity.items() if v),
+            f"output_dir={out}",
+            *(["resume=true"] if resume else []),
+            *self.extra,
+        ]
+        return compose(experiment, overrides)
+
+
 def _sweeps() -> ModuleType:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -54,17 +103,64 @@ def _sweeps() -> ModuleType:
     return sweeps
 
 
+def _quote(text: str) -> str:
+    """The first line of ``text``, cut to :data:`MAX_QUOTE` characters."""
+    line = text.strip().partition("\n")[0]
+    return line if len(line) <= MAX_QUOTE else line[: MAX_QUOTE - 3] + "..."
+
+
+def _expanded_size(node: yaml.Node, sizes: dict[int, int]) -> int:
+    """The nodes under ``node`` with every alias written out (at most ``MAX_YAML_NODES + 1``), counted once per shared
+    node (``sizes``, by id); a node that holds itself counts as too many."""
+    if id(node) in sizes:
+        return sizes[id(node)]
+    sizes[id(node)] = MAX_YAML_NODES + 1  # met again while counting it: a recursive alias
+    if isinstance(node, yaml.MappingNode):
+        children = [child for pair in node.value for child in pair]
+    else:
+        children = node.value if isinstance(node, yaml.SequenceNode) else []
+    sizes[id(node)] = min(1 + sum(_expanded_size(child, sizes) for child in children), MAX_YAML_NODES + 1)
+    return sizes[id(node)]
+
+
+def _parse_yaml(path: Path, text: str) -> Any:
+    """``yaml.safe_load`` that refuses a document whose aliases expand past :data:`MAX_YAML_NODES` values."""
+    loader = yaml.SafeLoader(text)
+    try:
+        node = loader.get_single_node()
+        if node is not None and _expanded_size(node, {}) > MAX_YAML_NODES:
+            raise ConfigError(f"{path}: more than {MAX_YAML_NODES} values once its YAML aliases (*name) are written out; not a sweep file")
+        return None if node is None else loader.construct_document(node)
+    finally:
+        loader.dispose()
+
+
 def load_sweep(path: Path) -> dict:
-    """Read and schema-check a sweep file (``sweeps.schema_violations_from_proposed_config``)."""
+    """Read and schema-check a sweep file (``sweeps.schema_violations_from_proposed_config``).
+
+    Raises:
+        ConfigError: the file is missing, a folder, unreadable, not UTF-8, not YAML, too large once its aliases are
+            written out, or not a valid W&B sweep.
+    """
+    if path.is_dir():
+        raise ConfigError(f"sweep file {path} is a folder; give the sweep YAML file")
     if not path.is_file():
         raise ConfigError(f"sweep file not found: {path}")
     try:
-        config = yaml.safe_load(path.read_text())
+        text = path.read_bytes().decode("utf-8-sig")
+    except UnicodeDecodeError as err:
+        raise ConfigError(f"{path}: not UTF-8 text (byte {err.object[err.start]:#04x} at offset {err.start}); save it as UTF-8") from None
+    except OSError as err:
+        raise ConfigError(f"sweep file {path} cannot be read: {err.strerror or err}") from None
+    try:
+        config = _parse_yaml(path, text)
     except yaml.YAMLError as err:
-        raise ConfigError(f"{path}: not valid YAML ({str(err).splitlines()[0]})") from None
+        raise ConfigError(f"{path}: not valid YAML ({_quote(str(err)) or type(err).__name__})") from None
+    except RecursionError:
+        raise ConfigError(f"{path}: nested too deeply to be a sweep file") from None
     violations = _sweeps().schema_violations_from_proposed_config(config) if isinstance(config, dict) else ["not a mapping"]
     if violations:
-        raise ConfigError(f"{path}: not a valid W&B sweep: {violations[0]}")
+        raise ConfigError(f"{path}: not a valid W&B sweep: {_quote(str(violations[0]))}")
     return config
 
 
@@ -101,17 +197,84 @@ def _select(cfg: DictConfig, key: str) -> Any:
     return OmegaConf.to_container(value, resolve=True) if OmegaConf.is_config(value) else value
 
 
-def earlier_trials(folder: Path, keys: list[str]) -> list[Trial]:
-    """The trials under ``folder`` that an earlier ``fdattack sweep`` left (``done`` or ``incomplete``), by folder name."""
+def _trial_tree(cfg: DictConfig) -> dict:
+    """The plain config tree that decides a trial's results: without ``RESUME_FREE_KEYS`` and ``logger`` (where and how
+    the trial logs, its W&B identity included, changes no result)."""
+    tree = comparable_tree(cfg)
+    tree.pop("logger", None)
+    return tree
+
+
+def _shown(tree: dict, key: str) -> str:
+    """The value at dotted ``key`` of a plain config tree as JSON, cut short; ``(absent)`` where it has none."""
+    node: Any = tree
+    for part in key.split("."):
+        if isinstance(node, dict) and part in node:
+            node = node[part]
+        elif isinstance(node, list) and part.isdigit() and int(part) < len(node):
+            node = node[int(part)]
+        else:
+            return "(absent)"
+    text = json.dumps(node, default=str)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+def _candidates(config: dict, stored: DictConfig) -> list[dict[str, Any]]:
+    """The parameter values an earlier trial may have run with: of the points that combine each key's listed ``values``
+    (or ``value``; a distribution's stored value), those that agree most with its stored values. A group name
+    (``protocol: {values: [fedmd, dsfl]}``) or an interpolation reads back from ``config.yaml`` only as what it composed to."""
+    stored_values = {key: _select(stored, key) for key in config["parameters"]}
+    choices = []
+    for key, spec in config["parameters"].items():
+        listed = [spec["value"]] if "value" in spec else spec.get("values")
+        choices.append(listed or [stored_values[key]])
+    points = [dict(zip(config["parameters"], combo)) for combo in itertools.product(*choices)]
+    agreement = [sum(point[key] == stored_values[key] for key in point) for point in points]
+    return [point for point, agreed in zip(points, agreement) if agreed == max(agreement)]
+
+
+def earlier_params(plan: SweepPlan, stored: DictConfig, old: dict, folder: Path) -> dict[str, Any]:
+    """The parameter values with which this call composes the earlier trial in ``folder`` into its stored config
+    (``stored``; ``old``, its :func:`_trial_tree`).
+
+    Raises:
+        ConfigError: none does (another experiment file, fixed override or extra override); names the first differing key,
+            its stored value and this call's.
+    """
+    closest, error = None, None
+    for params in _candidates(plan.config, stored):
+        try:
+            new = _trial_tree(plan.compose(params, folder))
+        except ConfigError as err:  # parameter values that no longer compose are not this trial's
+            error = error or err
+            continue
+        key = first_difference(old, new)
+        if key is None:
+            return params
+        closest = closest or (key, new)
+    remedy = "choose another --root or remove the old trials"
+    if closest is None:
+        raise ConfigError(f"{folder} was run with parameter values that this call cannot compose ({error}): {remedy}")
+    key, new = closest
+    raise ConfigError(f"{folder} was run with {key}={_shown(old, key)}, this call gives {_shown(new, key)}: {remedy}")
+
+
+def earlier_trials(plan: SweepPlan) -> list[Trial]:
+    """The trials that an earlier ``fdattack sweep`` left in the sweep's folder (``done`` or ``incomplete``), by folder name.
+
+    Raises:
+        ConfigError: a trial of another config (:func:`earlier_params`), before any trial runs.
+    """
     trials = []
-    for trial_dir in sorted(folder.glob(f"{TRIAL_PREFIX}*")):
+    for trial_dir in sorted(plan.folder.glob(f"{TRIAL_PREFIX}*")):
         try:
             stored = OmegaConf.load(trial_dir / "config.yaml")
+            old = _trial_tree(stored)
             metrics = json.loads((trial_dir / "metrics.json").read_text()) if (trial_dir / "metrics.json").is_file() else None
         except Exception as err:  # an unreadable folder is not a finished trial: say so and leave it alone
             log.warning("%s: not read as an earlier trial (%s)", trial_dir, str(err).splitlines()[0] if str(err) else type(err).__name__)
             continue
-        params = {key: _select(stored, key) for key in keys}
+        params = earlier_params(plan, stored, old, trial_dir)
         trials.append(Trial(trial_dir, params, "done" if isinstance(metrics, dict) else "incomplete", metrics or {}))
     return trials
 
@@ -156,16 +319,56 @@ def check_before_trials(path: Path, config: dict, count: int | None) -> int | No
     return count
 
 
-def check_trial_config(sweeps: ModuleType, config: dict, experiment: str | None, fixed: list[str], extra: list[str], folder: Path) -> None:
+def check_trial_config(sweeps: ModuleType, plan: SweepPlan) -> DictConfig | None:
     """Compose the first trial's config before any trial runs, so a misspelt parameter or override, or an experiment file
-    not found from here, stops the sweep with one line instead of failing every trial."""
-    from fdattack.config import compose
+    not found from here, stops the sweep with one line instead of failing every trial.
 
-    proposal = sweeps.next_run(config, [])
+    Returns:
+        The first trial's config; None when the engine proposes no trial.
+    """
+    proposal = sweeps.next_run(plan.config, [])
     if proposal is None:
+        return None
+    return plan.compose({key: proposal.config[key]["value"] for key in plan.config["parameters"]}, plan.folder / "trial_check")
+
+
+def check_metric(plan: SweepPlan, cfg: DictConfig) -> None:
+    """The sweep's metric must be one that fdattack records (:data:`METRIC_PREFIXES`), and an ``attack/``, ``adversary/``
+    or ``defense/`` metric must name an attack or defense of the first trial's ``cfg`` (unless the sweep varies them)."""
+    metric = plan.metric
+    if metric is None:
         return
-    params = [f"{key}={proposal.config[key]['value']}" for key in config["parameters"]]
-    compose(experiment, [*fixed, *params, f"output_dir={folder / 'trial_check'}", *extra])  # in a trial's order
+    prefix, _, rest = metric.partition("/")
+    if prefix not in METRIC_PREFIXES or not rest:
+        begins = ", ".join(f"{p}/" for p in METRIC_PREFIXES)
+        raise ConfigError(f"{plan.path}: metric.name {metric!r} is not a metric that a trial records (they begin with {begins})")
+    group = {"attack": "attacks", "adversary": "attacks", "defense": "defenses"}.get(prefix)
+    varied = {key for key, spec in plan.config["parameters"].items() if "value" not in spec}
+    if group is None or group in varied:
+        return
+    name, running = rest.partition("/")[0], [str(n) for n in cfg[group]]
+    if name not in running:
+        raise ConfigError(
+            f"{plan.path}: metric.name {metric!r} names {group[:-1]} {name!r}, which the trials do not run "
+            f"({group}: [{', '.join(running)}])"
+        )
+
+
+def check_metric_recorded(plan: SweepPlan, trials: list[Trial]) -> None:
+    """The first trial with metrics (an earlier call's, else this call's first to finish) must record the sweep's metric,
+    or every trial would show ``nan`` for it.
+
+    Raises:
+        ConfigError: naming the metric and the closest keys that trial recorded.
+    """
+    first = next((t for t in trials if t.state in ("done", "finished")), None)
+    if plan.metric is None or first is None or plan.metric in first.metrics:
+        return
+    close = difflib.get_close_matches(plan.metric, list(first.metrics), n=3, cutoff=0.4)
+    raise ConfigError(
+        f"{plan.path}: {first.folder} recorded no metric {plan.metric!r} (metric.name); "
+        f"{'closest: ' + ', '.join(close) if close else 'none close to it'}; correct metric.name and run the sweep again"
+    )
 
 
 def run_sweep(path: Path, count: int | None, root: Path, extra: list[str]) -> list[Trial]:
@@ -181,16 +384,17 @@ def run_sweep(path: Path, count: int | None, root: Path, extra: list[str]) -> li
         Every trial of the sweep: the earlier finished ones, then this call's in order.
     """
     sweeps = _sweeps()
-    from fdattack.config import compose
     from fdattack.experiment import run
 
-    config = load_sweep(path)
-    experiment, fixed = command_tokens(config)
+    plan = SweepPlan(path, load_sweep(path), root, extra)
+    config = plan.config
     count = check_before_trials(path, config, count)
-    name, folder = path.stem, root / path.stem
-    check_trial_config(sweeps, config, experiment, fixed, extra, folder)
-    earlier = earlier_trials(folder, list(config["parameters"]))
+    first = check_trial_config(sweeps, plan)
+    if first is not None:
+        check_metric(plan, first)
+    earlier = earlier_trials(plan)
     trials = [trial for trial in earlier if trial.state == "done"]
+    check_metric_recorded(plan, trials)
     finished = [_finished_run(sweeps, trial) for trial in trials]
     while count is None or len(trials) < count:
         proposal = sweeps.next_run(config, finished)
@@ -198,27 +402,19 @@ def run_sweep(path: Path, count: int | None, root: Path, extra: list[str]) -> li
             break
         params = {key: proposal.config[key]["value"] for key in config["parameters"]}  # in the sweep file's order
         cut_short = next((t for t in earlier if t.state == "incomplete" and t.params == params and _has_checkpoint(t.folder)), None)
-        out = cut_short.folder if cut_short is not None else _next_folder(folder)
-        identity = {"project": config.get("project"), "group": name, "job_type": "sweep-trial", "name": trial_label(params)}
-        overrides = [
-            *fixed,
-            *(f"{k}={v}" for k, v in params.items()),
-            *(f"logger.wandb.{k}={json.dumps(v)}" for k, v in identity.items() if v),
-            f"output_dir={out}",
-            *(["resume=true"] if cut_short is not None else []),
-            *extra,
-        ]
+        out = cut_short.folder if cut_short is not None else _next_folder(plan.folder)
         trial = Trial(out, params, "finished")
         try:
-            trial.metrics = dict(run(compose(experiment, overrides)))
+            trial.metrics = dict(run(plan.compose(params, out, resume=cut_short is not None)))
         except FdattackError as err:
-            log.error("trial %s (%s) failed: %s", out.name, identity["name"], err)
+            log.error("trial %s (%s) failed: %s", out.name, trial_label(params), err)
             trial.state = "failed"
         except Exception:  # a bug or a broken environment in one trial: keep its traceback, go on with the sweep
-            log.exception("trial %s (%s) failed", out.name, identity["name"])
+            log.exception("trial %s (%s) failed", out.name, trial_label(params))
             trial.state = "failed"
         trials.append(trial)
         finished.append(_finished_run(sweeps, trial))
+        check_metric_recorded(plan, trials)
     return trials
 
 
