@@ -1,12 +1,15 @@
 """``fdattack report`` compares runs: labels by differing config keys, chance lines, per-attack tables, one-off
-metrics, labeled grids; and the page renders in headless Chromium at 1400 and 800 px."""
+metrics, labeled grids; the page renders in headless Chromium at 1400 and 800 px; and a bad run directory or --out
+is one line, exit status 2, with --out left as it was."""
 
 from __future__ import annotations
 
 import os
 import re
 import shutil
+import struct
 import subprocess
+import zlib
 from pathlib import Path
 
 import numpy as np
@@ -17,7 +20,7 @@ from PIL import Image
 from fdattack.cli import main
 from fdattack.tracking import attack_summary
 from fdattack.tracking.report_runs import load_runs
-from tests.conftest import REPO, tiny
+from tests.conftest import REPO, error_of, own_messages, tiny
 from tests.report_runs import TARGETS, fake_run
 
 LABELS = ["tau=1, gamma=0", "tau=3, gamma=0.1", "tau=3, gamma=0.5"]
@@ -168,17 +171,169 @@ def test_labels_name_a_differing_component_and_tell_clashing_keys_apart(tmp_path
     assert [r.label for r in twins] == ["x (a)", "x (c)"]
 
 
-def test_report_on_a_non_run_folder_is_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["report", str(tmp_path), "--out", str(tmp_path / "r")]) == 2
-    assert "rounds.jsonl" in capsys.readouterr().err
+ROUNDS = '{"round": 1, "attack/pli/accuracy": 0.5}\n{"round": 2, "attack/pli/accuracy": 0.6, "attack/pli/chance": 0.2}\n'
+#: A run directory and an earlier report in --out (paths under tmp_path); a case's files replace these, None deletes.
+EARLIER: dict[str, str | bytes | None] = {
+    "run/rounds.jsonl": ROUNDS,
+    "run/metrics.json": '{"attack/pli/accuracy": 0.6, "attack/pli/chance": 0.2}',
+    "report/index.html": "an earlier report",
+    "report/notes.txt": "notes of mine",
+}
+GRID = "run/images/attack_pli_reconstructions_round_0002.png"
 
 
-def test_report_on_a_corrupt_config_names_the_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    (tmp_path / "rounds.jsonl").write_text("")
-    (tmp_path / "config.yaml").write_text("a: [unclosed\n")
-    assert main(["report", str(tmp_path), "--out", str(tmp_path / "r")]) == 2
-    err = capsys.readouterr().err
-    assert len(err.strip().splitlines()) == 1 and "config.yaml" in err and not (tmp_path / "r").exists()
+def _png_header(width: int, height: int) -> bytes:
+    """The start of a grayscale PNG of ``width`` x ``height``: its signature, header chunk and an empty data chunk."""
+    chunks = [b"IHDR" + struct.pack(">IIBBBBB", width, height, 8, 0, 0, 0, 0), b"IDAT"]
+    return b"\x89PNG\r\n\x1a\n" + b"".join(struct.pack(">I", len(c) - 4) + c + struct.pack(">I", zlib.crc32(c)) for c in chunks)
+
+
+def _write(root: Path, files: dict[str, str | bytes | None]) -> None:
+    """Write ``{**EARLIER, **files}`` under ``root``."""
+    for name, content in {**EARLIER, **files}.items():
+        if content is not None:
+            (root / name).parent.mkdir(parents=True, exist_ok=True)
+            (root / name).write_bytes(content if isinstance(content, bytes) else content.encode())
+
+
+def _tree(root: Path) -> dict[str, bytes | None]:
+    """Every path under ``root`` with its bytes (None for a folder)."""
+    return {p.relative_to(root).as_posix(): None if p.is_dir() else p.read_bytes() for p in sorted(root.rglob("*"))}
+
+
+def _refused(capsys: pytest.CaptureFixture[str], root: Path, args: str, where: str, texts: list[str]) -> None:
+    """``fdattack report ARGS`` (paths under ``root``) is exit 2 and one line naming ``where`` and ``texts``; nothing under
+    ``root`` changed."""
+    before = _tree(root)
+    argv = [arg if arg.startswith("-") else str(root / arg) for arg in args.split()]
+    assert main(["report", *argv]) == 2
+    err = error_of(capsys.readouterr().err)
+    assert all(text in err for text in [str(root / where), *texts]), err
+    assert _tree(root) == before
+
+
+@pytest.mark.parametrize(
+    ("files", "args", "where", "texts"),
+    [
+        pytest.param(
+            {"run/metrics.json": "[0.6]"}, "run --out report", "run/metrics.json", ["a JSON list, not an object"], id="metrics_list"
+        ),
+        pytest.param(
+            {"run/metrics.json": "0.6"}, "run --out report", "run/metrics.json", ["a JSON number, not an object"], id="metrics_scalar"
+        ),
+        pytest.param({"run/metrics.json": "{oops"}, "run --out report", "run/metrics.json", ["not JSON"], id="metrics_not_json"),
+        pytest.param(
+            {"run/metrics.json": '{"attack/pli/chance": "low"}'},
+            "run --out report",
+            "run/metrics.json",
+            ['"attack/pli/chance" is "low"', "a number or null"],
+            id="metrics_string",
+        ),
+        pytest.param(
+            {"run/metrics.json": '{"attack/pli": {"accuracy": 0.6}}'},
+            "run --out report",
+            "run/metrics.json",
+            ['"attack/pli" is {"accuracy": 0.6}'],
+            id="metrics_nested",
+        ),
+        pytest.param(
+            {"run/rounds.jsonl": ROUNDS + "[3]\n"}, "run --out report", "run/rounds.jsonl", ["line 3", "a JSON list"], id="row_list"
+        ),
+        pytest.param(
+            {"run/rounds.jsonl": ROUNDS + '{"attack/pli/accuracy": 0.7}\n'},
+            "run --out report",
+            "run/rounds.jsonl",
+            ["line 3", 'no "round"'],
+            id="row_without_round",
+        ),
+        *(
+            pytest.param(
+                {"run/rounds.jsonl": f'{{"round": {value}}}\n' + ROUNDS},
+                "run --out report",
+                "run/rounds.jsonl",
+                ["line 1", f'"round" is {value}', "an integer >= 0"],
+                id=f"round_{name}",
+            )
+            for name, value in [("fraction", "1.5"), ("string", '"2"'), ("null", "null"), ("boolean", "true"), ("negative", "-1")]
+        ),
+        pytest.param(
+            {"run/rounds.jsonl": ROUNDS + '{"round": 3, "attack/pli/accuracy": "high"}\n'},
+            "run --out report",
+            "run/rounds.jsonl",
+            ["line 3", '"attack/pli/accuracy" is "high"', "a number or null"],
+            id="row_string_metric",
+        ),
+        pytest.param(
+            {"run/rounds.jsonl": '{"round": 1, "attack/pli/acc\n' + ROUNDS},
+            "run --out report",
+            "run/rounds.jsonl",
+            ["line 1", "not JSON"],
+            id="row_corrupt_first",
+        ),
+        pytest.param(  # a newline after it: not a write cut short
+            {"run/rounds.jsonl": ROUNDS + '{"round": 3, "attack/pli/acc\n'},
+            "run --out report",
+            "run/rounds.jsonl",
+            ["line 3", "not JSON"],
+            id="row_corrupt_last_line_with_newline",
+        ),
+        pytest.param({}, "nowhere --out report", "nowhere", ["no such run directory"], id="run_missing"),
+        pytest.param({}, "run/metrics.json --out report", "run/metrics.json", ["a file, not a run directory"], id="run_is_a_file"),
+        pytest.param(
+            {"run/rounds.jsonl": None, "run/metrics.json": None, "run/config.yaml": "seed: 1\n"},
+            "run --out report",
+            "run",
+            ["not an fdattack run directory", "neither rounds.jsonl nor metrics.json"],
+            id="run_without_record",
+        ),
+        pytest.param({"run/config.yaml": "a: [unclosed\n"}, "run --out report", "run/config.yaml", ["not a readable config"], id="config"),
+        pytest.param({GRID: b"not a png"}, "run --out report", GRID, ["not a readable image"], id="grid_not_an_image"),
+        pytest.param({GRID: _png_header(60000, 60000)}, "run --out report", GRID, ["decompression bomb"], id="grid_bomb"),
+        pytest.param({}, "run --out report/notes.txt", "report/notes.txt", ["exists and is not a folder"], id="out_is_a_file"),
+        pytest.param({}, "run --out report/notes.txt/sub", "report/notes.txt", ["is a file, not a folder"], id="out_under_a_file"),
+        pytest.param({"report/plots": "mine"}, "run --out report", "report/plots", ["in the way"], id="out_plots_is_a_file"),
+    ],
+)
+def test_a_bad_run_directory_or_out_is_one_line_and_leaves_out_as_it_was(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, files: dict[str, str | bytes | None], args: str, where: str, texts: list[str]
+) -> None:
+    _write(tmp_path, files)
+    _refused(capsys, tmp_path, args, where, texts)
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root writes into a read-only folder; out_under_a_file stands in for it")
+def test_out_in_a_read_only_folder_is_one_line(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    _write(tmp_path, {})
+    (tmp_path / "locked").mkdir()
+    (tmp_path / "locked").chmod(0o555)
+    try:
+        _refused(capsys, tmp_path, "run --out locked/report", "locked", ["not writable"])
+    finally:
+        (tmp_path / "locked").chmod(0o755)
+
+
+def test_a_torn_last_round_is_skipped_with_a_warning(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """A run killed while writing a round leaves its last line cut short (no newline): the rounds before it are reported."""
+    _write(tmp_path, {"run/rounds.jsonl": ROUNDS + '{"round": 3, "attack/pli/acc'})
+    assert main(["report", str(tmp_path / "run"), "--out", str(tmp_path / "report")]) == 0
+    assert [m for m in own_messages(caplog) if "torn" in m] == [
+        f"{tmp_path / 'run' / 'rounds.jsonl'}, line 3: skipped, not JSON: a round's record torn by a run killed while writing it"
+    ]
+    assert "<td>2</td><td class='dir'>" in (tmp_path / "report" / "index.html").read_text()  # its last round
+
+
+@pytest.mark.parametrize(
+    ("files", "shown"),
+    [
+        pytest.param({"run/rounds.jsonl": None}, "<td>–</td><td class='dir'>", id="metrics_json_alone"),  # no last round
+        pytest.param({"run/metrics.json": '{"seeds/count": null}'}, "</span>run</td>", id="seed_count_null"),  # no "(n seeds)"
+        pytest.param({"run/metrics.json": '{"seeds/count": NaN}'}, "</span>run</td>", id="seed_count_nan"),
+    ],
+)
+def test_a_run_that_records_less_is_reported(tmp_path: Path, files: dict[str, str | bytes | None], shown: str) -> None:
+    _write(tmp_path, files)
+    assert main(["report", str(tmp_path / "run"), "--out", str(tmp_path / "report")]) == 0
+    assert shown in table((tmp_path / "report" / "index.html").read_text(), "runs")
 
 
 def test_attack_summary_has_a_row_per_attack_with_its_final_scores() -> None:

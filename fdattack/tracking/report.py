@@ -10,16 +10,23 @@ after its value in the tables, a shaded band around its line in the plots.
 
 from __future__ import annotations
 
+import errno
 import html
 import math
+import os
+import shutil
+import tempfile
 from pathlib import Path
 from typing import Any, Iterable
 
+from fdattack.errors import ConfigError
 from fdattack.functional.intervals import HIGH, LOW
 from fdattack.tracking.report_figures import DEFAULT_NOTE, NOTES, copy_grid, grid_html, latest_grids, plot_metric, run_style
 from fdattack.tracking.report_runs import Run, Section, format_value, label_keys, load_runs, sections
 from fdattack.tracking.summary import CHANCE, TABLES
 
+#: What the report writes into ``--out``: name -> whether it is a folder.
+WRITTEN = {"plots": True, "grids": True, "index.html": False}
 TITLES = {metric: title for columns in TABLES for metric, title, _ in columns}
 STYLE = """
 body{font-family:system-ui,'DejaVu Sans',sans-serif;margin:24px;color:#1a1a1a;font-size:15px;line-height:1.4}
@@ -183,14 +190,31 @@ def section_html(runs: list[Run], section: Section, out: Path) -> str:
     return "".join(parts)
 
 
-def write_report(run_dirs: list[Path], out: Path) -> Path:
-    """Write ``out/index.html`` (plots and grids in ``out/plots/`` and ``out/grids/``); returns its path.
+def check_out(out: Path) -> None:
+    """Refuse an ``--out`` that cannot take the report, before anything is written.
 
     Raises:
-        DataError: a folder that is not a run directory, or a corrupt run record.
+        ConfigError: ``out`` is a file or under one, not writable, or holds a file where the report writes a folder (or
+            the other way round).
     """
-    runs, keys = load_runs(run_dirs)
-    (out / "plots").mkdir(parents=True, exist_ok=True)
+    existing = next(path for path in (out, *out.parents) if path.exists())
+    if existing == out and not out.is_dir():
+        raise ConfigError(f"--out {out}: exists and is not a folder; give a folder for index.html and its plots")
+    if not existing.is_dir():
+        raise ConfigError(f"--out {out}: {existing} is a file, not a folder")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise ConfigError(f"--out {out}: {existing} is not writable")
+    for name, folder in WRITTEN.items():
+        path = out / name
+        if path.exists() and not (path.is_dir() if folder else path.is_file()):
+            raise ConfigError(f"--out {out}: {path} is in the way (the report writes its {name} {'folder' if folder else 'file'} there)")
+        if path.exists() and not os.access(path, os.W_OK):
+            raise ConfigError(f"--out {out}: {path} is not writable")
+
+
+def _render(runs: list[Run], keys: list[str], out: Path) -> None:
+    """Write the page of ``runs`` (labeled by ``keys``) into the folder ``out``."""
+    (out / "plots").mkdir()
     found = sections(runs)
     shown = label_keys(keys)
     differ = (
@@ -210,6 +234,42 @@ def write_report(run_dirs: list[Path], out: Path) -> Path:
         *(section_html(runs, section, out) for section in found),
         "</body></html>",
     ]
-    index = out / "index.html"
-    index.write_text("\n".join(page))
-    return index
+    (out / "index.html").write_text("\n".join(page))
+
+
+def _install(staging: Path, out: Path) -> None:
+    """Copy the finished report from ``staging`` into ``out``: its folders first, ``index.html`` last.
+
+    Raises:
+        ConfigError: ``out`` refused a write that :func:`check_out` could not foresee.
+    """
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        for name, folder in WRITTEN.items():
+            if folder and (staging / name).is_dir():
+                shutil.copytree(staging / name, out / name, dirs_exist_ok=True)
+        shutil.copyfile(staging / "index.html", out / "index.html")
+    except OSError as err:
+        if err.errno in (errno.ENOSPC, errno.EDQUOT):
+            raise  # the machine's error, not the input's: the CLI says so
+        raise ConfigError(f"--out {out}: cannot write the report ({err.strerror or err})") from None
+
+
+def write_report(run_dirs: list[Path], out: Path) -> Path:
+    """Write ``out/index.html`` (plots and grids in ``out/plots/`` and ``out/grids/``); returns its path.
+
+    ``out`` and every run directory are checked first, and the page is built in a temporary folder and copied into
+    ``out`` once whole, so a bad input leaves ``out`` as it was. A torn last line of a ``rounds.jsonl`` (a run killed
+    while writing a round) is skipped with a warning (:func:`~fdattack.tracking.report_runs.read_rounds`).
+
+    Raises:
+        ConfigError: ``out`` cannot take the report (:func:`check_out`).
+        DataError: a folder that is not a run directory, or an unreadable ``rounds.jsonl`` (naming its line),
+            ``metrics.json``, ``config.yaml`` or grid image.
+    """
+    check_out(out)
+    runs, keys = load_runs(run_dirs)
+    with tempfile.TemporaryDirectory(prefix="fdattack-report-") as staging:
+        _render(runs, keys, Path(staging))
+        _install(Path(staging), out)
+    return out / "index.html"

@@ -16,7 +16,7 @@ from pathlib import Path
 import torch
 from PIL import Image
 
-from fdattack.errors import CheckpointError
+from fdattack.errors import CheckpointError, DataError
 from fdattack.functional.intervals import HIGH, LOW
 from fdattack.tracking.checkpoint import load_checkpoint
 from fdattack.tracking.report_runs import Run
@@ -121,9 +121,17 @@ def latest_grids(run: Run, attack: str) -> dict[str, Grid]:
 def grid_html(grid: Grid, labels: list[str] | None, src: str) -> str:
     """The grid as a labeled CSS grid of tiles cut from ``src`` (the copied PNG), each scaled up by a whole
     factor with pixelated rendering: a header row (target, then the kind's columns: reconstruction, private
-    mean, public mean; or sample 1, 2, ...) and one row per target, labeled with its label."""
-    with Image.open(grid.image) as image:
-        width, height = image.size
+    mean, public mean; or sample 1, 2, ...) and one row per target, labeled with its label.
+
+    Raises:
+        DataError: the grid PNG is not a readable image.
+    """
+    try:
+        with Image.open(grid.image) as image:
+            width, height = image.size
+    except (OSError, Image.DecompressionBombError) as err:  # PIL's UnidentifiedImageError is an OSError without strerror
+        reason = (err.strerror if isinstance(err, OSError) else str(err)) or "cannot identify image file"
+        raise DataError(f"{grid.image}: not a readable image ({reason})") from None
     heads = COLUMNS.get(grid.kind)
     if heads is None:  # a column per sample, square tiles
         rows = len(labels) if labels else 1

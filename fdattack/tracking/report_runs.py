@@ -11,6 +11,8 @@ round while the section goes on (PLI's ``prior_*`` scores) is "one-off", and the
 from __future__ import annotations
 
 import json
+import logging
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -28,6 +30,10 @@ IGNORED_PREFIXES = ("logger.",)
 #: At most this many differing keys in a label (the runs table lists them all).
 LABEL_KEYS = 4
 _ABSENT = "–"
+ROUND_RECORD = 'a line is one round\'s record, {"round": N, "<metric>": number or null, ...}'
+METRICS_RECORD = 'metrics.json is one object, {"<metric>": number or null, ...}'
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -73,22 +79,113 @@ def flatten(tree: Any, prefix: str = "") -> dict[str, Any]:
     return flat
 
 
-def load_run(path: Path) -> Run:
-    """Read a run directory.
+def _json_kind(value: Any) -> str:
+    """What a JSON value is (``list``, ``string``, ...), for an error message."""
+    if isinstance(value, bool):
+        return "boolean"
+    return {dict: "object", list: "list", str: "string", type(None): "null"}.get(type(value), "number")
+
+
+def _shown(value: Any) -> str:
+    """A JSON value as written in the file, cut to 60 characters."""
+    text = json.dumps(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _check_metrics(where: str, metrics: dict[str, Any]) -> None:
+    """Every value of ``metrics`` is a number or None (NaN is recorded as null).
 
     Raises:
-        DataError: no ``rounds.jsonl``, or a corrupt ``rounds.jsonl``, ``metrics.json`` or ``config.yaml``.
+        DataError: naming ``where``, the key and its value.
+    """
+    for key, value in metrics.items():
+        if isinstance(value, bool) or not isinstance(value, (int, float, type(None))):
+            raise DataError(f'{where}: "{key}" is {_shown(value)}; a metric is a number or null (NaN)')
+
+
+def _read_text(path: Path) -> str:
+    """The text of a run file (bytes that are not UTF-8 replaced, so that the JSON reader names their line).
+
+    Raises:
+        DataError: the file cannot be read.
+    """
+    try:
+        return path.read_text(encoding="utf-8", errors="replace")
+    except OSError as err:
+        raise DataError(f"{path}: cannot read it ({err.strerror or err})") from None
+
+
+def read_rounds(path: Path) -> list[dict[str, Any]]:
+    """The rows of ``rounds.jsonl``: a JSON object per line with an integer ``round`` >= 0 and numbers or nulls.
+
+    A last line that is not JSON and ends without a newline is a round's record torn by a run killed while writing it:
+    it is skipped with a warning, as the run itself drops it when it resumes
+    (:meth:`~fdattack.tracking.run_dir.RunDirectory.truncate_rounds`), so that a killed run can be reported. Any other
+    bad line is refused; blank lines are skipped.
+
+    Raises:
+        DataError: naming the file and the line.
+    """
+    lines = _read_text(path).split("\n")  # the last item is "" when the file ends with a newline
+    rows = []
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        where = f"{path}, line {number}"
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as err:
+            if number == len(lines):
+                log.warning("%s: skipped, not JSON: a round's record torn by a run killed while writing it", where)
+                continue
+            raise DataError(f"{where}: not JSON ({err.msg}, column {err.colno}); {ROUND_RECORD}") from None
+        if not isinstance(row, dict):
+            raise DataError(f"{where}: a JSON {_json_kind(row)}, not an object; {ROUND_RECORD}")
+        if "round" not in row:
+            raise DataError(f'{where}: no "round"; {ROUND_RECORD}')
+        index = row["round"]
+        integral = isinstance(index, int) and not isinstance(index, bool) or isinstance(index, float) and index.is_integer()
+        if not integral or index < 0:  # 3.0 is a round: the mean over seeds records its rounds so
+            raise DataError(f'{where}: "round" is {_shown(index)}; a round is an integer >= 0')
+        _check_metrics(where, {key: value for key, value in row.items() if key != "round"})
+        rows.append(row)
+    return rows
+
+
+def read_metrics(path: Path) -> dict[str, Any]:
+    """``metrics.json``: one JSON object of numbers or nulls.
+
+    Raises:
+        DataError: naming the file (and the key of a value that is not a number).
+    """
+    try:
+        metrics = json.loads(_read_text(path))
+    except json.JSONDecodeError as err:
+        raise DataError(f"{path}: not JSON ({err}); {METRICS_RECORD}") from None
+    if not isinstance(metrics, dict):
+        raise DataError(f"{path}: a JSON {_json_kind(metrics)}, not an object; {METRICS_RECORD}")
+    _check_metrics(str(path), metrics)
+    return metrics
+
+
+def load_run(path: Path) -> Run:
+    """Read a run directory: ``rounds.jsonl`` (:func:`read_rounds`), ``metrics.json`` (:func:`read_metrics`), either of
+    them alone, and ``config.yaml`` where it has one.
+
+    Raises:
+        DataError: no such folder, neither record, or a corrupt record or config, naming the file.
     """
     rounds_path, metrics_path, config_path = path / "rounds.jsonl", path / "metrics.json", path / "config.yaml"
-    if not rounds_path.is_file():
-        raise DataError(f"{path}: not an fdattack run directory (no rounds.jsonl)")
-    try:
-        rounds = [json.loads(line) for line in rounds_path.read_text().splitlines() if line.strip()]
-        final = {key: value for row in rounds for key, value in row.items() if key != "round"}
-        if metrics_path.is_file():
-            final.update(json.loads(metrics_path.read_text()))
-    except json.JSONDecodeError as err:
-        raise DataError(f"{path}: corrupt run record ({err})") from None
+    if not path.exists():
+        raise DataError(f"{path}: no such run directory")
+    if not path.is_dir():
+        raise DataError(f"{path}: a file, not a run directory")
+    if not rounds_path.is_file() and not metrics_path.is_file():
+        raise DataError(f"{path}: not an fdattack run directory (neither rounds.jsonl nor metrics.json)")
+    rounds = read_rounds(rounds_path) if rounds_path.is_file() else []
+    final = {key: value for row in rounds for key, value in row.items() if key != "round"}
+    if metrics_path.is_file():
+        final.update(read_metrics(metrics_path))
     config: dict[str, Any] = {}
     if config_path.is_file():
         try:
@@ -191,8 +288,9 @@ def load_runs(paths: list[Path]) -> tuple[list[Run], list[str]]:
     for run in runs:
         parts = [f"{names[k]}={format_value(run.config.get(k, _ABSENT))}" for k in shown[:LABEL_KEYS]]
         run.label = ", ".join(parts) + (", …" if len(shown) > LABEL_KEYS else "") if parts else str(run.config.get("name", run.path.name))
-        if run.replicas or SEEDS_KEY in run.final:
-            run.label += f" ({len(run.replicas) or int(run.final[SEEDS_KEY])} seeds)"
+        seeds = len(run.replicas) or run.final.get(SEEDS_KEY)
+        if seeds is not None and math.isfinite(seeds):  # a record over several seeds says how many
+            run.label += f" ({int(seeds)} seeds)"
     labels = [run.label for run in runs]
     for i, run in enumerate(runs):
         if labels.count(run.label) > 1:
