@@ -20,10 +20,15 @@ from lightning.fabric.accelerators import CUDAAccelerator, MPSAccelerator
 from fdattack.cli import main
 from fdattack.config import compose
 from fdattack.config.composition import registries, schema_for
+from fdattack.data.imageset import ImageSet
+from fdattack.engine import FitJob, default_engine
 from fdattack.errors import ConfigError
 from fdattack.functional import topk_accuracy
 from fdattack.functional.attack_accuracy import attack_accuracy
 from fdattack.knobs import Range, _leaves
+from fdattack.lit.classifier import ClassifierLitModule
+from fdattack.lit.objectives import cross_entropy
+from fdattack.models import build_classifier
 from tests.conftest import REPO, error_of, tiny
 from tests.test_data import _fake_faces
 
@@ -269,6 +274,132 @@ def test_registry_names_are_checked_at_config_time_under_their_own_key(
     capsys: pytest.CaptureFixture[str], override: str, named: str
 ) -> None:
     _one_line(capsys, ["run", override, "--print-config"], named)
+
+
+# ----------------------------------------------------------------------------- sizes that cannot work, refused at once
+SYNTHETIC = ["data.name=synthetic", "data.split=random"]  # 10 labels x 20 images: 40 public, 32 test, a pool of 128
+
+
+@pytest.mark.parametrize(
+    ("overrides", "named"),
+    [
+        pytest.param(  # was 1000 redraws (15 minutes at 100,000 clients of digits) before a message
+            ["data.partition=dirichlet", "protocol.num_clients=200"],
+            "protocol.num_clients=200 with data.partition=dirichlet needs at least 200 private samples (1 per client, "
+            "data.min_client_size=1), but the clients' pool has only 128; use fewer clients",
+            id="dirichlet",
+        ),
+        pytest.param(
+            ["data.partition=dirichlet", "data.min_client_size=20"],
+            "protocol.num_clients=8 with data.partition=dirichlet needs at least 160 private samples (20 per client",
+            id="dirichlet_min_client_size",
+        ),
+        pytest.param(
+            ["data.partition=iid", "protocol.num_clients=200"],
+            "protocol.num_clients=200 with data.partition=iid needs at least 200 private samples (one per client), but the "
+            "clients' pool has only 128",
+            id="iid",
+        ),
+        pytest.param(
+            ["data.partition=shards", "protocol.num_clients=65"],
+            "protocol.num_clients=65 with data.partition=shards needs at least 130 private samples (data.shards_per_client=2 "
+            "non-empty shards per client), but the clients' pool has only 128",
+            id="shards",
+        ),
+        pytest.param(
+            ["data.partition=two_classes", "protocol.num_clients=11"],
+            "protocol.num_clients=11 with data.partition=two_classes needs at least 11 private classes",
+            id="two_classes",
+        ),
+    ],
+)
+def test_partitions_that_cannot_fill_every_client_are_refused_before_any_draw(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, overrides: list[str], named: str
+) -> None:
+    _one_line(capsys, ["run", *tiny(tmp_path, *SYNTHETIC, "protocol.num_clients=8", *overrides)], named)
+    assert not (tmp_path / "run").exists()
+
+
+def test_more_clients_than_target_labels_is_refused_by_the_split_or_at_config_time(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    named = "protocol.num_clients=6 with data.partition=disjoint_identities needs at least 6 target labels (one identity per client)"
+    _one_line(capsys, ["run", *tiny(tmp_path, "protocol.num_clients=6")], named, "but the split has only 5")  # digits: 10 labels
+    _one_line(capsys, ["run", "protocol.num_clients=6", "data.num_targets=5", "--print-config"], named)
+
+
+# ----------------------------------------------------------------------------- membership attacks and BatchNorm, at config time
+@pytest.mark.parametrize(
+    ("overrides", "named"),
+    [
+        pytest.param(
+            ["evaluation.max_candidates=4", "attacks=[lira_coop]"],
+            ["evaluation.max_candidates=4 with attacks=[lira_coop]", "each of the 4 clients", "so at least 5"],
+            id="fewer_candidates_than_clients",
+        ),
+        pytest.param(
+            ["model.name=mobilenet_v2", "protocol.optim.batch_size=1"],
+            ["protocol.optim.batch_size=1: model.name=mobilenet_v2 has BatchNorm", "protocol.optim.batch_size >= 2"],
+            id="batch_norm_client",
+        ),
+        pytest.param(
+            ["model.clients=[pli_cnn,scnn]", "protocol.optim.batch_size=1"],
+            ["protocol.optim.batch_size=1: model.clients[1]=scnn has BatchNorm"],
+            id="batch_norm_among_clients",
+        ),
+        pytest.param(
+            ["model.server=vgg16_bn", "protocol.optim.batch_size=1"],
+            ["protocol.optim.batch_size=1: model.server=vgg16_bn has BatchNorm"],
+            id="batch_norm_server",
+        ),
+        pytest.param(
+            ["evaluation.classifier=fedinverse_cnn", "protocol.optim.batch_size=1", "attacks=[pli]"],
+            ["protocol.optim.batch_size=1: evaluation.classifier=fedinverse_cnn has BatchNorm"],
+            id="batch_norm_evaluation_classifier",
+        ),
+    ],
+)
+def test_settings_no_run_could_use_are_refused_at_config_time(
+    capsys: pytest.CaptureFixture[str], overrides: list[str], named: list[str]
+) -> None:
+    _one_line(capsys, ["run", *overrides, "--print-config"], *named)
+
+
+@pytest.mark.parametrize("attacks", ["[lira_coop]", "[ldia,lira_distill]"])
+def test_membership_attacks_without_a_test_set_are_refused_once_the_split_is_cut(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, attacks: str
+) -> None:
+    """Issue 30: data.test_fraction=0 with a LiRA attack ran to exit 0 with 0 clients scored. Every client's non-members
+    come from the test set, empty here (digits has no test split of its own; a dataset with one is not refused)."""
+    named = "score each client's members against non-members from the test set, which is empty (data.test_fraction=0.0"
+    _one_line(capsys, ["run", *tiny(tmp_path, "data.test_fraction=0", f"attacks={attacks}")], named, "set data.test_fraction > 0")
+    assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        ["data.test_fraction=0", "attacks=[pli]"],  # no membership attack: nothing to score against the test set
+        ["evaluation.max_candidates=5", "attacks=[lira_coop]"],
+        ["protocol.optim.batch_size=1", "attacks=[]"],  # pli_cnn has no BatchNorm
+        ["model.server=vgg16_bn", "protocol.server_model=false", "protocol.optim.batch_size=1", "attacks=[]"],  # no server trained
+    ],
+)
+def test_the_same_keys_pass_where_they_can_work(capsys: pytest.CaptureFixture[str], overrides: list[str]) -> None:
+    assert main(["run", *overrides, "--print-config"]) == 0, capsys.readouterr().err
+
+
+@pytest.mark.parametrize("vectorise", ["false", "auto"])
+def test_a_batch_norm_network_on_one_row_takes_no_step_instead_of_raising(vectorise: str) -> None:
+    """A client holding a single private sample (or 4k + 1 of them at batch size 4): BatchNorm cannot train on a batch of
+    one row (here scnn's 1x1 feature map raised "Expected more than 1 value per channel when training")."""
+    engine = default_engine(batch_size=4, vectorise=vectorise)
+    jobs = []
+    for k, rows in enumerate((1, 5, 4)):
+        torch.manual_seed(k)
+        handle = engine.setup(f"client{k}", ClassifierLitModule(build_classifier("scnn", 1, 8, 10), 10))
+        jobs.append(FitJob(handle, ImageSet.from_images(torch.randn(rows, 1, 8, 8), torch.arange(rows) % 10), 2, cross_entropy, k))
+    assert [r.steps for r in engine.fit_many(jobs)] == [0, 2, 2]  # the 5th row of client 1 left out, as before
 
 
 # ----------------------------------------------------------------------------- NaN scores are never hits

@@ -5,6 +5,7 @@ from __future__ import annotations
 import gzip
 import struct
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 import pytest
@@ -47,6 +48,85 @@ def test_dirichlet_is_disjoint_covering_and_more_skewed_for_small_alpha() -> Non
     assert skew(0.1) > skew(1.0) > skew(100.0)
 
 
+def _dirichlet_per_client_loop(labels: np.ndarray, num_clients: int, alpha: float, min_size: int, rng: np.random.Generator) -> list:
+    """The Dirichlet split as it was written before issue 30 (a Python loop over the clients), the reference of its
+    vectorised replacement; the same draws in the same order."""
+    n = len(labels)
+    while True:
+        buckets: list[list[int]] = [[] for _ in range(num_clients)]
+        for c in np.unique(labels):
+            idx = rng.permutation(np.flatnonzero(labels == c))
+            q = rng.dirichlet(alpha * np.ones(num_clients))
+            q = q * np.array([len(b) < n / num_clients for b in buckets])
+            q = q / q.sum() if q.sum() > 0 else np.ones(num_clients) / num_clients
+            cuts = (np.cumsum(q) * len(idx)).astype(int)[:-1]
+            for b, piece in zip(buckets, np.split(idx, cuts)):
+                b.extend(piece.tolist())
+        if min(len(b) for b in buckets) >= max(min_size, 1):
+            return [np.sort(np.asarray(b, dtype=np.int64)) for b in buckets]
+
+
+@pytest.mark.parametrize(
+    ("num_clients", "alpha", "min_size", "seed"), [(7, 0.3, 40, 9), (20, 0.1, 5, 0), (3, 100.0, 1, 1), (50, 1.0, 2, 2)]
+)
+def test_dirichlet_draws_are_those_of_the_per_client_loop_it_replaced(num_clients: int, alpha: float, min_size: int, seed: int) -> None:
+    """The vectorised split gives every client the rows the per-client loop gave (seed 9 needs five draws), so the
+    shipped Dirichlet configs split as before."""
+    labels = np.repeat(np.arange(10), 50)
+    rng, reference_rng = np.random.default_rng(seed), np.random.default_rng(seed)
+    parts = partitions.dirichlet(labels, num_clients, alpha, min_size, rng)
+    expected = _dirichlet_per_client_loop(labels, num_clients, alpha, min_size, reference_rng)
+    assert all(p.dtype == np.int64 and np.array_equal(p, e) for p, e in zip(parts, expected)) and len(parts) == len(expected)
+    assert rng.random() == reference_rng.random()  # the same draws, no more
+
+
+def test_dirichlet_gives_up_after_its_tries_saying_how_close_it_came() -> None:
+    labels = np.repeat(np.arange(10), 50)
+    with pytest.raises(ConfigError, match=r"no draw in 4 gave every one of the 7 clients .* \(the closest left \d+ short\)"):
+        partitions.dirichlet(labels, 7, 0.3, 40, np.random.default_rng(9), max_tries=4)
+
+
+@pytest.mark.parametrize(
+    ("cut", "named"),
+    [
+        (
+            lambda rng: partitions.dirichlet(np.arange(100) % 10, 100_000, 1.0, 1, rng),
+            "protocol.num_clients=100000 with data.partition=dirichlet needs at least 100000 private samples (1 per client, "
+            "data.min_client_size=1), but the clients' pool has only 100; use fewer clients or a smaller data.min_client_size",
+        ),
+        (
+            lambda rng: partitions.dirichlet(np.arange(100) % 10, 10, 1.0, 11, rng),
+            "needs at least 110 private samples (11 per client, data.min_client_size=11)",
+        ),
+        (
+            lambda rng: partitions.iid(100, 101, rng),
+            "protocol.num_clients=101 with data.partition=iid needs at least 101 private samples (one per client), but the "
+            "clients' pool has only 100",
+        ),
+        (
+            lambda rng: partitions.shards(np.arange(100) % 10, 51, 2, rng),
+            "protocol.num_clients=51 with data.partition=shards needs at least 102 private samples",
+        ),
+        (
+            lambda rng: partitions.two_classes(np.arange(100) % 10, 11, rng),
+            "protocol.num_clients=11 with data.partition=two_classes needs at least 11 private classes",
+        ),
+        (
+            lambda rng: partitions.disjoint_identities(np.arange(3), 4),
+            "protocol.num_clients=4 with data.partition=disjoint_identities needs at least 4 target labels",
+        ),
+    ],
+    ids=["dirichlet", "dirichlet_min_client_size", "iid", "shards", "two_classes", "disjoint_identities"],
+)
+def test_partitions_refuse_sizes_that_cannot_work_before_any_draw(cut: Callable[[np.random.Generator], object], named: str) -> None:
+    rng = np.random.default_rng(0)
+    with pytest.raises(ConfigError) as refused:
+        cut(rng)
+    message = str(refused.value)
+    assert message.startswith("protocol.num_clients=") and named in message and "; use fewer clients or " in message
+    assert rng.random() == np.random.default_rng(0).random()  # nothing drawn
+
+
 def test_shards_give_each_client_at_most_its_shards_labels() -> None:
     labels = np.repeat(np.arange(10), 60)
     parts = partitions.shards(labels, 10, 2, np.random.default_rng(1))
@@ -78,11 +158,6 @@ def test_the_lattack_data_configs_make_the_specs_class_disjoint_split() -> None:
     digits = OmegaConf.to_container(OmegaConf.load(REPO / "conf" / "data" / "digits_lattack.yaml"))
     assert {k: v for k, v in mnist.items() if k not in ("name", "root")} == {k: v for k, v in digits.items() if k != "name"}
     assert mnist["name"] == "mnist" and compose(None, ["data=mnist_lattack"]).data.image_size is None  # 28 px, native
-
-
-def test_more_clients_than_targets_is_a_config_error() -> None:
-    with pytest.raises(ConfigError, match="protocol.num_clients"):
-        partitions.disjoint_identities(np.arange(3), 4)
 
 
 # ----------------------------------------------------------------------------- datasets

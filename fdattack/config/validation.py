@@ -19,6 +19,7 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from fdattack.config.registries import registries
 from fdattack.config.schema import SEED_MAX
+from fdattack.data import partitions
 from fdattack.data.public import check_public_dataset
 from fdattack.errors import ConfigError
 from fdattack.fd.evasion import evasive_clients
@@ -45,6 +46,9 @@ def validate(cfg: DictConfig) -> None:
         )
     check_public_dataset(d)
     check_compatibility(cfg)
+    check_sizes(cfg)
+    check_membership(cfg)
+    check_batch_norm(cfg)
 
 
 def check_seeds(seeds: Any) -> None:
@@ -219,3 +223,82 @@ def check_compatibility(cfg: DictConfig) -> None:
                     else f"remove {name} from {key}"
                 )
                 raise ConfigError(f"{key}: {name} needs {what}, which protocol.name={protocol.name} does not offer here; {fix}")
+
+
+def check_sizes(cfg: DictConfig) -> None:
+    """Sizes that cannot work and are known before the data: more clients than ``data.num_targets`` (split=pli).
+
+    The sizes the data decides (the clients' pool against K x ``data.min_client_size``, the shards, the classes) are
+    refused by :mod:`fdattack.data.partitions` as soon as the pool is cut, before any draw.
+
+    Raises:
+        ConfigError: ``protocol.num_clients=6 with data.partition=disjoint_identities needs at least 6 target labels ...``
+    """
+    if cfg.data.partition == "disjoint_identities" and cfg.data.num_targets is not None:
+        partitions.require_identities(cfg.data.num_targets, int(cfg.protocol.num_clients))
+
+
+def check_membership(cfg: DictConfig) -> None:
+    """The membership attacks can score every client: each client's members are scored against label-matched
+    non-members drawn from the test set (:mod:`fdattack.evaluation.membership`), so fewer than K + 1 candidates leave
+    some client without a member or a non-member among them. (An empty test set, ``data.test_fraction=0`` where the
+    dataset brings none of its own, is refused once the split is cut: :func:`fdattack.experiment.membership_candidates`.)
+
+    Raises:
+        ConfigError: ``evaluation.max_candidates=4 with attacks=[lira_coop]: ... so at least 5; ...``
+    """
+    from fdattack.attacks.results import MembershipScores
+
+    _, attacks, _ = registries()
+    membership = [name for name in cfg.attacks if MembershipScores in attacks.get(name).produces]
+    if not membership:
+        return
+    k, most = int(cfg.protocol.num_clients), cfg.evaluation.max_candidates
+    if most is not None and most < k + 1:
+        raise ConfigError(
+            f"evaluation.max_candidates={most} with attacks=[{','.join(membership)}]: each of the {k} clients needs one of its "
+            f"members among the candidates and one non-member beside them, so at least {k + 1}; raise evaluation.max_candidates or "
+            "leave it null (all)"
+        )
+
+
+def check_batch_norm(cfg: DictConfig) -> None:
+    """``protocol.optim.batch_size=1`` is refused where a network it trains has BatchNorm: the clients', the server's, and
+    the evaluation classifier of reconstructions (every mini-batch would be one row, which BatchNorm cannot train on;
+    the engine drops a lone last row, :func:`~fdattack.engine.jobs.without_lone_row`, but here every row is one).
+
+    Raises:
+        ConfigError: ``protocol.optim.batch_size=1: model.name=mobilenet_v2 has BatchNorm, ...; use protocol.optim.batch_size >= 2``
+    """
+    if int(cfg.protocol.optim.batch_size) != 1:
+        return
+    from fdattack.attacks.results import Reconstructions
+
+    protocols, attacks, _ = registries()
+    m = cfg.model
+    trained = [(f"model.clients[{i}]", name) for i, name in enumerate(m.clients)] or [("model.name", m.name)]
+    if protocols.get(cfg.protocol.name).server_model_enabled(cfg.protocol):
+        trained.append(("model.server", m.server) if m.server else ("model.name", m.name))
+    if cfg.evaluation.classifier and any(Reconstructions in attacks.get(name).produces for name in cfg.attacks):
+        trained.append(("evaluation.classifier", cfg.evaluation.classifier))
+    with_bn = next(((key, name) for key, name in dict.fromkeys(trained) if _has_batch_norm(name)), None)
+    if with_bn:
+        raise ConfigError(
+            f"protocol.optim.batch_size=1: {with_bn[0]}={with_bn[1]} has BatchNorm, which cannot train on mini-batches of one row; "
+            "use protocol.optim.batch_size >= 2 or a network without BatchNorm"
+        )
+
+
+def _has_batch_norm(name: str) -> bool:
+    """Whether classifier ``name`` holds BatchNorm, from a copy built on the meta device (no memory, no random draws) for
+    3 x 64 x 64 images; a network that refuses that size is not judged here."""
+    import torch
+
+    from fdattack.engine.jobs import has_batch_norm
+    from fdattack.models import build_classifier
+
+    try:
+        with torch.device("meta"):
+            return has_batch_norm(build_classifier(name, 3, 64, 2))
+    except ValueError:
+        return False

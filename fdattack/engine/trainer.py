@@ -103,8 +103,9 @@ class LocalTrainer:
         """This rank's mini-batch index lists for one epoch: a seeded permutation (or 0..n-1), sharded by rank.
 
         Under DDP the order is padded to a multiple of the world size, so that every rank's shard has the same length
-        and every rank takes the same number of steps. ``lone_row=False`` then drops a last batch of one row from the
-        shard (:func:`without_lone_row`; equal shards drop alike).
+        and every rank takes the same number of steps. ``lone_row=False`` (a module with BatchNorm) then drops a last
+        batch of one row from the shard (:func:`without_lone_row`), and a shard of one row altogether: no batch, no
+        step (equal shards drop alike).
         """
         order = epoch_order(n, seed, shuffle)
         world, rank = self.fabric.world_size, self.fabric.global_rank
@@ -114,6 +115,8 @@ class LocalTrainer:
             order = order[rank::world]
         if not lone_row:
             order = without_lone_row(order, batch_size)
+            if len(order) == 1:
+                return []
         return list(torch.split(order, batch_size))
 
     def fit_module(
@@ -133,7 +136,8 @@ class LocalTrainer:
         its own optimizers (``self.optimizers()``, ``self.manual_backward``), as under a ``lightning.Trainer``.
         Epoch e shuffles with ``derive_seed(seed, e)``, or draws its batches with ``sampler`` given that seed (not
         sharded over DDP ranks). An empty batch is still a step; its loss does not count in the mean loss. A module
-        with BatchNorm skips a last batch of one row (:func:`without_lone_row`).
+        with BatchNorm skips a last batch of one row (:func:`without_lone_row`), and takes no step on one row in all
+        (a client holding a single private sample): BatchNorm cannot train on a batch of one.
         """
         result = FitResult()
         if epochs <= 0 or len(data) == 0:
@@ -204,8 +208,10 @@ class LocalTrainer:
         return [self.fit(job) if result is None else result for job, result in zip(jobs, results)]
 
     def _groups(self, jobs: Sequence[FitJob]) -> list[list[int]]:
-        """Indices of the jobs of ``fit_many`` that train together, in groups of two or more; the rest take the loop."""
-        active = [i for i, job in enumerate(jobs) if job.epochs > 0 and len(job.data) > 0]
+        """Indices of the jobs of ``fit_many`` that train together, in groups of two or more; the rest take the loop (a
+        BatchNorm network's job on one row among them, which takes no step there)."""
+        fewest = {id(job): 2 if has_batch_norm(job.handle.module) else 1 for job in jobs}
+        active = [i for i, job in enumerate(jobs) if job.epochs > 0 and len(job.data) >= fewest[id(job)]]
         if len(active) < 2 or not self._vectorising():
             return []
         uses = Counter(id(jobs[i].handle) for i in active)
