@@ -14,7 +14,7 @@ import sys
 import threading
 from typing import Sequence
 
-from fdattack.errors import FdattackError, Terminated, raise_terminated
+from fdattack.errors import FdattackError, Terminated, forget_terminated, raise_terminated
 
 #: Errors of the machine, not of fdattack or its input: one line and exit status 1 (nothing recorded is lost).
 DISK_ERRORS = {errno.ENOSPC: "no space left on the device", errno.EDQUOT: "disk quota exceeded"}
@@ -86,6 +86,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"fdattack: error: {disk_error}; what was recorded before it is kept (resume=true continues a run)", file=sys.stderr)
         return 1
     finally:
+        forget_terminated()
         if previous is not None:
             signal.signal(signal.SIGTERM, previous)
 

@@ -41,6 +41,30 @@ class Terminated(SystemExit):
         self.recorded = False
 
 
+#: The signal that :func:`raise_terminated` received and no :func:`stop_if_terminated` has raised again yet.
+_pending: int | None = None
+
+
 def raise_terminated(signum: int, frame: FrameType | None) -> None:
-    """A signal handler that raises :class:`Terminated`, so that the program unwinds like on any error."""
+    """A signal handler that raises :class:`Terminated`, so that the program unwinds like on any error.
+
+    Python drops an exception raised while the signal interrupts a weakref callback or a ``__del__`` ("Exception
+    ignored in ..."), so the signal is also kept until :func:`stop_if_terminated` raises it again at a safe point.
+    """
+    global _pending
+    _pending = signum
     raise Terminated(signum)
+
+
+def stop_if_terminated() -> None:
+    """Raise :class:`Terminated` for a signal whose first exception was dropped (see :func:`raise_terminated`)."""
+    global _pending
+    signum, _pending = _pending, None
+    if signum is not None:
+        raise Terminated(signum)
+
+
+def forget_terminated() -> None:
+    """Drop a pending signal: it has been raised and handled (the command that received it is over)."""
+    global _pending
+    _pending = None

@@ -27,7 +27,7 @@ from fdattack.data.federated import FederatedData
 from fdattack.defenses import DEFENSES, Defense
 from fdattack.engine import LocalTrainer, make_fabric
 from fdattack.engine.cluster import check_launcher
-from fdattack.errors import CheckpointError, ConfigError, FdattackError
+from fdattack.errors import CheckpointError, ConfigError, FdattackError, stop_if_terminated
 from fdattack.evaluation import SCORERS, ConfidenceGapDiagnostic, Evaluator, Oracle, Report, ScoringContext
 from fdattack.evaluation.membership import CandidatePool, candidate_pool
 from fdattack.fd.orchestrator import RoundOrchestrator
@@ -270,7 +270,7 @@ class Experiment:
             log.info("data: %s", ", ".join(f"{k}={v}" for k, v in self.data.split.info.items()))
 
         rounds = int(cfg.protocol.rounds)
-        orchestrator = RoundOrchestrator(self.protocol, self.attacks, cfg.protocol.on_bad_upload, on_phase=progress.phase)
+        orchestrator = RoundOrchestrator(self.protocol, self.attacks, cfg.protocol.on_bad_upload, on_phase=self._on_phase)
         wandb_cfg = cfg.logger.wandb if fabric.is_global_zero else _disabled(cfg)
         tracker = WandbRun.start(wandb_cfg, self.output_dir, {**_flat_config(cfg), "machine": machine}, resume_id=wandb_id)
         with exit_record(run_dir), tracker:
@@ -310,6 +310,7 @@ class Experiment:
         report = self.evaluator.round_report()
         report.metrics = {**protocol_metrics, **report.metrics}
         for attack in self.attacks:
+            stop_if_terminated()
             self.progress.activity(f"round {round_index}: attack {attack.name}")
             scored = self.evaluator.score(attack.name, attack.on_round_end(round_index))
             self.progress.scores(round_index, attack.name, scored.metrics)
@@ -318,6 +319,11 @@ class Experiment:
             if adversary is not None:
                 report.metrics.update({f"adversary/{attack.name}/{key}": value for key, value in adversary.end_round().items()})
         return report
+
+    def _on_phase(self, round_index: int, name: str) -> None:
+        """Before each protocol phase: stop for a SIGTERM whose first exception Python dropped, then show the phase."""
+        stop_if_terminated()
+        self.progress.phase(round_index, name)
 
     def _restore(self, state: dict, path: Path) -> None:
         """Load the protocol's, the attacks' and the RNGs' states of a checkpoint.

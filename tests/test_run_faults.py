@@ -16,6 +16,8 @@ from pathlib import Path
 import pytest
 
 from fdattack.cli import main
+from fdattack.errors import raise_terminated, stop_if_terminated
+from fdattack.tracking import Progress
 from fdattack.tracking.run_dir import RunDirectory
 from tests.conftest import REPO, error_of, tiny
 
@@ -103,3 +105,34 @@ def test_sigterm_before_the_run_directory_exists_is_said(monkeypatch: pytest.Mon
     assert main(["run"]) == 143
     assert capsys.readouterr().err.strip() == "fdattack: terminated by SIGTERM"
     assert signal.getsignal(signal.SIGTERM) is previous
+
+
+class _DropsItsException:
+    """Receives the signal in ``__del__``, where Python prints the handler's exception as "Exception ignored" and drops it."""
+
+    def __del__(self) -> None:
+        raise_terminated(signal.SIGTERM, None)
+
+
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")  # the dropped exception, as meant
+def test_a_sigterm_whose_exception_python_dropped_still_stops_the_run_at_the_next_phase(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A SIGTERM that arrived in a weakref callback went unnoticed: the run went on to its last round (seen in a clean-clone
+    run under load). The signal is kept and raised again before the next phase; the stop is recorded as any other."""
+    phase = Progress.phase
+    signalled = []
+
+    def phase_receiving_the_signal(self: Progress, round_index: int, name: str) -> None:
+        if round_index == 1 and not signalled:
+            signalled.append(name)
+            _DropsItsException()
+        phase(self, round_index, name)
+
+    monkeypatch.setattr(Progress, "phase", phase_receiving_the_signal)
+    assert main(["run", *tiny(tmp_path)]) == 143
+    assert "terminated by SIGTERM after round 0" in capsys.readouterr().err
+    run = tmp_path / "run"
+    assert json.loads((run / "exit.json").read_text())["last_round"] == 0
+    assert [json.loads(x)["round"] for x in (run / "rounds.jsonl").read_text().splitlines()] == [0]
+    stop_if_terminated()  # raised once, then forgotten
