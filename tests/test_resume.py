@@ -40,6 +40,22 @@ ARGS = [
 ]
 
 
+#: A one-round run built in seconds: 2 clients, a small attack, no evaluation classifier.
+QUICK = [
+    "protocol.num_clients=2",
+    "protocol.rounds=1",
+    "protocol.transfer_public_epochs=1",
+    "protocol.transfer_private_epochs=1",
+    "logger.wandb.mode=disabled",
+    "logger.progress=never",
+    "evaluation.confidence_gap.enabled=false",
+    "evaluation.classifier=null",
+    "attacks=[tbi]",
+    "attack.tbi.max_width=16",
+    "attack.tbi.epochs_per_round=1",
+]
+
+
 def _launch(out: Path, *extra: str) -> subprocess.Popen:
     return subprocess.Popen(
         [sys.executable, "-m", "fdattack", "run", *ARGS, f"output_dir={out}", *extra],
@@ -109,22 +125,7 @@ def test_corrupt_checkpoint_is_named(tmp_path: Path, capsys: pytest.CaptureFixtu
 
 def test_resume_from_an_older_kept_checkpoint_with_attacks_matches(tmp_path: Path) -> None:
     out = tmp_path / "run"
-    args = [
-        "run",
-        "protocol.num_clients=2",
-        "protocol.rounds=3",
-        "protocol.transfer_public_epochs=1",
-        "protocol.transfer_private_epochs=1",
-        "logger.wandb.mode=disabled",
-        "logger.progress=never",
-        "evaluation.confidence_gap.enabled=false",
-        "evaluation.classifier=null",
-        "attacks=[tbi]",
-        "attack.tbi.max_width=16",
-        "attack.tbi.epochs_per_round=1",
-        "keep_checkpoints=2",
-        f"output_dir={out}",
-    ]
+    args = ["run", *QUICK, "protocol.rounds=3", "keep_checkpoints=2", f"output_dir={out}"]
     assert main(args) == 0
     finished = json.loads((out / "metrics.json").read_text())
     rows = [_without_times(json.loads(x)) for x in (out / "rounds.jsonl").read_text().splitlines()]
@@ -146,22 +147,6 @@ def test_a_checkpoint_of_another_seed_is_refused_not_continued(tmp_path: Path, c
     assert main(["run", *ARGS, "protocol.rounds=1", "seed=1", f"output_dir={mine}", "resume=true"]) == 2
     err = error_of(capsys.readouterr().err)
     assert str(ckpt) in err and "another config" in err
-
-
-#: A one-round run built in seconds: 2 clients, a small attack, no evaluation classifier.
-QUICK = [
-    "protocol.num_clients=2",
-    "protocol.rounds=1",
-    "protocol.transfer_public_epochs=1",
-    "protocol.transfer_private_epochs=1",
-    "logger.wandb.mode=disabled",
-    "logger.progress=never",
-    "evaluation.confidence_gap.enabled=false",
-    "evaluation.classifier=null",
-    "attacks=[tbi]",
-    "attack.tbi.max_width=16",
-    "attack.tbi.epochs_per_round=1",
-]
 
 
 def _payload(path: Path) -> dict:

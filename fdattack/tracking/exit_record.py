@@ -14,26 +14,13 @@ import signal
 import threading
 from contextlib import contextmanager
 from datetime import datetime, timezone
-from pathlib import Path
 from typing import Iterator
 
 from fdattack.errors import Terminated, raise_terminated
 from fdattack.tracking.checkpoint import atomic_write
-from fdattack.tracking.run_dir import EXIT_NAME, RunDirectory
+from fdattack.tracking.run_dir import EXIT_NAME, RunDirectory, recorded_rounds
 
 log = logging.getLogger("fdattack")
-
-
-def last_round(rounds_path: Path) -> int | None:
-    """The round of the last complete line of ``rounds.jsonl`` (None when there is none)."""
-    if not rounds_path.is_file():
-        return None
-    for line in reversed(rounds_path.read_text(encoding="utf-8").splitlines()):
-        try:
-            return int(json.loads(line)["round"])
-        except (ValueError, KeyError, TypeError):
-            continue
-    return None
 
 
 @contextmanager
@@ -51,7 +38,7 @@ def exit_record(run_dir: RunDirectory) -> Iterator[None]:
     except (Terminated, KeyboardInterrupt) as stop:
         name, code = (stop.signal_name, int(stop.code)) if isinstance(stop, Terminated) else ("SIGINT", 130)
         if run_dir.is_writer:
-            done = last_round(run_dir.rounds_path)
+            done = max(recorded_rounds(run_dir.rounds_path), default=None)
             record = {"signal": name, "exit_code": code, "last_round": done, "time": datetime.now(timezone.utc).isoformat()}
             atomic_write(run_dir.path / EXIT_NAME, lambda handle: handle.write((json.dumps(record, indent=2) + "\n").encode()))
             after = f"after round {done}" if done is not None else "before round 0 finished"
