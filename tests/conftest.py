@@ -37,9 +37,12 @@ def _fdattack_records_reach_caplog(request: pytest.FixtureRequest) -> Iterator[N
         return
     handler = request.getfixturevalue("caplog").handler
     logger = logging.getLogger("fdattack")
+    propagate = logger.propagate
+    logger.propagate = False  # each record reaches caplog once, whether or not an earlier test on this worker configured logging
     logger.addHandler(handler)
     yield
     logger.removeHandler(handler)
+    logger.propagate = propagate
 
 
 def own_records(caplog: pytest.LogCaptureFixture) -> list[logging.LogRecord]:

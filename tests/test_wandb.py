@@ -127,6 +127,7 @@ def test_wandb_login_with_host_is_seen(tmp_path: Path, fresh_wandb: None, monkey
         "HOME": str(tmp_path / "home"),
         "WANDB_CONFIG_DIR": os.environ["WANDB_CONFIG_DIR"],
         "WANDB_SILENT": "true",
+        **({"PYTHONPATH": os.environ["PYTHONPATH"]} if "PYTHONPATH" in os.environ else {}),  # an install made with pip --target
     }
     subprocess.run(
         [sys.executable, "-m", "wandb", "login", "--no-verify", "--host", UNREACHABLE, KEY],
@@ -280,7 +281,7 @@ def test_sigterm_mid_run_writes_an_exit_record_and_exits_143(tmp_path: Path) -> 
     tokens = [
         *tiny(tmp_path, "logger.wandb.mode=offline", "protocol.rounds=500", "checkpoint_every=1", "evaluation.confidence_gap.enabled=false")
     ]
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
     child = subprocess.Popen(
         [sys.executable, "-m", "fdattack", "run", *tokens],
         cwd=tmp_path,
