@@ -391,7 +391,7 @@ def test_gan_attacks_reach_nothing_private_and_no_protocol_object(tmp_path: Path
         (["attacks=[gmi]", "attack.gmi.hsic_sign=0"], ["attack.gmi.hsic_sign=0", "1 or -1"]),
         (["attacks=[kedmi]", "attack.kedmi.hsic_kernel=cosine"], ["hsic_kernel"]),
         (["attacks=[kedmi]", "data.image_size=12"], ["attack.kedmi", "data.image_size", "12x12"]),
-        (["attacks=[gmi]", "data.split=random"], ["attack.gmi", "data.split=classes"]),
+        (["attacks=[gmi]", "data.split=random"], ["gmi", "prior_data", "data.split=classes"]),
         (["attacks=[vmi]", "attack.vmi.hsic_lambda=0.05", "attack.vmi.batch_size=3"], ["attack.vmi.batch_size", "4"]),
     ],
     ids=["hsic_halves", "unbiased_halves", "sign", "kernel", "image_size", "no_prior_data", "vmi_hsic_halves"],

@@ -102,6 +102,27 @@ def test_compatibility_comes_from_declared_needs_and_offers() -> None:
         compose(None, ["attacks=[tbi,tbi]"])
 
 
+def test_the_data_split_offers_what_the_protocol_cannot() -> None:
+    """A reconstruction attack needs targets without public images, a GAN inversion the attacker's prior data, the
+    L-Attack a protocol that declares its server's rule: refused before any data is loaded, naming the fix."""
+    random_split = ["data.split=random", "data.partition=iid"]
+    with pytest.raises(
+        ConfigError,
+        match=r"^attacks: pli needs target labels without images in the public set \(private_targets\), which data.split=random "
+        r"does not offer; set data.split=pli or data.split=classes",
+    ):
+        compose(None, ["attacks=[pli]", *random_split])
+    compose(
+        None, ["attacks=[pli]", *random_split, "data.public_dataset.name=noise", "data.public_dataset.size=50"]
+    )  # a foreign public set has no targets
+    with pytest.raises(ConfigError, match=r"^attacks: gmi needs labeled prior data of the attacker's own \(prior_data\)"):
+        compose(REPO / "conf" / "experiment" / "fedavg_digits.yaml", ["attacks=[gmi]", "data.split=pli", "data.partition=iid"])
+    compose(REPO / "conf" / "experiment" / "kedmi_fedavg_digits.yaml", ["attacks=[gmi]"])
+    with pytest.raises(ConfigError, match=r"^attacks: lattack needs the server's declared aggregation rule \(aggregation_rule\), which "):
+        compose(None, ["attacks=[lattack]", "protocol=dsfl"])
+    compose(None, ["attacks=[lattack]", "protocol=labelavg"])
+
+
 def test_help_config_documents_every_registered_component() -> None:
     text = help_config()
     for name in ATTACKS.names():

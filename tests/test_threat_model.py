@@ -58,6 +58,8 @@ FORBIDDEN = (
 )
 EXPERIMENTS = {"fedmd": "fedmd_digits", "fedgems": "fedgems_digits", "dsfl": "dsfl_digits", "cronus": "cronus_digits"}
 ATTACKS = {"fedmd": ["pli", "tbi"], "fedgems": ["pli", "tbi"], "dsfl": ["pli", "tbi"], "cronus": ["tbi"]}
+#: cronus_digits splits the digits at random (its targets have public images): TBI needs the PLI split's private targets
+DATA = {"cronus": ["data.split=pli", "data.partition=disjoint_identities"]}
 SMALL = [
     "attack.pli.max_width=16",
     "attack.tbi.max_width=16",
@@ -105,7 +107,9 @@ RUN_SEED = 3_735_928_559
 def _run(tmp_path: Path, protocol: str) -> tuple[Experiment, Probe]:
     cfg = compose(
         REPO / "conf" / "experiment" / f"{EXPERIMENTS[protocol]}.yaml",
-        tiny(tmp_path, "protocol.rounds=1", f"attacks=[{','.join(ATTACKS[protocol])}]", f"seed={RUN_SEED}", *SMALL),
+        tiny(
+            tmp_path, "protocol.rounds=1", f"attacks=[{','.join(ATTACKS[protocol])}]", f"seed={RUN_SEED}", *SMALL, *DATA.get(protocol, [])
+        ),
     )
     exp = Experiment(cfg)
     probe = Probe(exp)

@@ -176,7 +176,7 @@ class GANInversionAttack(Attack):
             too small to split for HSIC.
     """
 
-    needs = frozenset({Capability.white_box})
+    needs = frozenset({Capability.white_box, Capability.private_targets, Capability.prior_data})
     reads = frozenset({ViewPart.prior_data})
     produces = frozenset({Inversions})
 

@@ -39,7 +39,7 @@ class InversionAttack(Attack):
     its engine trains them (``trainer.accelerator``/``precision``, sharded under DDP).
     """
 
-    needs = frozenset({Capability.public_data, Capability.public_outputs})
+    needs = frozenset({Capability.public_data, Capability.public_outputs, Capability.private_targets})
     reads = frozenset({ViewPart.public})
     produces = frozenset({Reconstructions})
 

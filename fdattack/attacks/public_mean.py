@@ -47,7 +47,7 @@ class PublicMeanAttack(Attack):
 
     name = "public_mean"
     Settings = PublicMeanSettings
-    needs = frozenset({Capability.public_data})
+    needs = frozenset({Capability.public_data, Capability.private_targets})
     reads = frozenset({ViewPart.public})
     produces = frozenset({Reconstructions})
 

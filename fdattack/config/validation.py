@@ -23,7 +23,7 @@ from fdattack.data import partitions
 from fdattack.data.public import check_public_dataset
 from fdattack.errors import ConfigError
 from fdattack.fd.evasion import evasive_clients
-from fdattack.fd.threat import CAPABILITY_TEXT, Capability
+from fdattack.fd.threat import CAPABILITY_TEXT, DATA_CAPABILITIES, Capability
 from fdattack.knobs import check_ranges
 
 
@@ -189,40 +189,74 @@ def _unique(key: str, names: list[str]) -> None:
         raise ConfigError(f"{key}={names}: {', '.join(repeated)} listed twice")
 
 
-def _missing(needs: frozenset[Capability], offers: frozenset[Capability]) -> list[Capability]:
-    return sorted(needs - offers, key=lambda c: c.value)
+def data_offers(data: DictConfig) -> frozenset[Capability]:
+    """What the data split offers an attack (:data:`~fdattack.fd.threat.DATA_CAPABILITIES`): target labels without public
+    images where the split keeps the targets out of the public set (``split=pli``, ``split=classes``, or a public set from
+    another dataset), and the attacker's own labeled prior data where ``split=classes`` gives it the public classes."""
+    offered = set()
+    if data.split in ("pli", "classes") or data.public_dataset.name is not None:
+        offered.add(Capability.private_targets)
+    if data.split == "classes":
+        offered.add(Capability.prior_data)
+    return frozenset(offered)
+
+
+#: how to get what the data split does not offer
+DATA_HINTS = {
+    Capability.private_targets: "set data.split=pli or data.split=classes (or a public set from another dataset, data.public_dataset.name)",
+    Capability.prior_data: "set data.split=classes and data.public_classes (the attacker's prior data)",
+}
+
+
+def unmet_needs(cfg: DictConfig, key: str, name: str) -> str | None:
+    """Why attack or defense ``name`` (``key`` is ``attacks`` or ``defenses``) cannot run in ``cfg``, in one line naming
+    what it needs, who does not offer it and how to get it; None when the protocol and the data split offer all it needs.
+
+    Decided from the declarations alone: the component's needs (an attack's :meth:`~fdattack.attacks.base.Attack.required`
+    with its settings) against the protocol's :meth:`offers` and the split's :func:`data_offers`.
+    """
+    protocols, attacks, defenses = registries()
+    protocol = protocols.get(cfg.protocol.name)
+    component = (attacks if key == "attacks" else defenses).get(name)
+    needs = component.required(OmegaConf.to_object(cfg.attack[name])) if key == "attacks" else component.needs
+    missing = sorted(needs - protocol.offers(cfg.protocol) - data_offers(cfg.data), key=lambda c: c.value)
+    from_protocol = [c for c in missing if c not in DATA_CAPABILITIES]  # the protocol's shortfall first: no split makes up for it
+    if from_protocol:
+        hints = [protocol.enable_hints[c] for c in from_protocol if c in protocol.enable_hints]
+        from_settings = key == "attacks" and not set(from_protocol) & component.needs
+        fix = (
+            f"set {' '.join(hints)}"
+            if hints
+            else f"change attack.{name}.* (its settings ask for it)"
+            if from_settings
+            else f"remove {name} from {key}"
+        )
+        return f"{key}: {name} needs {_listed(from_protocol)}, which protocol.name={protocol.name} does not offer here; {fix}"
+    if missing:
+        return f"{key}: {name} needs {_listed(missing)}, which data.split={cfg.data.split} does not offer; {DATA_HINTS[missing[0]]}"
+    return None
+
+
+def _listed(capabilities: list[Capability]) -> str:
+    return ", ".join(f"{CAPABILITY_TEXT[c]} ({c.value})" for c in capabilities)
 
 
 def check_compatibility(cfg: DictConfig) -> None:
-    """Every attack and defense gets what it declares it needs from the protocol as configured.
+    """Every attack and defense gets what it declares it needs from the protocol and the data split as configured.
 
     Raises:
         ConfigError: ``attacks: pli needs a server model f_0 (server_model), which protocol.name=fedmd does not offer here; set
         protocol.server_model=true``
     """
-    protocols, attacks, defenses = registries()
-    protocol = protocols.get(cfg.protocol.name)
-    evasive_clients(cfg.protocol.evasive_clients, int(cfg.protocol.num_clients), protocol.uploads_outputs)
-    offers = protocol.offers(cfg.protocol)
+    protocols, _, _ = registries()
+    evasive_clients(cfg.protocol.evasive_clients, int(cfg.protocol.num_clients), protocols.get(cfg.protocol.name).uploads_outputs)
     _unique("attacks", list(cfg.attacks))
     _unique("defenses", list(cfg.defenses))
-    for key, registry, names in (("attacks", attacks, cfg.attacks), ("defenses", defenses, cfg.defenses)):
-        for name in names:
-            component = registry.get(name)
-            needs = component.required(OmegaConf.to_object(cfg.attack[name])) if key == "attacks" else component.needs
-            missing = _missing(needs, offers)
-            if missing:
-                what = ", ".join(f"{CAPABILITY_TEXT[c]} ({c.value})" for c in missing)
-                hints = [protocol.enable_hints[c] for c in missing if c in protocol.enable_hints]
-                from_settings = key == "attacks" and not set(missing) & component.needs
-                fix = (
-                    f"set {' '.join(hints)}"
-                    if hints
-                    else f"change attack.{name}.* (its settings ask for it)"
-                    if from_settings
-                    else f"remove {name} from {key}"
-                )
-                raise ConfigError(f"{key}: {name} needs {what}, which protocol.name={protocol.name} does not offer here; {fix}")
+    for key in ("attacks", "defenses"):
+        for name in cfg[key]:
+            reason = unmet_needs(cfg, key, name)
+            if reason:
+                raise ConfigError(reason)
 
 
 def check_sizes(cfg: DictConfig) -> None:

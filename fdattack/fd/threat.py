@@ -82,8 +82,8 @@ class Undeclared:
 class Capability(str, Enum):
     """What an attack or defense may need and a protocol may offer; compatibility is checked from these.
 
-    The last four are the active server's documented powers (DESIGN.md's ``Adversary``), reached only
-    through :class:`~fdattack.fd.adversary.Adversary`.
+    Four are the active server's documented powers (DESIGN.md's ``Adversary``), reached only through
+    :class:`~fdattack.fd.adversary.Adversary`; the last two are offered by the data split, not the protocol.
     """
 
     public_data = "public_data"  #: the public set (labels only with public_labels)
@@ -96,6 +96,9 @@ class Capability(str, Enum):
     add_public_samples = "add_public_samples"  #: add attacker-made images to the next round's public batch
     send_aggregate = "send_aggregate"  #: send one client a chosen aggregate this round
     query_chosen_batch = "query_chosen_batch"  #: ask a client for its outputs on attacker-chosen images
+    aggregation_rule = "aggregation_rule"  #: the server's own aggregation rule, to apply to uploads of its choosing
+    private_targets = "private_targets"  #: the data's target labels have no image in the public set (the split's, not the protocol's)
+    prior_data = "prior_data"  #: the attacker holds labeled data of its own (the split's, not the protocol's)
 
     def __str__(self) -> str:
         return self.value
@@ -113,7 +116,13 @@ CAPABILITY_TEXT = {
     Capability.add_public_samples: "the power to add images to the round's public batch",
     Capability.send_aggregate: "the power to send one client a chosen aggregate",
     Capability.query_chosen_batch: "the power to query a client on chosen images",
+    Capability.aggregation_rule: "the server's declared aggregation rule",
+    Capability.private_targets: "target labels without images in the public set",
+    Capability.prior_data: "labeled prior data of the attacker's own",
 }
+
+#: what the data split offers (:func:`fdattack.config.validation.data_offers`), not the protocol
+DATA_CAPABILITIES = frozenset({Capability.private_targets, Capability.prior_data})
 
 #: the active powers of an honest-but-not-passive server that schedules the public batch
 SERVER_POWERS = frozenset(

@@ -151,8 +151,12 @@ class Protocol(ABC):
     @classmethod
     def offers(cls, cfg: DictConfig) -> frozenset[Capability]:
         """What attacks and defenses can be granted in this configuration (checked against their needs)."""
-        offered = cls.threat_model.offers(cls.server_model_enabled(cfg))
-        return offered | {Capability.output_uploads} if cls.uploads_outputs else offered
+        offered = set(cls.threat_model.offers(cls.server_model_enabled(cfg)))
+        if cls.uploads_outputs:
+            offered.add(Capability.output_uploads)
+        if cls.aggregation is not Protocol.aggregation:  # a protocol that declares its server's rule
+            offered.add(Capability.aggregation_rule)
+        return frozenset(offered)
 
     def grant_adversary(self, powers: frozenset[Capability]) -> Adversary:
         """An :class:`Adversary` with ``powers`` (a subset of what the threat model gives the server)."""
