@@ -27,9 +27,9 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-import yaml
 from omegaconf import DictConfig, OmegaConf
 
+from fdattack.config.yaml_files import quote, read_yaml_file
 from fdattack.errors import ConfigError, FdattackError
 from fdattack.tracking.report_runs import short_names
 from fdattack.tracking.run_dir import comparable_tree, first_difference
@@ -39,10 +39,6 @@ log = logging.getLogger("fdattack")
 TRIAL_PREFIX = "trial_"
 #: The first part of every key in ``metrics.json``; ``attack/``, ``adversary/`` and ``defense/`` name an attack or defense next.
 METRIC_PREFIXES = ("protocol", "attack", "adversary", "defense", "comm", "diag", "time", "seeds")
-#: The most values a sweep file may hold with its YAML aliases written out (a few aliases can stand for billions).
-MAX_YAML_NODES = 10_000
-#: The longest part of a message quoted from a YAML error or a schema violation (which quotes the offending value whole).
-MAX_QUOTE = 300
 
 
 @dataclass
@@ -103,64 +99,17 @@ def _sweeps() -> ModuleType:
     return sweeps
 
 
-def _quote(text: str) -> str:
-    """The first line of ``text``, cut to :data:`MAX_QUOTE` characters."""
-    line = text.strip().partition("\n")[0]
-    return line if len(line) <= MAX_QUOTE else line[: MAX_QUOTE - 3] + "..."
-
-
-def _expanded_size(node: yaml.Node, sizes: dict[int, int]) -> int:
-    """The nodes under ``node`` with every alias written out (at most ``MAX_YAML_NODES + 1``), counted once per shared
-    node (``sizes``, by id); a node that holds itself counts as too many."""
-    if id(node) in sizes:
-        return sizes[id(node)]
-    sizes[id(node)] = MAX_YAML_NODES + 1  # met again while counting it: a recursive alias
-    if isinstance(node, yaml.MappingNode):
-        children = [child for pair in node.value for child in pair]
-    else:
-        children = node.value if isinstance(node, yaml.SequenceNode) else []
-    sizes[id(node)] = min(1 + sum(_expanded_size(child, sizes) for child in children), MAX_YAML_NODES + 1)
-    return sizes[id(node)]
-
-
-def _parse_yaml(path: Path, text: str) -> Any:
-    """``yaml.safe_load`` that refuses a document whose aliases expand past :data:`MAX_YAML_NODES` values."""
-    loader = yaml.SafeLoader(text)
-    try:
-        node = loader.get_single_node()
-        if node is not None and _expanded_size(node, {}) > MAX_YAML_NODES:
-            raise ConfigError(f"{path}: more than {MAX_YAML_NODES} values once its YAML aliases (*name) are written out; not a sweep file")
-        return None if node is None else loader.construct_document(node)
-    finally:
-        loader.dispose()
-
-
 def load_sweep(path: Path) -> dict:
     """Read and schema-check a sweep file (``sweeps.schema_violations_from_proposed_config``).
 
     Raises:
-        ConfigError: the file is missing, a folder, unreadable, not UTF-8, not YAML, too large once its aliases are
-            written out, or not a valid W&B sweep.
+        ConfigError: the file cannot be read as YAML (:func:`~fdattack.config.yaml_files.read_yaml_file`) or is not a valid
+            W&B sweep.
     """
-    if path.is_dir():
-        raise ConfigError(f"sweep file {path} is a folder; give the sweep YAML file")
-    if not path.is_file():
-        raise ConfigError(f"sweep file not found: {path}")
-    try:
-        text = path.read_bytes().decode("utf-8-sig")
-    except UnicodeDecodeError as err:
-        raise ConfigError(f"{path}: not UTF-8 text (byte {err.object[err.start]:#04x} at offset {err.start}); save it as UTF-8") from None
-    except OSError as err:
-        raise ConfigError(f"sweep file {path} cannot be read: {err.strerror or err}") from None
-    try:
-        config = _parse_yaml(path, text)
-    except yaml.YAMLError as err:
-        raise ConfigError(f"{path}: not valid YAML ({_quote(str(err)) or type(err).__name__})") from None
-    except RecursionError:
-        raise ConfigError(f"{path}: nested too deeply to be a sweep file") from None
+    config = read_yaml_file(path, "sweep file")
     violations = _sweeps().schema_violations_from_proposed_config(config) if isinstance(config, dict) else ["not a mapping"]
     if violations:
-        raise ConfigError(f"{path}: not a valid W&B sweep: {_quote(str(violations[0]))}")
+        raise ConfigError(f"{path}: not a valid W&B sweep: {quote(str(violations[0]))}")
     return config
 
 

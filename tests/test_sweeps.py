@@ -217,7 +217,7 @@ def test_a_sweep_file_that_is_a_folder_or_unreadable_is_one_line(
 
         monkeypatch.setattr(Path, "open", refused)
     assert main(["sweep", str(sweep), "--root", str(tmp_path / "sweeps")]) == 2
-    named = "is a folder; give the sweep YAML file" if kind == "folder" else "cannot be read: Permission denied"
+    named = "is a folder; give the sweep file itself" if kind == "folder" else "cannot be read: Permission denied"
     assert f"sweep file {sweep} {named}" in error_of(capsys.readouterr().err)
 
 

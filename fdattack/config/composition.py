@@ -198,10 +198,23 @@ def compose(experiment: str | Path | None = None, overrides: list[str] | None = 
         overrides: dotlist tokens ``key=value`` and group tokens ``group=name``.
 
     Returns:
-        The resolved, read-only config.
+        The resolved, validated, read-only config.
 
     Raises:
         ConfigError: naming the key or file that is wrong and what is allowed.
+    """
+    cfg = compose_unchecked(experiment, overrides)
+    validate(cfg)
+    OmegaConf.set_readonly(cfg, True)
+    return cfg
+
+
+def compose_unchecked(experiment: str | Path | None = None, overrides: list[str] | None = None) -> DictConfig:
+    """The config :func:`compose` composes, typed but before :func:`~fdattack.config.validation.validate` and writable:
+    for callers that ask the validation's questions one by one (the leakage matrix: which attacks apply).
+
+    Raises:
+        ConfigError: an unknown key or group, a value of the wrong type, an experiment file that cannot be read.
     """
     overrides = list(overrides or [])
     group_tokens, dotlist = _split_tokens(overrides)
@@ -256,8 +269,6 @@ def compose(experiment: str | Path | None = None, overrides: list[str] | None = 
             f"name={cfg.name!r} must be a plain name without path separators (it names the run folder under runs/); "
             "choose the folder itself with output_dir=PATH"
         )
-    validate(cfg)
-    OmegaConf.set_readonly(cfg, True)
     return cfg
 
 
