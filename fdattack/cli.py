@@ -45,6 +45,20 @@ def _parser() -> argparse.ArgumentParser:
     )
     sweep.add_argument("--root", default="runs/sweeps", help="folder for the trials' run directories")
     sweep.add_argument("overrides", nargs="*", help="extra key=value overrides for every trial")
+    matrix = sub.add_parser(
+        "matrix",
+        help="every attack against every protocol under every defense: one simulation per cell and seed",
+        description="Run a leakage matrix (conf/matrix/*.yaml): one simulation per (data, protocol, defense, seed), every applicable "
+        "attack observing it; then matrix.json, matrix.csv, page/index.html and the tables. Running it again continues.",
+    )
+    matrix.add_argument("file", help="matrix YAML (conf/matrix/small.yaml)")
+    matrix.add_argument("--root", default=None, help="folder of the cells (default: runs/matrix/<name>)")
+    matrix.add_argument("--jobs", type=int, default=1, help="simulations at once, each in its own process with its share of the cores")
+    matrix.add_argument(
+        "--cell", default=None, help="run one simulation, data/protocol/defense/seed or its index in --list (W&B agents, SLURM arrays)"
+    )
+    matrix.add_argument("--list", action="store_true", help="print the simulations with their index and state, run nothing")
+    matrix.add_argument("--sweep-file", default=None, help="write a W&B sweep (grid over the simulations) to this path, run nothing")
     return parser
 
 
@@ -62,7 +76,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         args.overrides = [*args.overrides, *unknown]  # overrides given after --count/--root
     elif unknown:
         parser.error(f"unrecognized arguments: {' '.join(unknown)}")
-    if args.command in ("run", "sweep"):
+    if args.command in ("run", "sweep", "matrix"):
         from fdattack.engine.malloc import keep_freed_memory
 
         keep_freed_memory()
@@ -97,6 +111,14 @@ def _command(args: argparse.Namespace) -> int:
         return _run(args)
     if args.command == "sweep":
         return _sweep(args)
+    if args.command == "matrix":
+        from pathlib import Path
+
+        from fdattack.matrix.command import main as matrix_main
+
+        root = Path(args.root) if args.root else None
+        sweep_out = Path(args.sweep_file) if args.sweep_file else None
+        return matrix_main(Path(args.file), root, args.jobs, args.cell, args.list, sweep_out)
     from pathlib import Path
 
     from fdattack.tracking.report import write_report

@@ -86,8 +86,25 @@ def run_seeds(cfg: DictConfig, root: Path, run: RunOne) -> dict[str, float]:
         raise CheckpointError(f"output_dir {root} exists and is not a folder; choose another output_dir")
     group = str(cfg.logger.wandb.group or root.name)
     finals = [run_replica(cfg, seed, root, group, run) for seed in seeds]
+    aggregate = write_aggregate(cfg, root, seeds, finals)
+    if getattr(rank_zero_only, "rank", 0) != 0:
+        return aggregate
+    table = attack_summary(aggregate)
+    if table:
+        print(f"mean over seeds {', '.join(map(str, seeds))} [95 % interval across the seeds]:\n{table}")
+    print(
+        f"fdattack: {len(seeds)} seeds, aggregate in {root.resolve()} (metrics.json, seeds.csv, rounds.jsonl; replicas in "
+        f"{REPLICA_PREFIX}*/)"
+    )
+    return aggregate
+
+
+def write_aggregate(cfg: DictConfig, root: Path, seeds: list[int], finals: list[dict[str, float]]) -> dict[str, float]:
+    """The aggregate of the replicas' final metrics ``finals`` (one per seed of ``seeds``), written into ``root``:
+    ``metrics.json``, ``rounds.jsonl`` (from the replicas' own), ``seeds.csv``, ``config.yaml`` and ``machine.json``.
+    Under DDP every rank ran the replicas; rank 0 alone writes."""
     aggregate = aggregate_metrics(finals)
-    if getattr(rank_zero_only, "rank", 0) != 0:  # under DDP every rank ran the replicas; rank 0 alone writes
+    if getattr(rank_zero_only, "rank", 0) != 0:
         return aggregate
     rounds = aggregate_rounds([_read_rounds(root / f"{REPLICA_PREFIX}{seed}") for seed in seeds])
     root.mkdir(parents=True, exist_ok=True)
@@ -98,11 +115,4 @@ def run_seeds(cfg: DictConfig, root: Path, run: RunOne) -> dict[str, float]:
     _write_json(root / "metrics.json", aggregate)
     _write_json(root / "machine.json", machine_info())
     atomic_write(root / "seeds.csv", lambda handle: handle.write(seeds_table(seeds, finals, aggregate).encode()))
-    table = attack_summary(aggregate)
-    if table:
-        print(f"mean over seeds {', '.join(map(str, seeds))} [95 % interval across the seeds]:\n{table}")
-    print(
-        f"fdattack: {len(seeds)} seeds, aggregate in {root.resolve()} (metrics.json, seeds.csv, rounds.jsonl; replicas in "
-        f"{REPLICA_PREFIX}*/)"
-    )
     return aggregate

@@ -17,7 +17,7 @@ import os
 import shutil
 import tempfile
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
 from fdattack.errors import ConfigError
 from fdattack.functional.intervals import HIGH, LOW
@@ -190,8 +190,13 @@ def section_html(runs: list[Run], section: Section, out: Path) -> str:
     return "".join(parts)
 
 
-def check_out(out: Path) -> None:
+def check_out(out: Path, written: dict[str, bool] = WRITTEN, option: str = "--out") -> None:
     """Refuse an ``--out`` that cannot take the report, before anything is written.
+
+    Args:
+        out: the folder of the page.
+        written: what the page writes there, name -> whether it is a folder (:data:`WRITTEN` for the report).
+        option: how the messages name ``out`` (the option that gave it).
 
     Raises:
         ConfigError: ``out`` is a file or under one, not writable, or holds a file where the report writes a folder (or
@@ -199,17 +204,17 @@ def check_out(out: Path) -> None:
     """
     existing = next(path for path in (out, *out.parents) if path.exists())
     if existing == out and not out.is_dir():
-        raise ConfigError(f"--out {out}: exists and is not a folder; give a folder for index.html and its plots")
+        raise ConfigError(f"{option} {out}: exists and is not a folder; give a folder for index.html and its plots")
     if not existing.is_dir():
-        raise ConfigError(f"--out {out}: {existing} is a file, not a folder")
+        raise ConfigError(f"{option} {out}: {existing} is a file, not a folder")
     if not os.access(existing, os.W_OK | os.X_OK):
-        raise ConfigError(f"--out {out}: {existing} is not writable")
-    for name, folder in WRITTEN.items():
+        raise ConfigError(f"{option} {out}: {existing} is not writable")
+    for name, folder in written.items():
         path = out / name
         if path.exists() and not (path.is_dir() if folder else path.is_file()):
-            raise ConfigError(f"--out {out}: {path} is in the way (the report writes its {name} {'folder' if folder else 'file'} there)")
+            raise ConfigError(f"{option} {out}: {path} is in the way (the report writes its {name} {'folder' if folder else 'file'} there)")
         if path.exists() and not os.access(path, os.W_OK):
-            raise ConfigError(f"--out {out}: {path} is not writable")
+            raise ConfigError(f"{option} {out}: {path} is not writable")
 
 
 def _render(runs: list[Run], keys: list[str], out: Path) -> None:
@@ -237,22 +242,68 @@ def _render(runs: list[Run], keys: list[str], out: Path) -> None:
     (out / "index.html").write_text("\n".join(page))
 
 
-def _install(staging: Path, out: Path) -> None:
-    """Copy the finished report from ``staging`` into ``out``: its folders first, ``index.html`` last.
+def _replace_folder(source: Path, target: Path) -> None:
+    """Put a copy of ``source`` in place of ``target``: copied beside it first, then swapped in (the old one deleted)."""
+    fresh, old = target.with_name(f".{target.name}.new"), target.with_name(f".{target.name}.old")
+    for leftover in (fresh, old):  # of an install cut short
+        shutil.rmtree(leftover, ignore_errors=True)
+    try:
+        shutil.copytree(source, fresh)
+        if target.exists():
+            target.rename(old)
+        try:
+            fresh.rename(target)
+        except OSError:
+            if old.exists():
+                old.rename(target)  # the earlier page stays whole
+            raise
+    finally:
+        shutil.rmtree(fresh, ignore_errors=True)
+    shutil.rmtree(old, ignore_errors=True)
+
+
+def _install(staging: Path, out: Path, written: dict[str, bool], option: str, replace: bool) -> None:
+    """Copy the finished page from ``staging`` into ``out``: its folders first (merged into those there, or in place of
+    them with ``replace``), ``index.html`` last.
 
     Raises:
         ConfigError: ``out`` refused a write that :func:`check_out` could not foresee.
     """
     try:
         out.mkdir(parents=True, exist_ok=True)
-        for name, folder in WRITTEN.items():
+        for name, folder in written.items():
             if folder and (staging / name).is_dir():
-                shutil.copytree(staging / name, out / name, dirs_exist_ok=True)
+                if replace:
+                    _replace_folder(staging / name, out / name)
+                else:
+                    shutil.copytree(staging / name, out / name, dirs_exist_ok=True)
         shutil.copyfile(staging / "index.html", out / "index.html")
     except OSError as err:
         if err.errno in (errno.ENOSPC, errno.EDQUOT):
             raise  # the machine's error, not the input's: the CLI says so
-        raise ConfigError(f"--out {out}: cannot write the report ({err.strerror or err})") from None
+        raise ConfigError(f"{option} {out}: cannot write the report ({err.strerror or err})") from None
+
+
+def write_staged(
+    out: Path, render: Callable[[Path], None], written: dict[str, bool] = WRITTEN, option: str = "--out", replace: bool = False
+) -> Path:
+    """Build a page with ``render(folder)`` in a temporary folder, then install it into ``out`` once whole (its
+    ``index.html`` last); returns ``out/index.html``. Call :func:`check_out` first.
+
+    Args:
+        out: the folder of the page.
+        render: writes ``index.html`` and the ``written`` folders into the folder it is given.
+        written: what the page writes, name -> whether it is a folder.
+        option: how errors name ``out``.
+        replace: the page's folders replace those in ``out`` (else they are merged, and files of earlier pages stay).
+
+    Raises:
+        ConfigError: ``out`` refused a write.
+    """
+    with tempfile.TemporaryDirectory(prefix="fdattack-report-") as staging:
+        render(Path(staging))
+        _install(Path(staging), out, written, option, replace)
+    return out / "index.html"
 
 
 def write_report(run_dirs: list[Path], out: Path) -> Path:
@@ -269,7 +320,4 @@ def write_report(run_dirs: list[Path], out: Path) -> Path:
     """
     check_out(out)
     runs, keys = load_runs(run_dirs)
-    with tempfile.TemporaryDirectory(prefix="fdattack-report-") as staging:
-        _render(runs, keys, Path(staging))
-        _install(Path(staging), out)
-    return out / "index.html"
+    return write_staged(out, lambda staging: _render(runs, keys, staging))

@@ -20,6 +20,7 @@ import math
 import os
 import shlex
 import shutil
+from collections.abc import Sequence
 from pathlib import Path
 from types import ModuleType, TracebackType
 from typing import Any
@@ -178,7 +179,7 @@ class WandbRun:
         self.directory: Path | None = Path(run.dir).parent if run is not None else None
 
     @classmethod
-    def start(cls, cfg: Any, run_dir: Path, config: dict, resume_id: str | None = None) -> WandbRun:
+    def start(cls, cfg: Any, run_dir: Path, config: dict, resume_id: str | None = None, identity: dict[str, Any] | None = None) -> WandbRun:
         """Start (or resume) the W&B run of one experiment.
 
         Args:
@@ -188,6 +189,8 @@ class WandbRun:
             config: the resolved experiment config, stored as the run's config (and the source of
                 :func:`run_identity`).
             resume_id: the id of the run to continue (from a checkpoint); None starts a new one.
+            identity: ``name``, ``group``, ``job_type`` and ``tags`` of the run; None derives them
+                (:func:`run_identity`).
 
         Raises:
             ConfigError: an unknown mode; ``online`` without credentials, or not started within
@@ -210,7 +213,7 @@ class WandbRun:
             id=resume_id,
             resume="allow" if resume_id else None,
             reinit="create_new",
-            **run_identity(cfg, config),
+            **(identity or run_identity(cfg, config)),
         )
 
         def init(run_mode: str) -> Any:
@@ -294,6 +297,20 @@ class WandbRun:
             value = _scalar(value)
             self._run.summary[key] = None if isinstance(value, float) and math.isnan(value) else value
 
+    def log_tables(self, tables: dict[str, tuple[Sequence[str], list[list[Any]]]], images: dict[str, Path] | None = None) -> None:
+        """Log tables and image files as one W&B step, for a run without rounds (the matrix summary).
+
+        Args:
+            tables: key -> (column names, rows), each a ``wandb.Table``.
+            images: key -> an image file, each a ``wandb.Image`` captioned with the file's stem.
+        """
+        if self._run is None:
+            return
+        wandb = _wandb()
+        row: dict[str, Any] = {key: wandb.Table(columns=list(columns), data=rows) for key, (columns, rows) in tables.items()}
+        row.update({key: wandb.Image(str(path), caption=Path(path).stem) for key, path in (images or {}).items()})
+        self._run.log(row)
+
     def finish(self, exit_code: int = 0) -> None:
         """Finish the run (idempotent); an offline run then says where it is and how to upload it."""
         run, self._run = self._run, None
@@ -315,3 +332,42 @@ class WandbRun:
             self.finish(code)
         except Exception as err:  # never hide the error that ended the run
             log.warning("W&B finish failed: %s", err)
+
+
+#: The job type of the matrix's summary run (a run of one of its cells: ``matrix-cell``).
+MATRIX_JOB_TYPE = "matrix-summary"
+
+
+def log_matrix_summary(wandb_cfg: Any, root: Path, matrix: dict, plots: list[Path]) -> Path | None:
+    """Log the matrix's summary run: the ``matrix`` table (:func:`~fdattack.tracking.matrix_page.matrix_rows`) and each
+    heatmap as ``matrix/<file stem>``.
+
+    The run is ``<name>-summary`` in the group of the matrix's cells (the matrix's name), job type
+    :data:`MATRIX_JOB_TYPE`, tagged ``matrix`` and ``logger.wandb.tags``; its mode is resolved as for any run
+    (:meth:`WandbRun.start`: offline without credentials, nothing at all when disabled).
+
+    Args:
+        wandb_cfg: the ``logger.wandb`` node (mode, project, entity, tags, init_timeout_s; name, group and job_type unused).
+        root: the matrix's folder; W&B writes ``root/wandb/``.
+        matrix: the content of ``matrix.json``.
+        plots: the heatmap PNGs (the page's ``plots/heatmap__*.png``).
+
+    Returns:
+        The run's folder under ``root/wandb/``; None when disabled.
+
+    Raises:
+        ConfigError: as :meth:`WandbRun.start`.
+    """
+    from fdattack.tracking.matrix_page import MATRIX_COLUMNS, matrix_rows
+
+    name = str(matrix["name"])
+    identity = {
+        "name": f"{name}-summary",
+        "group": name,
+        "job_type": MATRIX_JOB_TYPE,
+        "tags": list(dict.fromkeys(["matrix", *(str(t) for t in (wandb_cfg.tags or []))])),
+    }
+    config = {key: matrix.get(key) for key in ("name", "source", "seeds", "axes", "headline", "utility")}
+    with WandbRun.start(wandb_cfg, root, config, identity=identity) as run:
+        run.log_tables({"matrix": (MATRIX_COLUMNS, matrix_rows(matrix))}, {f"matrix/{Path(p).stem}": Path(p) for p in plots})
+    return run.directory

@@ -1,0 +1,143 @@
+"""A matrix file: which data, protocols, defenses, attacks and seeds the leakage matrix crosses.
+
+.. code-block:: yaml
+
+    name: small                  # the W&B group and the default folder runs/matrix/<name>
+    experiment: null             # an experiment YAML every cell starts from (null: the embedded default)
+    overrides: [protocol.rounds=3]            # for every cell
+    seeds: [0, 1, 2]
+    data:      {digits: [data=digits], mnist: [data=mnist_pdafd]}
+    protocols: {fedmd: [protocol=fedmd], dsfl: [protocol=dsfl]}
+    defenses:  {none: [], laplace_0.5: ["defenses=[laplace]", defense.laplace.scale=0.5]}
+    attacks:   [pli, tbi, ldia, lira_distill]
+    skip: [mnist/dsfl/*]         # cells not to run: data/protocol/defense, each part a shell pattern
+
+Each axis maps a setting's name (it names folders and table rows) to the overrides that make it, the tokens of
+``fdattack run``; an ``experiment=PATH`` token among them sets the experiment file the cell starts from. The attacks
+are not an axis: every attack whose needs the cell's protocol and data offer runs on the cell's one simulation.
+"""
+
+from __future__ import annotations
+
+import difflib
+import fnmatch
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from fdattack.config.registries import registries
+from fdattack.config.schema import SEED_MAX
+from fdattack.config.yaml_files import quote, read_yaml_file
+from fdattack.errors import ConfigError
+
+#: the axes a matrix crosses, in the order of a cell's folder ``<data>/<protocol>/<defense>``
+AXES = ("data", "protocols", "defenses")
+KEYS = ("name", "experiment", "overrides", "seeds", *AXES, "attacks", "skip")
+#: a setting's name: it names a folder and a W&B run
+PLAIN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.+-]*$")
+
+
+@dataclass(frozen=True)
+class MatrixSpec:
+    """A parsed, checked matrix file (see the module docstring); ``source`` is the file it came from."""
+
+    name: str
+    experiment: Path | None
+    overrides: tuple[str, ...]
+    seeds: tuple[int, ...]
+    data: dict[str, tuple[str, ...]]
+    protocols: dict[str, tuple[str, ...]]
+    defenses: dict[str, tuple[str, ...]]
+    attacks: tuple[str, ...]
+    source: Path
+    skip: tuple[str, ...] = ()
+
+    def skipped(self, data: str, protocol: str, defense: str) -> str | None:
+        """The ``skip`` pattern that leaves out this cell, or None."""
+        parts = (data, protocol, defense)
+        return next((p for p in self.skip if all(fnmatch.fnmatchcase(n, q) for n, q in zip(parts, p.split("/")))), None)
+
+
+def _tokens(path: Path, key: str, value: Any) -> tuple[str, ...]:
+    if value is None:
+        return ()
+    if not isinstance(value, list) or not all(isinstance(t, str) and "=" in t for t in value):
+        raise ConfigError(f"{path}: {key} must be a list of key=value or group=name overrides, got {quote(repr(value))}")
+    return tuple(value)
+
+
+def _axis(path: Path, key: str, value: Any) -> dict[str, tuple[str, ...]]:
+    if not isinstance(value, dict) or not value:
+        raise ConfigError(f"{path}: {key} must map at least one setting's name to its overrides, e.g. {key}: {{name: [key=value]}}")
+    for name in value:
+        if not isinstance(name, str) or not PLAIN.match(name):
+            raise ConfigError(
+                f"{path}: {key}: {name!r} is not a plain name (letters, digits, and _ . + - after the first); it names a folder"
+            )
+    return {name: _tokens(path, f"{key}.{name}", overrides) for name, overrides in value.items()}
+
+
+def _seeds(path: Path, value: Any) -> tuple[int, ...]:
+    if not isinstance(value, list) or not value or not all(isinstance(s, int) and not isinstance(s, bool) for s in value):
+        raise ConfigError(f"{path}: seeds must be a non-empty list of integers, got {quote(repr(value))}")
+    if len(set(value)) != len(value) or not all(0 <= s <= SEED_MAX for s in value):
+        raise ConfigError(f"{path}: seeds={value}: each seed once, each in 0..{SEED_MAX}")
+    return tuple(value)
+
+
+def _attacks(path: Path, value: Any) -> tuple[str, ...]:
+    _, attacks, _ = registries()
+    if not isinstance(value, list) or not value or not all(isinstance(a, str) for a in value):
+        raise ConfigError(f"{path}: attacks must be a non-empty list of attack names; choose from: {', '.join(attacks.names())}")
+    for name in value:
+        if name not in attacks.names():
+            raise ConfigError(f"{path}: attacks: {name!r} is not a known attack; choose from: {', '.join(attacks.names())}")
+    if len(set(value)) != len(value):
+        raise ConfigError(f"{path}: attacks={value}: an attack is listed twice")
+    return tuple(value)
+
+
+def _skip(path: Path, value: Any) -> tuple[str, ...]:
+    if value is None:
+        return ()
+    if not isinstance(value, list) or not all(isinstance(p, str) and p.count("/") == 2 for p in value):
+        raise ConfigError(f"{path}: skip must be a list of data/protocol/defense patterns (e.g. mnist/fedavg/*), got {quote(repr(value))}")
+    return tuple(value)
+
+
+def load_matrix(path: Path) -> MatrixSpec:
+    """Read and check a matrix file.
+
+    Raises:
+        ConfigError: one line naming the file, the key and what is allowed (the overrides themselves are checked when
+            the cells are composed, :func:`fdattack.matrix.plan.plan_cells`).
+    """
+    raw = read_yaml_file(path, "matrix file")
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{path}: a matrix file is a mapping with keys {', '.join(KEYS)}")
+    for key in raw:
+        if key not in KEYS:
+            close = difflib.get_close_matches(str(key), KEYS, n=1)
+            raise ConfigError(f"{path}: unknown key {key!r}{f'; did you mean {close[0]!r}?' if close else ''} (keys: {', '.join(KEYS)})")
+    missing = [key for key in ("name", "seeds", *AXES, "attacks") if key not in raw]
+    if missing:
+        raise ConfigError(f"{path}: missing {', '.join(missing)} (keys: {', '.join(KEYS)})")
+    name = raw["name"]
+    if not isinstance(name, str) or not PLAIN.match(name):
+        raise ConfigError(f"{path}: name={quote(repr(name))} must be a plain name (it names the W&B group and the folder)")
+    experiment = raw.get("experiment")
+    if experiment is not None and not isinstance(experiment, str):
+        raise ConfigError(f"{path}: experiment must be the path of an experiment YAML, got {quote(repr(experiment))}")
+    return MatrixSpec(
+        name=name,
+        experiment=Path(experiment) if experiment else None,
+        overrides=_tokens(path, "overrides", raw.get("overrides")),
+        seeds=_seeds(path, raw["seeds"]),
+        data=_axis(path, "data", raw["data"]),
+        protocols=_axis(path, "protocols", raw["protocols"]),
+        defenses=_axis(path, "defenses", raw["defenses"]),
+        attacks=_attacks(path, raw["attacks"]),
+        source=path,
+        skip=_skip(path, raw.get("skip")),
+    )

@@ -1,0 +1,420 @@
+"""The page of ``fdattack matrix``: a static ``index.html`` with PNG heatmaps and privacy–utility plots.
+
+It reads the matrix as the dict of ``matrix.json`` (:func:`fdattack.matrix.outputs.to_json`). Per dataset: a heatmap per
+attack headline metric (rows: protocols, columns: defenses; each cell the mean over the seeds and its 95 % t-interval
+across them), the same numbers as a table, the utility metrics as tables, and per protocol a privacy–utility plot (one
+point per defense). Last, every cell or attack that did not run, with its reason. The page is built in a temporary
+folder and installed whole (:func:`fdattack.tracking.report.write_staged`); it loads nothing from the network.
+"""
+
+from __future__ import annotations
+
+import html
+import math
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from fdattack.tracking.report import check_out, write_staged
+from fdattack.tracking.report_figures import run_style
+
+#: What the page writes into its folder: name -> whether it is a folder.
+WRITTEN = {"plots": True, "index.html": False}
+#: Heatmap files are ``plots/heatmap__<data>__<metric>.png`` (``/`` of the metric as ``-``).
+HEATMAP_PREFIX = "heatmap__"
+#: Metric suffixes for which a lower value means more leakage (a distance to the truth).
+LOWER_LEAKS = ("/kl",)
+#: The utility of a privacy–utility plot: the clients' accuracy, else the server's (FedAvg has no client accuracy).
+UTILITY_X = ("protocol/client_acc_mean", "protocol/server_acc")
+#: The attack of a row of the not-run list that stands for the whole cell.
+WHOLE_CELL = "whole cell"
+#: The heatmaps' colour maps: more leakage is always the darker red.
+CMAP, CMAP_REVERSED = "Reds", "Reds_r"
+STYLE = """
+body{font-family:system-ui,'DejaVu Sans',sans-serif;margin:24px;color:#1a1a1a;font-size:15px;line-height:1.4}
+h1{margin-top:0} h2{border-bottom:2px solid #ddd;padding-bottom:4px;margin-top:2em} h3{margin:1.4em 0 .5em}
+.scroll{overflow-x:auto;max-width:100%}
+table{border-collapse:collapse;margin:.3em 0 1em;font-size:14px}
+th,td{border:1px solid #ccc;padding:3px 6px;text-align:right;white-space:nowrap}
+th{background:#f4f4f4} th.row,td.text{text-align:left;white-space:normal}
+td.off{background:repeating-linear-gradient(45deg,#eee,#eee 4px,#ddd 4px,#ddd 8px);color:#555;text-align:center;cursor:help}
+.ci{color:#666;font-size:12px} .note{font-size:13px;color:#555}
+figure{margin:0 0 .5em} figure img{max-width:100%;height:auto} figcaption{font-size:14px;color:#444;margin-bottom:4px}
+.legend{background:#f8f8f8;border:1px solid #ddd;padding:6px 12px;max-width:60em}
+@media (max-width:900px){body{margin:12px}}
+"""
+LEGEND = (
+    "<ul><li>Each cell: the mean over the seeds, then <span class='ci'>[its 95 % t-interval across the seeds]</span> "
+    "(none with one seed).</li>"
+    "<li><b>n/a</b>: the protocol or data cannot give what the attack or defense needs; <b>failed</b>: a seed failed; "
+    "<b>incomplete</b>: seeds left to run; <b>–</b>: not recorded; <b>nan</b>: not a number. Hover a table cell for the "
+    "reason.</li>"
+    "<li>Heatmaps: the darker the red, the more leakage (for a distance to the truth such as <code>…/kl</code>, the lower "
+    "the value).</li></ul>"
+)
+
+
+@dataclass(frozen=True)
+class Shown:
+    """What one cell shows for one metric: its finite mean and interval, or a word (``n/a``, ``failed``, ...) and why."""
+
+    mean: float | None = None
+    low: float | None = None
+    high: float | None = None
+    word: str = ""
+    reason: str = ""
+
+    def interval(self) -> str:
+        """``[low, high]`` where both are finite, else empty."""
+        return f"[{number(self.low)}, {number(self.high)}]" if self.low is not None and self.high is not None else ""
+
+    def text(self, between: str = " ") -> str:
+        """The mean and its interval joined by ``between``, or the word."""
+        if self.mean is None:
+            return self.word
+        return between.join(filter(None, (number(self.mean), self.interval())))
+
+
+def finite(value: Any) -> float | None:
+    """``value`` as a float where it is a finite number, else None (null and NaN alike)."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
+        return float(value)
+    return None
+
+
+def number(value: float | None) -> str:
+    """Three significant digits; large counts (bytes) in full with thousands separators."""
+    if value is None:
+        return "nan"
+    return f"{value:,.0f}" if abs(value) >= 1000 else f"{value:.3g}"
+
+
+def lower_leaks(metric: str) -> bool:
+    """Whether a lower value of ``metric`` means more leakage."""
+    return metric.endswith(LOWER_LEAKS)
+
+
+def shown(cell: dict | None, metric: str) -> Shown:
+    """What ``cell`` (a ``matrix.json`` cell, None where it is missing) shows for ``metric``."""
+    if cell is None:
+        return Shown(word="–", reason="no such cell in the matrix")
+    if cell.get("status") != "done":
+        return Shown(word=str(cell.get("status")), reason=cell.get("reason") or "")
+    parts = metric.split("/")
+    skipped = cell.get("not_applicable") or {}
+    if parts[0] == "attack" and len(parts) > 1 and parts[1] in skipped:
+        return Shown(word="n/a", reason=str(skipped[parts[1]]))
+    values = (cell.get("metrics") or {}).get(metric)
+    if values is None:
+        return Shown(word="–", reason=f"{metric} was not recorded in this cell")
+    mean = finite(values.get("mean"))
+    if mean is None:
+        return Shown(word="nan", reason=f"{metric} is not a number (a seed recorded none)")
+    low, high = finite(values.get("ci_low")), finite(values.get("ci_high"))
+    return Shown(mean, low if high is not None else None, high if low is not None else None)
+
+
+def cells_by_place(matrix: dict) -> dict[tuple[str, str, str], dict]:
+    """(data, protocol, defense) -> its cell."""
+    return {(c["data"], c["protocol"], c["defense"]): c for c in matrix.get("cells", [])}
+
+
+def grid(matrix: dict, data: str, metric: str) -> list[list[Shown]]:
+    """``metric`` in every (protocol, defense) cell of ``data``: a row per protocol, a column per defense."""
+    cells, axes = cells_by_place(matrix), matrix["axes"]
+    return [[shown(cells.get((data, p, d)), metric) for d in axes["defenses"]] for p in axes["protocols"]]
+
+
+def slug(text: str) -> str:
+    """``text`` as part of a file name: ``/`` as ``-``, anything unusual as ``_``."""
+    return re.sub(r"[^A-Za-z0-9_.+-]", "_", text.replace("/", "-"))
+
+
+def _pyplot() -> Any:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _limits(means: list[float]) -> tuple[float, float]:
+    """The colour scale: [0, 1] for values in it (rates, comparable across heatmaps), else their range."""
+    if all(0.0 <= m <= 1.0 for m in means):
+        return 0.0, 1.0
+    low, high = min(means), max(means)
+    return (low - 0.5, high + 0.5) if low == high else (low, high)
+
+
+def draw_heatmap(path: Path, title: str, metric: str, rows: list[str], columns: list[str], table: list[list[Shown]]) -> None:
+    """Write a PNG heatmap of ``table`` (rows x columns): each cell annotated ``mean\\n[low, high]``, cells without a
+    number grey and hatched with their word, and a colorbar (reversed for a lower-is-leakier ``metric``)."""
+    import numpy as np
+    from matplotlib import colormaps
+    from matplotlib.patches import Rectangle
+
+    plt = _pyplot()
+    values = np.array([[np.nan if s.mean is None else s.mean for s in row] for row in table], dtype=float).reshape(len(rows), len(columns))
+    low, high = _limits([s.mean for row in table for s in row if s.mean is not None] or [0.0])
+    cmap = colormaps[CMAP_REVERSED if lower_leaks(metric) else CMAP]
+    fig, ax = plt.subplots(figsize=(2.4 + 1.9 * len(columns), 1.3 + 0.85 * len(rows)))
+    image = ax.imshow(np.ma.masked_invalid(values), cmap=cmap, vmin=low, vmax=high, aspect="auto")
+    for i, row in enumerate(table):
+        for j, cell in enumerate(row):
+            if cell.mean is None:
+                ax.add_patch(Rectangle((j - 0.5, i - 0.5), 1, 1, facecolor="0.9", edgecolor="0.65", hatch="//", linewidth=0))
+                ax.text(j, i, cell.word, ha="center", va="center", fontsize=10, color="0.2", backgroundcolor="0.9")
+            else:
+                r, g, b, _ = cmap(image.norm(cell.mean))
+                ink = "white" if 0.299 * r + 0.587 * g + 0.114 * b < 0.5 else "black"
+                ax.text(j, i, cell.text("\n"), ha="center", va="center", fontsize=9, color=ink)
+    ax.set_xticks(range(len(columns)), labels=columns)
+    ax.set_yticks(range(len(rows)), labels=rows)
+    ax.set_xlabel("defense")
+    ax.set_ylabel("protocol")
+    ax.set_title(title, fontsize=11)
+    bar = fig.colorbar(image, ax=ax)
+    bar.set_label(f"{metric}\n({'lower' if lower_leaks(metric) else 'higher'} = more leakage)", fontsize=9)
+    fig.savefig(path, dpi=100, bbox_inches="tight")
+    plt.close(fig)
+
+
+@dataclass(frozen=True)
+class Point:
+    """A defense's cell in a privacy–utility plot: its utility (x, from metric ``x_key``) and leakage (y)."""
+
+    defense: int
+    name: str
+    x: Shown
+    y: Shown
+    x_key: str
+
+
+def utility_of(cell: dict | None) -> tuple[str, Shown]:
+    """The first of :data:`UTILITY_X` that ``cell`` recorded as a number (the last one's Shown where none)."""
+    for key in UTILITY_X:
+        value = shown(cell, key)
+        if value.mean is not None:
+            break
+    return key, value
+
+
+def tradeoff_points(matrix: dict, data: str, protocol: str, metric: str) -> list[Point]:
+    """One point per defense of (``data``, ``protocol``) that has both a utility and ``metric`` as numbers."""
+    cells, points = cells_by_place(matrix), []
+    for i, defense in enumerate(matrix["axes"]["defenses"]):
+        cell = cells.get((data, protocol, defense))
+        key, x = utility_of(cell)
+        y = shown(cell, metric)
+        if x.mean is not None and y.mean is not None:
+            points.append(Point(i, defense, x, y, key))
+    return points
+
+
+def _error(value: Shown) -> list[list[float]]:
+    """Error-bar lengths below and above the mean from the interval (0 without one)."""
+    assert value.mean is not None
+    if value.low is None or value.high is None:
+        return [[0.0], [0.0]]
+    return [[max(0.0, value.mean - value.low)], [max(0.0, value.high - value.mean)]]
+
+
+def _unit_axis(ax: Any, values: list[float], axis: str) -> None:
+    """Rates (values in [0, 1]) on a [0, 1] axis, whatever their error bars' lengths."""
+    if values and all(0.0 <= v <= 1.0 for v in values):
+        (ax.set_xlim if axis == "x" else ax.set_ylim)(-0.05, 1.05)
+
+
+def draw_tradeoff(path: Path, title: str, panels: dict[str, list[Point]]) -> None:
+    """Write a PNG with one subplot per attack metric (``panels``: metric -> its points): utility against leakage, one
+    point per defense with error bars both ways from the intervals, labeled with the defense."""
+    plt = _pyplot()
+    fig, axes = plt.subplots(1, len(panels), figsize=(4.8 * len(panels), 4.0), squeeze=False, layout="constrained")
+    for ax, (metric, points) in zip(axes[0], panels.items()):
+        labels: dict[tuple[float, float], int] = {}  # labels at each position so far: equal points' labels stack up
+        for k, p in enumerate(points):
+            colour, _ = run_style(p.defense)
+            size = 11 - 6 * k / max(len(points) - 1, 1)  # earlier points larger: equal points all stay visible
+            assert p.x.mean is not None and p.y.mean is not None
+            ax.errorbar(p.x.mean, p.y.mean, xerr=_error(p.x), yerr=_error(p.y), fmt="o", color=colour, capsize=3, markersize=size)
+            above = labels[p.x.mean, p.y.mean] = labels.get((p.x.mean, p.y.mean), -1) + 1
+            ax.annotate(p.name, (p.x.mean, p.y.mean), textcoords="offset points", xytext=(6, 6 + 12 * above), fontsize=9, color=colour)
+        _unit_axis(ax, [p.x.mean for p in points if p.x.mean is not None], "x")
+        _unit_axis(ax, [p.y.mean for p in points if p.y.mean is not None], "y")
+        ax.set_xlabel(" / ".join(dict.fromkeys(p.x_key for p in points)) + " (utility)", fontsize=9)
+        ax.set_ylabel(f"{metric}\n({'lower' if lower_leaks(metric) else 'higher'} = more leakage)", fontsize=9)
+        ax.grid(alpha=0.3)
+    fig.suptitle(title, fontsize=11)
+    fig.savefig(path, dpi=100, bbox_inches="tight")
+    plt.close(fig)
+
+
+def table_html(matrix: dict, metric: str, table: list[list[Shown]]) -> str:
+    """``table`` as an HTML table (rows: protocols, columns: defenses); a cell without a number carries its reason in
+    ``title``."""
+    axes = matrix["axes"]
+    head = "<th class='row'>protocol \\ defense</th>" + "".join(f"<th>{html.escape(d)}</th>" for d in axes["defenses"])
+    rows = []
+    for protocol, row in zip(axes["protocols"], table):
+        tds = []
+        for cell in row:
+            if cell.mean is None:
+                tds.append(f"<td class='off' title='{html.escape(cell.reason)}'>{html.escape(cell.word)}</td>")
+            else:
+                interval = f"<span class='ci'> {html.escape(cell.interval())}</span>" if cell.interval() else ""
+                tds.append(f"<td>{html.escape(number(cell.mean))}{interval}</td>")
+        rows.append(f"<tr><th class='row'>{html.escape(protocol)}</th>{''.join(tds)}</tr>")
+    return f"<div class='scroll'><table class='matrix' data-metric='{html.escape(metric)}'><tr>{head}</tr>{''.join(rows)}</table></div>"
+
+
+def heatmap_html(matrix: dict, data: str, metric: str, out: Path) -> str:
+    """The heatmap of ``metric`` over ``data``'s cells (written under ``out/plots/``), then its table."""
+    name = f"plots/{HEATMAP_PREFIX}{slug(data)}__{slug(metric)}.png"
+    table = grid(matrix, data, metric)
+    axes = matrix["axes"]
+    draw_heatmap(out / name, f"{data}: {metric}", metric, axes["protocols"], axes["defenses"], table)
+    direction = "lower" if lower_leaks(metric) else "higher"
+    return (
+        f"<figure class='heatmap' data-metric='{html.escape(metric)}'><figcaption><b>{html.escape(metric)}</b> · rows: protocols, "
+        f"columns: defenses · {direction} = more leakage</figcaption><img src='{html.escape(name)}' alt='{html.escape(metric)} "
+        f"heatmap of {html.escape(data)}'></figure>{table_html(matrix, metric, table)}"
+    )
+
+
+def attack_html(matrix: dict, data: str, attack: str, out: Path) -> str:
+    """An attack's heatmaps over ``data``, or a note where it has no headline metric."""
+    metrics = (matrix.get("headline") or {}).get(attack) or []
+    parts = [f"<h3>Attack {html.escape(attack)}</h3>"]
+    if not metrics:
+        parts.append("<p class='note'>No headline metric: the attack ran in no cell (see <a href='#not-run'>not run</a>).</p>")
+    parts += [heatmap_html(matrix, data, metric, out) for metric in metrics]
+    return "".join(parts)
+
+
+def tradeoff_html(matrix: dict, data: str, protocol: str, out: Path) -> str:
+    """The privacy–utility plot of (``data``, ``protocol``): a subplot per attack's first headline metric."""
+    headline = matrix.get("headline") or {}
+    panels = {metrics[0]: tradeoff_points(matrix, data, protocol, metrics[0]) for metrics in headline.values() if metrics}
+    panels = {metric: points for metric, points in panels.items() if points}
+    title = f"{data} · {protocol}"
+    if not panels:
+        return f"<p class='note'>{html.escape(title)}: no attack metric with a utility to plot against.</p>"
+    name = f"plots/tradeoff__{slug(data)}__{slug(protocol)}.png"
+    draw_tradeoff(out / name, title, panels)
+    return (
+        f"<figure class='tradeoff' data-protocol='{html.escape(protocol)}'><figcaption><b>{html.escape(title)}</b>: "
+        "utility against leakage, a point per defense, error bars: 95 % intervals across the seeds</figcaption>"
+        f"<img src='{html.escape(name)}' alt='privacy–utility of {html.escape(title)}'></figure>"
+    )
+
+
+def data_html(matrix: dict, data: str, out: Path) -> str:
+    """A dataset's section: heatmaps per attack, utility tables, privacy–utility plots per protocol."""
+    axes = matrix["axes"]
+    parts = [f"<section id='data-{html.escape(slug(data))}'><h2>Data {html.escape(data)}</h2>"]
+    parts += [attack_html(matrix, data, attack, out) for attack in axes["attacks"]]
+    if matrix.get("utility"):
+        parts.append("<h3>Utility</h3>")
+        parts += [f"<h4>{html.escape(key)}</h4>{table_html(matrix, key, grid(matrix, data, key))}" for key in matrix["utility"]]
+    parts.append("<h3>Privacy–utility</h3>")
+    parts += [tradeoff_html(matrix, data, protocol, out) for protocol in axes["protocols"]]
+    parts.append("</section>")
+    return "".join(parts)
+
+
+def not_run(matrix: dict) -> list[tuple[str, str, str, str]]:
+    """(cell id, attack or :data:`WHOLE_CELL`, status, reason) of every cell that is not done and of every n/a attack."""
+    rows = []
+    for cell in matrix.get("cells", []):
+        if cell.get("status") != "done":
+            rows.append((cell["id"], WHOLE_CELL, str(cell.get("status")), cell.get("reason") or ""))
+        rows += [(cell["id"], attack, "n/a", str(reason)) for attack, reason in (cell.get("not_applicable") or {}).items()]
+    return rows
+
+
+def not_run_html(matrix: dict) -> str:
+    """The section listing what did not run, with its reason."""
+    rows = not_run(matrix)
+    if not rows:
+        return "<section id='not-run'><h2>Not run</h2><p>Every attack ran in every cell.</p></section>"
+    head = "".join(f"<th class='row'>{h}</th>" for h in ("cell", "attack", "status", "reason"))
+    body = "".join("<tr>" + "".join(f"<td class='text'>{html.escape(text)}</td>" for text in row) + "</tr>" for row in rows)
+    return f"<section id='not-run'><h2>Not run</h2><div class='scroll'><table class='not-run'><tr>{head}</tr>{body}</table></div></section>"
+
+
+def header_html(matrix: dict) -> str:
+    """Title, seeds, the axes and the legend."""
+    axes = matrix["axes"]
+    seeds = ", ".join(map(str, matrix.get("seeds", [])))
+    listed = " · ".join(f"{axis}: {html.escape(', '.join(map(str, axes[axis])))}" for axis in ("data", "protocols", "defenses", "attacks"))
+    nav = " · ".join(f"<a href='#data-{html.escape(slug(d))}'>{html.escape(d)}</a>" for d in axes["data"])
+    return (
+        f"<h1>Leakage matrix {html.escape(str(matrix.get('name', '')))}</h1>"
+        f"<p>Seeds: {html.escape(seeds)} · from {html.escape(str(matrix.get('source', '')))}</p><p class='note'>{listed}</p>"
+        f"<div class='legend'>{LEGEND}</div><p class='note'>{nav} · <a href='#not-run'>not run</a></p>"
+    )
+
+
+def render(matrix: dict, out: Path) -> None:
+    """Write ``index.html`` and ``plots/`` of ``matrix`` into the folder ``out``."""
+    (out / "plots").mkdir()
+    page = [
+        "<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'>",
+        f"<title>{html.escape(str(matrix.get('name', '')))} · leakage matrix</title>",
+        f"<meta name='viewport' content='width=device-width, initial-scale=1'><style>{STYLE}</style></head><body>",
+        header_html(matrix),
+        *(data_html(matrix, data, out) for data in matrix["axes"]["data"]),
+        not_run_html(matrix),
+        "</body></html>",
+    ]
+    (out / "index.html").write_text("\n".join(page))
+
+
+#: The columns of the W&B summary's ``matrix`` table: a row per cell and metric, and per cell or attack that did not run.
+MATRIX_COLUMNS = ("data", "protocol", "defense", "attack", "metric", "mean", "ci_low", "ci_high", "seeds", "status", "reason")
+
+
+def matrix_rows(matrix: dict) -> list[list[Any]]:
+    """The rows of the W&B summary's ``matrix`` table (:data:`MATRIX_COLUMNS`; NaN as None).
+
+    First a row per cell that is not done and per attack that is n/a in a cell (``metric`` empty, with the reason),
+    then a row per cell and headline or utility metric it recorded (``attack`` empty for a utility metric).
+    """
+    cells = {c["id"]: c for c in matrix.get("cells", [])}
+    rows: list[list[Any]] = []
+    for cell_id, attack, status, reason in not_run(matrix):
+        cell = cells[cell_id]
+        attack = "" if attack == WHOLE_CELL else attack
+        rows.append(
+            [cell["data"], cell["protocol"], cell["defense"], attack, "", None, None, None, len(cell.get("seeds") or []), status, reason]
+        )
+    keys = [*(key for metrics in (matrix.get("headline") or {}).values() for key in metrics), *(matrix.get("utility") or [])]
+    for cell in matrix.get("cells", []):
+        for key in keys:
+            values = (cell.get("metrics") or {}).get(key)
+            if values is not None:
+                attack = key.split("/")[1] if key.startswith("attack/") else ""
+                numbers = [finite(values.get(k)) for k in ("mean", "ci_low", "ci_high")]
+                where = [cell["data"], cell["protocol"], cell["defense"]]
+                rows.append(
+                    [*where, attack, key, *numbers, len(cell.get("seeds") or []), str(cell.get("status")), cell.get("reason") or ""]
+                )
+    return rows
+
+
+def write_matrix_page(matrix: dict, out: Path) -> Path:
+    """Write ``out/index.html`` and its PNGs in ``out/plots/`` (replacing an earlier page's); returns the page's path.
+
+    The page is built in a temporary folder and installed once whole, so a failure leaves ``out`` as it was.
+
+    Args:
+        matrix: the content of ``matrix.json``.
+        out: the page's folder (created where missing).
+
+    Raises:
+        ConfigError: ``out`` cannot take the page (a file in the way, not writable).
+    """
+    check_out(out, WRITTEN, "page folder")
+    return write_staged(out, lambda staging: render(matrix, staging), WRITTEN, "page folder", replace=True)

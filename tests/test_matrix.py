@@ -1,0 +1,251 @@
+"""``fdattack matrix``: which attacks apply where (from declarations), one simulation per cell and seed, resume, the
+outputs, the sweep and SLURM paths, and bad matrix files."""
+
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+from conftest import error_of
+
+from fdattack.attacks.ldia import LDIAAttack
+from fdattack.cli import main
+from fdattack.fd.threat import Capability
+from fdattack.matrix.plan import plan_cells
+from fdattack.matrix.spec import load_matrix
+
+#: tiny simulations: 2 clients, 1 round, no evaluation classifier (public_mean and LDIA need no training of their own)
+QUICK = [
+    "logger.wandb.mode=disabled",
+    "logger.progress=never",
+    "protocol.num_clients=2",
+    "protocol.rounds=1",
+    "evaluation.confidence_gap.enabled=false",
+    "evaluation.classifier=null",
+]
+
+
+def matrix_file(tmp_path: Path, **changes: object) -> Path:
+    """2 protocols x 2 defenses x 2 attacks x 2 seeds on the digits (FedAvg can take neither attack nor Laplace)."""
+    spec: dict[str, object] = {
+        "name": "tiny",
+        "overrides": QUICK,
+        "seeds": [0, 1],
+        "data": {"digits": ["data=digits"]},
+        "protocols": {"fedmd": ["protocol=fedmd"], "dsfl": ["protocol=dsfl"]},
+        "defenses": {"none": [], "laplace": ["defenses=[laplace]", "defense.laplace.scale=1.0"]},
+        "attacks": ["public_mean", "ldia"],
+        **changes,
+    }
+    path = tmp_path / "matrix.yaml"
+    path.write_text(yaml.safe_dump(spec, sort_keys=False))
+    return path
+
+
+def run_matrix(path: Path, root: Path, *extra: str) -> int:
+    return main(["matrix", str(path), "--root", str(root), *extra])
+
+
+# -------------------------------------------------------------------------------------------- applicability
+def test_what_applies_is_decided_from_declared_needs_and_offers(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    protocols = {"fedmd": ["protocol=fedmd"], "fedavg": ["protocol=fedavg"]}
+    spec = load_matrix(matrix_file(tmp_path, protocols=protocols, attacks=["public_mean", "ldia", "gmi"]))
+    cells = {c.id: c for c in plan_cells(spec)}
+    assert cells["digits/fedmd/none"].attacks == ("public_mean", "ldia")
+    assert "white_box" in cells["digits/fedmd/none"].not_applicable["gmi"]
+    assert cells["digits/fedmd/laplace"].runs
+    laplace = cells["digits/fedavg/laplace"]
+    assert not laplace.runs and "output_uploads" in (laplace.reason or "") and "fedavg" in (laplace.reason or "")
+    fedavg = cells["digits/fedavg/none"]  # GMI also needs the attacker's prior data, which the PLI split does not give
+    assert not fedavg.runs and fedavg.reason == "none of the matrix's attacks applies"
+    assert "prior_data" in fedavg.not_applicable["gmi"] and "data.split=pli" in fedavg.not_applicable["gmi"]
+    assert "public_data" in fedavg.not_applicable["public_mean"]
+
+    # the same matrix with LDIA declaring FedAvg's white box instead of the uploads: it moves to FedAvg alone
+    monkeypatch.setattr(LDIAAttack, "needs", frozenset({Capability.white_box}))
+    cells = {c.id: c for c in plan_cells(spec)}
+    assert cells["digits/fedavg/none"].attacks == ("ldia",)
+    assert "ldia" in cells["digits/fedmd/none"].not_applicable
+
+
+def test_skip_leaves_cells_out_with_the_pattern_as_reason(tmp_path: Path) -> None:
+    cells = {c.id: c for c in plan_cells(load_matrix(matrix_file(tmp_path, skip=["*/dsfl/lap*"])))}
+    assert cells["digits/dsfl/laplace"].reason == "skipped by the matrix file (*/dsfl/lap*)"
+    assert cells["digits/dsfl/none"].runs and cells["digits/fedmd/laplace"].runs
+
+
+# -------------------------------------------------------------------------------------------- end to end
+@pytest.fixture(scope="module")
+def tiny_matrix(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """The tiny matrix run once (8 simulations, about 10 s on one core)."""
+    tmp = tmp_path_factory.mktemp("matrix")
+    path, root = matrix_file(tmp), tmp / "root"
+    assert run_matrix(path, root) == 0
+    return path, root
+
+
+def test_one_simulation_per_cell_and_seed_and_every_applicable_attack_on_it(tiny_matrix: tuple[Path, Path]) -> None:
+    _, root = tiny_matrix
+    matrix = json.loads((root / "matrix.json").read_text())
+    assert [c["id"] for c in matrix["cells"]] == ["digits/fedmd/none", "digits/fedmd/laplace", "digits/dsfl/none", "digits/dsfl/laplace"]
+    for cell in matrix["cells"]:
+        assert cell["status"] == "done" and cell["seeds"] == [0, 1]
+        folder = root / cell["id"]
+        finals = [json.loads((folder / f"seed_{s}" / "metrics.json").read_text()) for s in (0, 1)]
+        for attack in ("public_mean", "ldia"):  # both attacks observed each simulation
+            assert all(any(k.startswith(f"attack/{attack}/") for k in final) for final in finals)
+        kl = cell["metrics"]["attack/ldia/kl"]
+        assert kl["values"] == [final["attack/ldia/kl"] for final in finals]
+        assert kl["mean"] == pytest.approx(sum(kl["values"]) / 2)
+        assert kl["ci_low"] < kl["mean"] < kl["ci_high"]  # the t interval over 2 seeds that differ
+        assert json.loads((folder / "metrics.json").read_text())["attack/ldia/kl"] == pytest.approx(kl["mean"])  # the cell's aggregate
+        replica = yaml.safe_load((folder / "seed_0" / "config.yaml").read_text())
+        assert replica["logger"]["wandb"]["group"] == "tiny" and replica["logger"]["wandb"]["job_type"] == "matrix-cell"
+        assert replica["attacks"] == ["public_mean", "ldia"] and replica["seed"] == 0
+    assert (root / "digits/fedmd/laplace/seed_0/config.yaml").read_text().count("laplace") >= 1
+    assert matrix["headline"]["ldia"][0] == "attack/ldia/kl" and "protocol/client_acc_mean" in matrix["utility"]
+    page = (root / "page" / "index.html").read_text()
+    assert page.count("heatmap__digits__attack-ldia-kl.png") == 1 and (root / "page/plots/heatmap__digits__attack-ldia-kl.png").is_file()
+    assert not (root / "wandb").exists()  # logger.wandb.mode=disabled: no summary run either
+
+
+def test_matrix_csv_has_a_row_per_cell_and_metric(tiny_matrix: tuple[Path, Path]) -> None:
+    _, root = tiny_matrix
+    rows = list(csv.DictReader((root / "matrix.csv").open()))
+    kl = [r for r in rows if r["metric"] == "attack/ldia/kl"]
+    assert [(r["protocol"], r["defense"]) for r in kl] == [("fedmd", "none"), ("fedmd", "laplace"), ("dsfl", "none"), ("dsfl", "laplace")]
+    matrix = json.loads((root / "matrix.json").read_text())
+    for row, cell in zip(kl, matrix["cells"]):
+        assert float(row["mean"]) == pytest.approx(cell["metrics"]["attack/ldia/kl"]["mean"], rel=1e-5)
+        assert row["seeds"] == "2" and row["status"] == "done" and len(row["values"].split(";")) == 2
+
+
+def test_running_again_runs_nothing_and_a_new_defense_only_its_cells(
+    tiny_matrix: tuple[Path, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path, root = tiny_matrix
+    before = json.loads((root / "matrix.json").read_text())
+    capsys.readouterr()
+    assert run_matrix(path, root) == 0
+    assert "8 simulations, 8 done before, 0 to run" in capsys.readouterr().out
+    assert json.loads((root / "matrix.json").read_text())["cells"] == before["cells"]
+
+    spec = yaml.safe_load(path.read_text())
+    spec["defenses"]["topk"] = ["defenses=[topk]", "defense.topk.k=1"]
+    wider = tmp_path / "wider.yaml"
+    wider.write_text(yaml.safe_dump(spec, sort_keys=False))
+    assert run_matrix(wider, root) == 0
+    out = capsys.readouterr().out
+    assert "12 simulations, 8 done before, 4 to run" in out
+    assert sorted(line.split(":")[0].split("] ")[1] for line in out.splitlines() if line.startswith("[")) == [
+        "digits/dsfl/topk/0",
+        "digits/dsfl/topk/1",
+        "digits/fedmd/topk/0",
+        "digits/fedmd/topk/1",
+    ]
+
+
+def test_a_simulation_cut_short_resumes_from_its_checkpoint(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = matrix_file(tmp_path, protocols={"fedmd": ["protocol=fedmd", "protocol.rounds=2", "checkpoint_every=1"]}, defenses={"none": []})
+    root = tmp_path / "root"
+    assert run_matrix(path, root, "--cell", "digits/fedmd/none/0") == 0
+    seed_0 = root / "digits/fedmd/none/seed_0"
+    uncut = json.loads((seed_0 / "metrics.json").read_text())
+    (seed_0 / "metrics.json").unlink()  # as if killed after its last checkpoint
+    (seed_0 / "checkpoints" / "round_0002.pt").unlink()
+    assert run_matrix(path, root) == 0
+    assert "resuming" in (root / "digits/fedmd/none/seed_0.log").read_text()
+    resumed = json.loads((seed_0 / "metrics.json").read_text())
+    assert resumed["attack/ldia/kl"] == pytest.approx(uncut["attack/ldia/kl"], rel=1e-4, abs=1e-5)
+
+
+# -------------------------------------------------------------------------------------------- other machines
+def test_list_cell_and_sweep_file_name_the_same_simulations(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path, root = matrix_file(tmp_path, protocols={"fedmd": ["protocol=fedmd"], "fedavg": ["protocol=fedavg"]}), tmp_path / "root"
+    assert run_matrix(path, root, "--list") == 0
+    listed = [line.split("\t") for line in capsys.readouterr().out.splitlines()]
+    assert [row[1] for row in listed] == [f"digits/{p}/{d}/{s}" for p in ("fedmd", "fedavg") for d in ("none", "laplace") for s in (0, 1)]
+    assert listed[4][2].startswith("n/a: none of the matrix's attacks applies")
+    assert run_matrix(path, root, "--cell", "1") == 0  # an index, as a SLURM array task gives it
+    assert (root / "digits/fedmd/none/seed_1/metrics.json").is_file() and not (root / "digits/fedmd/none/seed_0").exists()
+    capsys.readouterr()
+    assert run_matrix(path, root, "--cell", "digits/fedavg/none/0") == 0
+    assert "n/a" in capsys.readouterr().out and not (root / "digits/fedavg").exists()
+
+    from fdattack.sweep import load_sweep
+
+    sweep_path = tmp_path / "sweep.yaml"
+    assert run_matrix(path, root, "--sweep-file", str(sweep_path)) == 0
+    sweep = load_sweep(sweep_path)  # a valid W&B sweep
+    assert sweep["method"] == "grid" and sweep["command"][:3] == ["fdattack", "matrix", str(path.resolve())]
+    assert sweep["command"][-1] == "${args}" and str(root.resolve()) in sweep["command"]
+    assert sweep["parameters"]["cell"]["values"] == [f"digits/fedmd/{d}/{s}" for d in ("none", "laplace") for s in (0, 1)]
+
+
+# -------------------------------------------------------------------------------------------- faults
+def test_jobs_run_in_processes_with_their_share_of_the_cores_and_a_failure_leaves_the_others(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Two simulations at once (``--jobs 2``), one failing on a fault only the run itself finds (a Dirichlet split into more
+    clients than the pool can fill is refused once the data is loaded): the other finishes, with one torch thread of this
+    machine's cores (2 or fewer here)."""
+    crowded = ["data=digits", "data.split=random", "data.partition=dirichlet", "data.min_client_size=16", "protocol.num_clients=500"]
+    path = matrix_file(
+        tmp_path,
+        data={"digits": ["data=digits"], "crowded": crowded},
+        protocols={"fedmd": ["protocol=fedmd"]},
+        defenses={"none": []},
+        attacks=["ldia"],
+        seeds=[0],
+    )
+    root = tmp_path / "root"
+    assert run_matrix(path, root, "--jobs", "2") == 2
+    err = error_of(capsys.readouterr().err)
+    assert "1 of 2 simulations failed" in err and "crowded/fedmd/none/0" in err and "500" in err
+    cells = {c["id"]: c for c in json.loads((root / "matrix.json").read_text())["cells"]}
+    assert cells["digits/fedmd/none"]["status"] == "done"
+    assert cells["crowded/fedmd/none"]["status"] == "failed" and "500" in cells["crowded/fedmd/none"]["reason"]
+    machine = json.loads((root / "digits/fedmd/none/seed_0/machine.json").read_text())
+    assert (machine[-1] if isinstance(machine, list) else machine)["torch_threads"] == 1
+
+
+BAD_MATRICES = [
+    ({"seedz": [0]}, "unknown key 'seedz'; did you mean 'seeds'?"),
+    ({"seeds": [0, 0]}, "each seed once"),
+    ({"seeds": "0"}, "seeds must be a non-empty list of integers"),
+    ({"attacks": ["pli", "nope"]}, "attacks: 'nope' is not a known attack"),
+    ({"defenses": {"a/b": []}}, "'a/b' is not a plain name"),
+    ({"protocols": {"fedmd": "protocol=fedmd"}}, "protocols.fedmd must be a list of key=value"),
+    ({"data": {"digits": ["data.split=sideways"]}}, "cell digits/fedmd/none: "),
+    ({"skip": ["fedmd/*"]}, "skip must be a list of data/protocol/defense patterns"),
+    ({"protocols": {}}, "protocols must map at least one setting"),
+]
+
+
+@pytest.mark.parametrize(("change", "named"), BAD_MATRICES, ids=[c[1][:24] for c in BAD_MATRICES])
+def test_a_bad_matrix_file_is_one_line_and_exit_2(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], change: dict[str, object], named: str
+) -> None:
+    assert run_matrix(matrix_file(tmp_path, **change), tmp_path / "root") == 2
+    err = error_of(capsys.readouterr().err)
+    assert named in err and "\n" not in err
+    assert not (tmp_path / "root").exists()
+
+
+def test_bad_command_lines_are_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = matrix_file(tmp_path)
+    (tmp_path / "file").write_text("x")
+    for extra, named in (
+        (["--jobs", "0"], "--jobs 0"),
+        (["--cell", "digits/fedmd/none/7"], "no such simulation"),
+        (["--cell", "99"], "this matrix has 8 simulations"),
+    ):
+        assert run_matrix(path, tmp_path / "root", *extra) == 2
+        assert named in error_of(capsys.readouterr().err)
+    assert run_matrix(path, tmp_path / "file") == 2
+    assert "exists and is not a folder" in error_of(capsys.readouterr().err)
+    assert main(["matrix", str(tmp_path / "missing.yaml")]) == 2
+    assert "matrix file not found" in error_of(capsys.readouterr().err)

@@ -1,0 +1,327 @@
+"""The page of ``fdattack matrix`` (a heatmap and a table per dataset and headline metric, n/a reasons on hover and in a
+list, intervals that may be missing, installed whole) renders in headless Chromium with its images loaded; the W&B
+summary run logs the matrix as a table and the heatmaps as images, offline, and nothing when disabled."""
+
+from __future__ import annotations
+
+import copy
+import html
+import json
+import math
+import os
+import re
+import shutil
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from fdattack.config import WandbConfig
+from fdattack.errors import ConfigError
+from fdattack.tracking.matrix_page import HEATMAP_PREFIX, MATRIX_COLUMNS, matrix_rows, write_matrix_page
+from fdattack.tracking.wandb_run import MATRIX_JOB_TYPE, log_matrix_summary
+from tests.test_report import INSTALL
+from tests.test_wandb import finished_records
+
+HEADLINE = ["attack/tbi/accuracy", "attack/tbi/eval_top1", "attack/ldia/kl"]
+UTILITY = ["protocol/client_acc_mean", "protocol/server_acc", "comm/upload_bytes", "comm/download_bytes"]
+NO_WEIGHTS = (
+    "attacks: gmi needs the global model's weights (white_box), which protocol.name=fedmd does not offer here; remove gmi from attacks"
+)
+#: the reasons of the fedavg cells (one n/a cell, three n/a attacks), verbatim from a real run
+FEDAVG_NA = {
+    "tbi": "attacks: tbi needs a public set (public_data), the clients' outputs on public data (public_outputs), which "
+    "protocol.name=fedavg does not offer here; remove tbi from attacks",
+    "ldia": "attacks: ldia needs uploads of outputs on public data (output_uploads), which protocol.name=fedavg does not offer "
+    "here; remove ldia from attacks",
+    "gmi": "attacks: gmi needs labeled prior data of the attacker's own (prior_data), which data.split=pli does not offer; set "
+    "data.split=classes and data.public_classes (the attacker's prior data)",
+}
+NO_LAPLACE = (
+    "defenses: laplace needs uploads of outputs on public data (output_uploads), which protocol.name=fedavg does not offer "
+    "here; remove laplace from defenses"
+)
+
+
+def metric(mean: float | None, low: float | None, high: float | None, *values: float | None) -> dict[str, Any]:
+    numbers = [v for v in values if v is not None]
+    std = float(np.std(numbers, ddof=1)) if len(numbers) > 1 else None
+    return {"mean": mean, "ci_low": low, "ci_high": high, "seed_std": std, "values": list(values)}
+
+
+def cell(protocol: str, defense: str, status: str = "done", reason: str | None = None, **extra: Any) -> dict[str, Any]:
+    return {
+        "id": f"digits/{protocol}/{defense}",
+        "data": "digits",
+        "protocol": protocol,
+        "defense": defense,
+        "status": status,
+        "reason": reason,
+        "attacks": [],
+        "not_applicable": {},
+        "seeds": [0, 1] if status == "done" else [],
+        "metrics": {},
+        **extra,
+    }
+
+
+def sample_matrix() -> dict[str, Any]:
+    """A real ``matrix.json`` (digits × {fedmd, fedavg} × {none, laplace}, attacks tbi, ldia, gmi, seeds 0 and 1), its
+    metrics trimmed to the headline and utility ones; fedmd/laplace's KL has a NaN interval."""
+    fedmd = {
+        "protocol/client_acc_mean": metric(0.6062, 0.4567, 0.7557, 0.5944, 0.6180),
+        "protocol/server_acc": metric(0.0, 0.0, 0.0, 0.0, 0.0),
+        "comm/upload_bytes": metric(107720.0, 105178.76, 110261.24, 107520.0, 107920.0),
+        "comm/download_bytes": metric(107720.0, 105178.76, 110261.24, 107520.0, 107920.0),
+        "attack/tbi/chance": metric(0.2, 0.2, 0.2, 0.2, 0.2),
+    }
+    return {
+        "name": "tiny",
+        "source": "tiny.yaml",
+        "seeds": [0, 1],
+        "axes": {"data": ["digits"], "protocols": ["fedmd", "fedavg"], "defenses": ["none", "laplace"], "attacks": ["tbi", "ldia", "gmi"]},
+        "headline": {"tbi": HEADLINE[:2], "ldia": HEADLINE[2:], "gmi": []},
+        "utility": UTILITY,
+        "cells": [
+            cell(
+                "fedmd",
+                "none",
+                attacks=["tbi", "ldia"],
+                not_applicable={"gmi": NO_WEIGHTS},
+                metrics={
+                    **fedmd,
+                    "attack/tbi/accuracy": metric(0.1, -1.1706, 1.3706, 0.2, 0.0),
+                    "attack/tbi/eval_top1": metric(0.3, -3.5119, 4.1119, 0.6, 0.0),
+                    "attack/ldia/kl": metric(0.2359, -0.4181, 0.8900, 0.1844, 0.2874),
+                },
+            ),
+            cell(
+                "fedmd",
+                "laplace",
+                attacks=["tbi", "ldia"],
+                not_applicable={"gmi": NO_WEIGHTS},
+                metrics={
+                    **fedmd,
+                    "protocol/client_acc_mean": metric(0.5615, 0.3442, 0.7789, 0.5444, 0.5787),
+                    "attack/tbi/accuracy": metric(0.0, 0.0, 0.0, 0.0, 0.0),
+                    "attack/tbi/eval_top1": metric(0.0, 0.0, 0.0, 0.0, 0.0),
+                    "attack/ldia/kl": metric(0.3612, math.nan, math.nan, 0.3054, 0.4169),
+                },
+            ),
+            cell(
+                "fedavg",
+                "none",
+                not_applicable=FEDAVG_NA,
+                metrics={
+                    "comm/upload_bytes": metric(6440.0, 6440.0, 6440.0, 6440.0, 6440.0),
+                    "comm/download_bytes": metric(6440.0, 6440.0, 6440.0, 6440.0, 6440.0),
+                    "protocol/server_acc": metric(0.3298, -0.1905, 0.8501, 0.2889, 0.3708),
+                },
+            ),
+            cell("fedavg", "laplace", "n/a", NO_LAPLACE),
+        ],
+    }
+
+
+@pytest.fixture(scope="module")
+def page(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The page of :func:`sample_matrix`; returns its index.html."""
+    return write_matrix_page(sample_matrix(), tmp_path_factory.mktemp("matrix") / "page")
+
+
+def section(page: str, tag: str, attribute: str, value: str) -> str:
+    """The first ``<tag ... attribute='value'>...</tag>`` of the page."""
+    match = re.search(rf"<{tag}[^>]*{attribute}='{re.escape(value)}'[^>]*>.*?</{tag}>", page, flags=re.DOTALL)
+    assert match, f"no <{tag} {attribute}={value!r}>"
+    return match.group(0)
+
+
+def cells_of(table: str) -> list[list[str]]:
+    """The text of each body row's cells (the row header first)."""
+    rows = re.findall(r"<tr>(.*?)</tr>", table, flags=re.DOTALL)[1:]
+    return [[re.sub(r"<[^>]+>", "", c) for c in re.findall(r"<t[hd][^>]*>(.*?)</t[hd]>", row)] for row in rows]
+
+
+# ------------------------------------------------------------------------------------------------- the page
+def test_a_heatmap_and_a_table_per_dataset_and_headline_metric(page: Path) -> None:
+    text = page.read_text()
+    figures = re.findall(r"<figure class='heatmap' data-metric='([^']*)'>.*?<img src='([^']*)'", text, flags=re.DOTALL)
+    assert [m for m, _ in figures] == HEADLINE
+    assert sorted(p.name for p in (page.parent / "plots").glob(f"{HEATMAP_PREFIX}*")) == sorted(Path(src).name for _, src in figures)
+    for _, src in figures:
+        with Image.open(page.parent / src) as image:
+            assert image.format == "PNG" and image.width > 300 and image.height > 150
+    accuracy = cells_of(section(text, "table", "data-metric", "attack/tbi/accuracy"))
+    assert accuracy == [["fedmd", "0.1 [-1.17, 1.37]", "0 [0, 0]"], ["fedavg", "n/a", "n/a"]]
+    assert "No headline metric" in text.split("<h3>Attack gmi</h3>", 1)[1].split("<h3>", 1)[0]  # gmi ran nowhere: no heatmap
+    upload = cells_of(section(text, "table", "data-metric", "comm/upload_bytes"))
+    assert upload[0][1] == "107,720 [105,179, 110,261]"  # utility as tables too
+    assert (page.parent / "plots" / "tradeoff__digits__fedmd.png").is_file()  # fedavg: no attack ran, no plot
+    assert "digits · fedavg: no attack metric" in text
+
+
+def test_na_reasons_are_on_the_cells_and_in_the_not_run_list(page: Path) -> None:
+    text = page.read_text()
+    accuracy = section(text, "table", "data-metric", "attack/tbi/accuracy")
+    assert f"<td class='off' title='{html.escape(FEDAVG_NA['tbi'])}'>n/a</td>" in accuracy  # hover gives the attack's reason
+    assert f"<td class='off' title='{html.escape(NO_LAPLACE)}'>n/a</td>" in accuracy  # and the whole cell's
+    listed = cells_of(section(text, "table", "class", "not-run"))
+    assert listed == [
+        ["digits/fedmd/none", "gmi", "n/a", html.escape(NO_WEIGHTS)],
+        ["digits/fedmd/laplace", "gmi", "n/a", html.escape(NO_WEIGHTS)],
+        *(["digits/fedavg/none", attack, "n/a", html.escape(reason)] for attack, reason in FEDAVG_NA.items()),
+        ["digits/fedavg/laplace", "whole cell", "n/a", html.escape(NO_LAPLACE)],
+    ]
+    assert "'" not in "".join(re.findall(r"title='([^']*)'", text))  # apostrophes in reasons are escaped
+
+
+def test_missing_intervals_and_values_and_empty_headlines_do_not_break_the_page(tmp_path: Path) -> None:
+    matrix = sample_matrix()
+    fedmd = matrix["cells"][0]["metrics"]
+    fedmd["attack/tbi/accuracy"] = metric(0.4, None, None, 0.4)  # one seed: null interval
+    fedmd["attack/tbi/eval_top1"] = metric(None, None, None, None, 0.0)  # a NaN mean is written as null
+    matrix["cells"][2]["status"], matrix["cells"][2]["reason"] = "failed", "seed 1: <CUDA> out of memory & more"
+    page = write_matrix_page(matrix, tmp_path / "page").read_text()
+    assert "[nan" not in page and "nan]" not in page
+    assert cells_of(section(page, "table", "data-metric", "attack/ldia/kl"))[0] == [
+        "fedmd",
+        "0.236 [-0.418, 0.89]",
+        "0.361",
+    ]  # NaN interval
+    assert cells_of(section(page, "table", "data-metric", "attack/tbi/accuracy"))[0][1] == "0.4"
+    assert cells_of(section(page, "table", "data-metric", "attack/tbi/eval_top1"))[0][1] == "nan"
+    assert "title='seed 1: &lt;CUDA&gt; out of memory &amp; more'>failed</td>" in page
+
+    empty = {**sample_matrix(), "headline": {"tbi": [], "ldia": [], "gmi": []}}
+    page = write_matrix_page(empty, tmp_path / "empty").read_text()
+    assert "<figure class='heatmap'" not in page and page.count("No headline metric") == 3 and "id='not-run'" in page
+
+
+def test_a_second_write_replaces_the_page_whole(tmp_path: Path) -> None:
+    out = tmp_path / "page"
+    write_matrix_page(sample_matrix(), out)
+    (out / "notes.txt").write_text("mine")
+    other = copy.deepcopy(sample_matrix())
+    other.update(name="other", source="other.yaml", headline={"tbi": HEADLINE[:1], "ldia": [], "gmi": []})
+    other["axes"]["data"] = ["mnist"]
+    for c in other["cells"]:
+        c["data"], c["id"] = "mnist", c["id"].replace("digits", "mnist")
+    write_matrix_page(other, out)
+    text = (out / "index.html").read_text()
+    assert "Leakage matrix other" in text and "tiny" not in text
+    assert sorted(p.name for p in (out / "plots").iterdir()) == ["heatmap__mnist__attack-tbi-accuracy.png", "tradeoff__mnist__fedmd.png"]
+    assert sorted(p.name for p in out.iterdir()) == ["index.html", "notes.txt", "plots"]  # no staging left behind
+
+
+def test_a_file_in_the_way_is_refused_before_anything_is_written(tmp_path: Path) -> None:
+    (tmp_path / "page").mkdir()
+    (tmp_path / "page" / "plots").write_text("mine")
+    with pytest.raises(ConfigError, match="plots is in the way"):
+        write_matrix_page(sample_matrix(), tmp_path / "page")
+    assert sorted(p.name for p in (tmp_path / "page").iterdir()) == ["plots"] and (tmp_path / "page" / "plots").read_text() == "mine"
+
+
+# ----------------------------------------------------------------------------------------------- in Chromium
+def chromium(url: str, args: list[str], tmp_path: Path, short: Path) -> subprocess.CompletedProcess[str]:
+    """Headless Chromium on ``url`` with the flags and environment of test_report's rendering test, plus ``args``;
+    fails (never skips) where chromium is missing."""
+    binary = shutil.which("chromium")
+    if binary is None:
+        pytest.fail(f"chromium is not installed; the matrix page's rendering test needs it: {INSTALL}")
+    env = {
+        **os.environ,
+        "HOME": str(tmp_path),
+        "TMPDIR": str(short),  # chromium's singleton socket lives in TMPDIR: its path must stay under 108 bytes
+        "XDG_CONFIG_HOME": str(tmp_path / "config"),
+        "XDG_CACHE_HOME": str(tmp_path / "cache"),
+    }
+    flags = [
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-quic",
+        "--no-first-run",
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--disable-sync",
+        "--hide-scrollbars",
+        f"--user-data-dir={tmp_path / 'profile'}",
+    ]
+    return subprocess.run([binary, *flags, *args, url], env=env, capture_output=True, text=True, timeout=600)
+
+
+@pytest.mark.parametrize("width", [1400, 800])
+def test_the_page_renders_in_headless_chromium(page: Path, tmp_path: Path, tmp_path_factory: pytest.TempPathFactory, width: int) -> None:
+    png = tmp_path / f"matrix_{width}.png"
+    proc = chromium(page.as_uri(), [f"--screenshot={png}", f"--window-size={width},2000"], tmp_path, tmp_path_factory.mktemp("cr"))
+    assert proc.returncode == 0 and png.is_file(), proc.stderr[-2000:]
+    pixels = np.asarray(Image.open(png).convert("L"), dtype=np.float64)
+    assert pixels.shape == (2000, width)
+    assert (pixels < 200).mean() > 0.03 and pixels.std() > 20  # text, tables and heatmaps, not a blank page
+
+
+def test_the_heatmaps_load_in_headless_chromium(page: Path, tmp_path: Path, tmp_path_factory: pytest.TempPathFactory) -> None:
+    """A copy of the page beside it reports each image's natural width once loaded (0: broken)."""
+    probe = page.with_name("probe.html")
+    widths = "[...document.images].map(i=>i.src.split('/').pop()+'='+i.naturalWidth).join(' ')"
+    script = f"<script>addEventListener('load',()=>{{document.body.dataset.widths={widths}}})</script>"
+    probe.write_text(page.read_text() + script)
+    try:
+        proc = chromium(probe.as_uri(), ["--virtual-time-budget=10000", "--dump-dom"], tmp_path, tmp_path_factory.mktemp("cr"))
+    finally:
+        probe.unlink()
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    match = re.search(r'data-widths="([^"]*)"', proc.stdout)
+    assert match, proc.stdout[-2000:]
+    widths = dict(item.rsplit("=", 1) for item in match.group(1).split())
+    heatmaps = {name: int(w) for name, w in widths.items() if name.startswith(HEATMAP_PREFIX)}
+    assert len(heatmaps) == len(HEADLINE) and all(int(w) > 0 for w in widths.values()), widths
+
+
+# ------------------------------------------------------------------------------------------------------ W&B
+def test_matrix_rows_have_every_metric_and_every_reason() -> None:
+    rows = [dict(zip(MATRIX_COLUMNS, row)) for row in matrix_rows(sample_matrix())]
+    reasons = [(r["protocol"], r["defense"], r["attack"], r["status"], r["reason"]) for r in rows if not r["metric"]]
+    assert reasons == [
+        ("fedmd", "none", "gmi", "n/a", NO_WEIGHTS),
+        ("fedmd", "laplace", "gmi", "n/a", NO_WEIGHTS),
+        *(("fedavg", "none", attack, "n/a", reason) for attack, reason in FEDAVG_NA.items()),
+        ("fedavg", "laplace", "", "n/a", NO_LAPLACE),
+    ]
+    metrics = {(r["protocol"], r["defense"], r["metric"]): r for r in rows if r["metric"]}
+    assert len(metrics) == 2 * (3 + 4) + 3  # fedmd: 3 headline + 4 utility per defense; fedavg/none: 3 utility
+    assert "attack/tbi/chance" not in {m for _, _, m in metrics}  # neither headline nor utility
+    kl = metrics["fedmd", "laplace", "attack/ldia/kl"]
+    assert (kl["attack"], kl["mean"], kl["ci_low"], kl["ci_high"], kl["seeds"], kl["status"]) == ("ldia", 0.3612, None, None, 2, "done")
+    assert metrics["fedmd", "none", "protocol/client_acc_mean"]["attack"] == ""
+
+
+def test_the_wandb_summary_offline_logs_the_table_and_the_heatmaps(page: Path, tmp_path: Path) -> None:
+    plots = sorted((page.parent / "plots").glob(f"{HEATMAP_PREFIX}*.png"))
+    directory = log_matrix_summary(WandbConfig(mode="offline", tags=["nightly"]), tmp_path, sample_matrix(), plots)
+    assert directory is not None and directory.parent == tmp_path / "wandb"
+    records = finished_records(tmp_path)
+    (run,) = [r.run for r in records if r.WhichOneof("record_type") == "run"]
+    assert (run.display_name, run.run_group, run.job_type, list(run.tags)) == (
+        "tiny-summary",
+        "tiny",
+        MATRIX_JOB_TYPE,
+        ["matrix", "nightly"],
+    )
+    (table_file,) = (directory / "files" / "media" / "table").glob("matrix_*.table.json")
+    table = json.loads(table_file.read_text())
+    assert table["columns"] == list(MATRIX_COLUMNS)
+    assert table["data"] == json.loads(json.dumps(matrix_rows(sample_matrix())))
+    images = sorted(p.name.split("_0_")[0] for p in (directory / "files" / "media" / "images" / "matrix").glob("*.png"))
+    assert images == sorted(p.stem for p in plots) and len(images) == len(HEADLINE)
+    (history,) = [r.history for r in records if r.WhichOneof("record_type") == "history"]  # one step
+    types = {item.nested_key[0]: json.loads(item.value_json) for item in history.item if list(item.nested_key[1:]) == ["_type"]}
+    assert types == {"matrix": "table-file", **{f"matrix/{p.stem}": "image-file" for p in plots}}
+
+
+def test_the_wandb_summary_disabled_writes_nothing(tmp_path: Path) -> None:
+    assert log_matrix_summary(WandbConfig(mode="disabled"), tmp_path / "root", sample_matrix(), []) is None
+    assert not (tmp_path / "root").exists()
