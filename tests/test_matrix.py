@@ -249,3 +249,16 @@ def test_bad_command_lines_are_one_line(tmp_path: Path, capsys: pytest.CaptureFi
     assert "exists and is not a folder" in error_of(capsys.readouterr().err)
     assert main(["matrix", str(tmp_path / "missing.yaml")]) == 2
     assert "matrix file not found" in error_of(capsys.readouterr().err)
+
+
+def test_the_w_and_b_summary_run_is_logged_once_per_new_state_of_the_matrix(tmp_path: Path) -> None:
+    quick_offline = [t for t in QUICK if not t.startswith("logger.wandb.mode")] + ["logger.wandb.mode=offline"]
+    path = matrix_file(tmp_path, overrides=quick_offline, protocols={"fedmd": ["protocol=fedmd"]}, defenses={"none": []}, seeds=[0])
+    root = tmp_path / "root"
+    assert run_matrix(path, root) == 0
+    summaries = sorted((root / "wandb").glob("offline-run-*"))
+    assert len(summaries) == 1
+    cell_runs = list((root / "digits/fedmd/none/seed_0/wandb").glob("offline-run-*"))
+    assert len(cell_runs) == 1  # the simulation's own run, in the matrix's group
+    assert run_matrix(path, root) == 0  # nothing new: no second summary
+    assert sorted((root / "wandb").glob("offline-run-*")) == summaries

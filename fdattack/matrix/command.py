@@ -103,11 +103,12 @@ def main(path: Path, root: Path | None, jobs: int, cell: str | None, list_only: 
         return 0
     failures = run_units(spec, units, root, min(jobs, max(1, len(units))))
     results = collect(spec, cells, root, failures)
-    write_outputs(root, spec, results)
+    changed = write_outputs(root, spec, results)
     matrix = to_json(spec, results)
     write_matrix_page(matrix, root / "page")
-    plots = sorted((root / "page" / "plots").glob(f"{HEATMAP_PREFIX}*.png"))
-    log_matrix_summary(compose_unchecked(spec.experiment, list(spec.overrides)).logger.wandb, root, matrix, plots)
+    if changed:  # one W&B summary run per new state of the matrix, not one per call
+        plots = sorted((root / "page" / "plots").glob(f"{HEATMAP_PREFIX}*.png"))
+        log_matrix_summary(compose_unchecked(spec.experiment, list(spec.overrides)).logger.wandb, root, matrix, plots)
     print(summary_table(spec, results))
     print(f"fdattack: matrix in {root.resolve()} (matrix.json, matrix.csv, page/index.html)")
     if failures:

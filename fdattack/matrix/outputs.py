@@ -124,13 +124,17 @@ def to_csv(results: list[CellResult]) -> str:
     return buffer.getvalue()
 
 
-def write_outputs(root: Path, spec: MatrixSpec, results: list[CellResult]) -> None:
-    """Write ``matrix.json`` and ``matrix.csv`` into ``root`` (each whole or not at all)."""
+def write_outputs(root: Path, spec: MatrixSpec, results: list[CellResult]) -> bool:
+    """Write ``matrix.json`` and ``matrix.csv`` into ``root`` (each whole or not at all); whether ``matrix.json`` changed
+    (False when an earlier call wrote the same matrix)."""
     root.mkdir(parents=True, exist_ok=True)
     text = json.dumps(to_jsonable(to_json(spec, results)), indent=2, allow_nan=False) + "\n"
-    atomic_write(root / "matrix.json", lambda handle: handle.write(text.encode()))
+    path = root / "matrix.json"
+    changed = not path.is_file() or path.read_text() != text
+    atomic_write(path, lambda handle: handle.write(text.encode()))
     table = to_csv(results)
     atomic_write(root / "matrix.csv", lambda handle: handle.write(table.encode()))
+    return changed
 
 
 def _shown(result: CellResult, key: str) -> str:
