@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import error_of
+from conftest import REPO, error_of
 
 from fdattack.attacks.ldia import LDIAAttack
 from fdattack.cli import main
@@ -262,3 +262,20 @@ def test_the_w_and_b_summary_run_is_logged_once_per_new_state_of_the_matrix(tmp_
     assert len(cell_runs) == 1  # the simulation's own run, in the matrix's group
     assert run_matrix(path, root) == 0  # nothing new: no second summary
     assert sorted((root / "wandb").glob("offline-run-*")) == summaries
+
+
+@pytest.mark.parametrize("preset", ["small", "paper"])
+def test_the_presets_read_and_name_what_exists(preset: str) -> None:
+    """Both presets parse; every experiment file they name exists; small runs every attack, 3 seeds, at least the
+    defenses the issue names (LabelAvg as a protocol row)."""
+    spec = load_matrix(REPO / "conf" / "matrix" / f"{preset}.yaml")
+    tokens = [t for axis in (spec.data, spec.protocols, spec.defenses) for overrides in axis.values() for t in overrides]
+    for token in tokens:
+        if token.startswith("experiment="):
+            assert (REPO / token.partition("=")[2]).is_file(), token
+    assert spec.seeds == (0, 1, 2)
+    if preset == "small":
+        from fdattack.attacks.base import ATTACKS
+
+        assert set(spec.attacks) == set(ATTACKS.names())
+        assert {"none", "laplace_b1", "topk_1", "dpsgd_s1", "mid"} <= set(spec.defenses) and "labelavg" in spec.protocols
