@@ -318,7 +318,7 @@ def test_max_per_class_caps_every_label_of_the_pool() -> None:
     from fdattack.config import compose
     from fdattack.data.federated import build_split
 
-    cfg = compose(None, ["data.max_per_class=20", "data.split=random", "data.partition=iid"])
+    cfg = compose(None, ["data.max_per_class=20", "data.split=random", "data.partition=iid", "attacks=[ldia]"])
     split = build_split(cfg.data, 2, 0)
     labels = torch.cat([split.public.labels, split.test.labels, *[p.labels for p in split.private]])
     assert torch.bincount(labels).tolist() == [20] * 10  # digits has >= 174 of each

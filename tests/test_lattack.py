@@ -391,7 +391,7 @@ def test_on_real_digits_the_attack_makes_its_victim_far_surer_of_c_star_than_an_
         (["attack.lattack.victim=4"], ["attack.lattack.victim=4", "0 to 1"]),
         (["attack.lattack.target_class=10"], ["attack.lattack.target_class=10", "0 to 9"]),
         (["protocol=labelavg", "attack.lattack.loss=neg_logit"], ["attack.lattack.loss=neg_logit", "probs"]),
-        (["protocol=cronus"], ["lattack", "protocol.name=cronus", "protocol=labelavg"]),
+        (["protocol=cronus"], ["lattack", "protocol.name=cronus", "aggregation_rule"]),
         (["attack.lattack.decoy_class=0"], ["attack.lattack.decoy_class=0", "target_class=0"]),
         (
             ["attack.lattack.decoy_class=3", "attack.lattack.return_own_outputs=false"],
