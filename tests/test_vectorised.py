@@ -189,6 +189,36 @@ def test_the_batched_linear_layer_equals_f_linear_with_its_gradients(case: str) 
         assert torch.equal(a, b)
 
 
+def test_the_batched_linear_layer_gives_per_sample_gradients_under_vmap_of_grad(monkeypatch: pytest.MonkeyPatch) -> None:
+    """DP-SGD's per-sample gradients (:mod:`fdattack.engine.vectorised.private`): vmap over models of vmap over rows of
+    grad, the weights shared by a model's rows (its rows join the layer's rows: the product sees 3 weights, not 3 x 5
+    copies). Each row's weight, bias and input gradients are ``F.linear``'s on that row alone; integers keep every sum
+    exact."""
+    weights_seen: list[int] = []
+    forward = batched_linear._LinearFunction.forward
+
+    def recording(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
+        weights_seen.append(weight.shape[0])
+        return forward(x, weight, bias)
+
+    monkeypatch.setattr(batched_linear._LinearFunction, "forward", staticmethod(recording))
+    g = torch.Generator().manual_seed(4)
+    x, upstream = (torch.randint(-3, 4, (3, 5, n), generator=g).float() for n in (7, 6))
+    weight, bias = torch.randint(-3, 4, (3, 6, 7), generator=g).float(), torch.randint(-3, 4, (3, 6), generator=g).float()
+
+    def loss(w: Tensor, b: Tensor, row: Tensor, u: Tensor) -> Tensor:
+        return (batched_linear.linear(row[None], w, b) * u).sum()
+
+    per_row = torch.func.vmap(torch.func.grad(loss, argnums=(0, 1, 2)), in_dims=(None, None, 0, 0))
+    ours = torch.func.vmap(per_row)(weight, bias, x, upstream)
+    assert weights_seen == [3]
+    for k in range(3):
+        for i in range(5):
+            w, b, row = (t.clone().requires_grad_() for t in (weight[k], bias[k], x[k, i : i + 1]))
+            (F.linear(row, w, b) * upstream[k, i]).sum().backward()
+            assert torch.equal(ours[0][k, i], w.grad) and torch.equal(ours[1][k, i], b.grad) and torch.equal(ours[2][k, i], row.grad[0])
+
+
 @pytest.mark.parametrize("activation", [nn.ReLU(), nn.LeakyReLU(0.2)])
 def test_activation_after_the_pool_gives_the_same_values_and_gradients(activation: nn.Module) -> None:
     """Windows whose values are all negative (a ReLU's zeros) included: gradients equal bit for bit."""
@@ -250,6 +280,36 @@ def test_the_fused_convolution_and_pool_equal_the_two_layers(monkeypatch: pytest
         torch.autograd.grad((ours * upstream).sum(), [weight, bias]), torch.autograd.grad((theirs * upstream).sum(), [weight, bias])
     ):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("geometry", GEOMETRIES)
+def test_the_per_sample_fused_layer_gives_each_rows_gradients_under_vmap_of_grad(monkeypatch: pytest.MonkeyPatch, geometry: tuple) -> None:
+    """DP-SGD's per-sample gradients: vmap over models of vmap over rows of grad through a per-sample
+    :class:`~conv_pool.ConvMaxPool` (a single row takes the fused path; the rows of all calls are chunked together,
+    three rows a chunk here, so chunks straddle models) give, row by row, the kernel and bias gradients of
+    ``max_pool2d(conv2d(x))`` on that row alone (overlapping windows included)."""
+    g = torch.Generator().manual_seed(5)
+    layer = _fused(*geometry)
+    assert not layer._chunked(torch.zeros(1, geometry[0], 11, 10))
+    layer.per_sample = True
+    assert layer._chunked(torch.zeros(1, geometry[0], 11, 10))
+    used, _ = layer.geometry.sizes(11, 10)
+    monkeypatch.setattr(conv_pool, "CHUNK_ELEMENTS", 3 * used[0] * used[1] * 6)
+    weight, bias = _integer_weights(layer, 3, g)
+    x = torch.randint(-2, 3, (3, 4, geometry[0], 11, 10), generator=g).float()
+    upstream = torch.randn(3, 4, *layer(x[0, :1]).shape[1:], generator=g)
+
+    def loss(w: Tensor, b: Tensor, row: Tensor, u: Tensor) -> Tensor:
+        return (torch.func.functional_call(layer, {"weight": w, "bias": b}, (row[None],))[0] * u).sum()
+
+    ours = torch.func.vmap(torch.func.vmap(torch.func.grad(loss, argnums=(0, 1)), in_dims=(None, None, 0, 0)))(weight, bias, x, upstream)
+    _, _, stride, padding, size, pool_stride = geometry
+    for k in range(3):
+        for i in range(4):
+            w, b = weight[k].detach().clone().requires_grad_(), bias[k].detach().clone().requires_grad_()
+            (F.max_pool2d(F.conv2d(x[k, i : i + 1], w, b, stride, padding), size, pool_stride)[0] * upstream[k, i]).sum().backward()
+            torch.testing.assert_close(ours[0][k, i], w.grad, rtol=1e-5, atol=1e-5)
+            torch.testing.assert_close(ours[1][k, i], b.grad, rtol=1e-5, atol=1e-5)
 
 
 def test_the_fused_layer_shares_one_input_falls_back_where_its_input_needs_a_gradient_and_runs_without_a_bias(

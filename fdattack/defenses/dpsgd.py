@@ -7,8 +7,15 @@ sum and divides by the expected batch size B, then takes the client's optimizer 
 RDP accountant, one per client, composes the steps; after every round the defense reports the ε each client
 has spent so far at ``delta`` (``defense/dpsgd/epsilon``, the largest over clients, and ``epsilon_mean``).
 
-The per-sample gradient hooks are on the client's network only during its private phases, so ``module.net``
-stays the plain network everywhere else: same ``state_dict`` keys, same checkpoints, same queries.
+Two implementations of one training, chosen by the engine per phase. Each private job carries a description of
+its steps (:class:`~fdattack.engine.PrivateSteps`) and the Poisson sampler: where the vectorised path applies
+(``trainer.vectorise=auto``, several clients of one architecture; on a CPU, no convolution of another layer's output,
+see :func:`fdattack.engine.vectorised.copies.unsupported`), all clients' steps are one vmapped per-sample gradient
+computation (:mod:`fdattack.engine.vectorised.private`); elsewhere each client trains in turn through opacus
+(:func:`private_steps`, the job's ``session``). Both draw the same batches and the same noise from
+the job's seeds, so they agree to float rounding, and both tell the client's accountant the same steps. Opacus' hooks
+are on the client's network only during its private phases, so ``module.net`` stays the plain network everywhere
+else: same ``state_dict`` keys, same checkpoints, same queries.
 """
 
 from __future__ import annotations
@@ -28,7 +35,7 @@ from opacus.validators import ModuleValidator
 from torch import Tensor, nn
 
 from fdattack.defenses.base import DEFENSES, TrainingDefense
-from fdattack.engine import FitJob, ModelHandle
+from fdattack.engine import FitJob, ModelHandle, PrivateSteps
 from fdattack.errors import ConfigError
 from fdattack.knobs import Choice, knob
 from fdattack.models import CLASSIFIERS, build_classifier
@@ -100,31 +107,29 @@ def trainable_classifiers() -> tuple[str, ...]:
     return tuple(sorted(name for name in CLASSIFIERS if not unsupported_layers(build_classifier(name, 3, 32, 10))))
 
 
-@contextmanager
-def private_steps(
-    handle: ModelHandle,
-    *,
-    noise_multiplier: float,
-    max_grad_norm: float,
-    expected_batch_size: int,
-    rate: float,
-    accountant: RDPAccountant,
-    seed: int,
-) -> Iterator[ModelHandle]:
-    """The client's model with per-sample gradient hooks on its network and an optimizer that takes DP-SGD steps.
+def record_steps(accountant: RDPAccountant, noise_multiplier: float, rate: float, steps: int) -> None:
+    """Record ``steps`` DP-SGD steps at noise ``noise_multiplier`` and sampling rate ``rate``, as opacus' optimizer hook
+    records each of them (the history keeps one (σ, q, count) entry per run of equal steps)."""
+    for _ in range(steps):
+        accountant.step(noise_multiplier=noise_multiplier, sample_rate=rate)
 
-    Each step: per-sample gradients g_i (opacus hooks), g̃ = (Σ_i g_i · min(1, C/‖g_i‖) + N(0, σ²C² I)) / B,
-    then the client's own optimizer on g̃; ``accountant`` records the step at sampling rate ``rate``. The noise
-    is drawn from a generator seeded with ``seed``. On exit the hooks and opacus' attributes are removed.
+
+@contextmanager
+def private_steps(handle: ModelHandle, steps: PrivateSteps, *, rate: float, accountant: RDPAccountant) -> Iterator[ModelHandle]:
+    """The client's model with per-sample gradient hooks on its network and an optimizer that takes ``steps`` (opacus).
+
+    Each step: per-sample gradients g_i (opacus hooks), g̃ = (Σ_i g_i · min(1, C/(‖g_i‖ + 1e-6)) + N(0, σ²C² I)) / E,
+    then the client's own optimizer on g̃; ``accountant`` records the step at sampling rate ``rate``. The noise is
+    drawn from a generator seeded with ``steps.noise_seed``. On exit the hooks and opacus' attributes are removed.
     """
     net = handle.module.net
     hooks = GradSampleModule(net, loss_reduction="mean")
-    generator = torch.Generator(device=next(net.parameters()).device).manual_seed(seed)
+    generator = torch.Generator(device=next(net.parameters()).device).manual_seed(steps.noise_seed)
     optimizer = DPOptimizer(
         handle.optimizer,
-        noise_multiplier=noise_multiplier,
-        max_grad_norm=max_grad_norm,
-        expected_batch_size=expected_batch_size,
+        noise_multiplier=steps.noise_multiplier,
+        max_grad_norm=steps.max_grad_norm,
+        expected_batch_size=steps.expected_batch_size,
         generator=generator,
     )
     optimizer.attach_step_hook(accountant.get_optimizer_hook_fn(rate))
@@ -141,7 +146,8 @@ def private_steps(
 
 @DEFENSES.register("dpsgd")
 class DPSGDDefense(TrainingDefense):
-    """Every client trains its ``phases`` with DP-SGD (opacus); ε per client from an RDP accountant.
+    """Every client trains its ``phases`` with DP-SGD (vectorised, or one client at a time through opacus); ε per client
+    from an RDP accountant.
 
     Refused at build time: a network with BatchNorm (its per-sample gradients are not defined) and DDP (each
     client trains in one process here, without opacus' distributed optimizer). With ``poisson_sampling=false``
@@ -172,21 +178,22 @@ class DPSGDDefense(TrainingDefense):
         return net
 
     def wrap_job(self, client: int, phase: str, job: FitJob, batch_size: int) -> FitJob:
-        """In a listed phase: Poisson batches (or the plain shuffle) and :func:`private_steps` at q = B/n; else ``job``."""
+        """In a listed phase: Poisson batches (or the plain shuffle) and DP-SGD steps at q = B/n, described for the
+        vectorised path (``private``) and taken by opacus in the per-client loop (``session``, :func:`private_steps`);
+        both tell the client's accountant their steps. Else ``job``."""
         if phase not in self.settings.phases or job.epochs <= 0 or len(job.data) == 0:
             return job
-        n = len(job.data)
-        s = self.settings
-        session = functools.partial(
-            private_steps,
-            noise_multiplier=float(s.noise_multiplier),
+        n, s, accountant = len(job.data), self.settings, self.accountants[client]
+        sigma, rate = float(s.noise_multiplier), sample_rate(n, batch_size)
+        steps = PrivateSteps(
+            noise_multiplier=sigma,
             max_grad_norm=float(s.max_grad_norm),
             expected_batch_size=min(batch_size, n),
-            rate=sample_rate(n, batch_size),
-            accountant=self.accountants[client],
-            seed=derive_seed(job.seed, self.name),
+            noise_seed=derive_seed(job.seed, self.name),
+            account=functools.partial(record_steps, accountant, sigma, rate),
         )
-        return replace(job, sampler=poisson_batches if s.poisson_sampling else None, session=session)
+        session = functools.partial(private_steps, steps=steps, rate=rate, accountant=accountant)
+        return replace(job, sampler=poisson_batches if s.poisson_sampling else None, session=session, private=steps)
 
     def epsilons(self) -> dict[int, float]:
         """ε spent so far by each client at ``delta`` (0 before its first private step, inf with σ = 0)."""

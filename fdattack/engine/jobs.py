@@ -129,6 +129,31 @@ FitSession = Callable[[ModelHandle], AbstractContextManager[ModelHandle]]
 optimizer possibly wrapped) and undoes on exit what it set up (DP-SGD's per-sample gradient hooks)."""
 
 
+@dataclass(frozen=True)
+class PrivateSteps:
+    """Every optimizer step of a job as DP-SGD takes it (Abadi et al. 2016, Alg. 1; opacus' ``DPOptimizer`` with
+    ``loss_reduction="mean"``), described for the vectorised path, which then takes the steps itself.
+
+    On a step's batch S (from the job's ``sampler``, e.g. Poisson sampling, or the shuffle): each row's gradient g_i
+    (of the objective on that row alone) over all parameters together is clipped, ḡ_i = g_i · min(1, C / (‖g_i‖₂ + 1e-6)),
+    and the step's gradient is g̃ = (Σ_{i∈S} ḡ_i + N(0, σ²C² I)) / E with E the expected batch size, whatever |S| is
+    (an empty batch steps on the noise alone); the model's own optimizer then steps on g̃.
+
+    Attributes:
+        noise_multiplier: σ (0: clipping only, no noise drawn).
+        max_grad_norm: C.
+        expected_batch_size: E = q·n, the divisor of every step.
+        noise_seed: seeds the job's noise generator (one for all its epochs; drawn parameter by parameter, as opacus).
+        account: told the number of steps taken once the job is trained (the privacy accountant's record).
+    """
+
+    noise_multiplier: float
+    max_grad_norm: float
+    expected_batch_size: float
+    noise_seed: int
+    account: Callable[[int], None]
+
+
 @dataclass
 class FitJob:
     """One classifier trained for ``epochs`` over ``data`` with ``objective`` (the protocols' phases).
@@ -144,6 +169,9 @@ class FitJob:
         sampler: draws each epoch's batches instead of the seeded shuffle (a training defense's: DP-SGD's Poisson
             sampling); seed it from its epoch seed so that runs reproduce and resume.
         session: wraps the job's epochs (a training defense's: DP-SGD's clipped, noised steps), or None.
+        private: the steps ``session`` takes, described for the vectorised path (:class:`PrivateSteps`), or None. A job
+            with it takes its ``sampler``'s batches and these steps there, without opening ``session``; the per-model
+            loop opens ``session``, so both must describe one training.
     """
 
     handle: ModelHandle
@@ -155,6 +183,7 @@ class FitJob:
     fresh_optimizer: bool = False
     sampler: BatchSampler | None = None
     session: FitSession | None = None
+    private: PrivateSteps | None = None
 
     def rows(self) -> Batchable:
         """What the epochs draw batches from: the samples, with ``target`` rows where the job has soft targets."""

@@ -13,7 +13,8 @@ Protocols hand whole lists of jobs to :meth:`LocalTrainer.fit_many` and :meth:`L
 With ``trainer.vectorise`` at ``auto`` (the default) or ``true``, same-architecture models among them train
 and predict as one ``torch.func.vmap`` batch (:mod:`fdattack.engine.vectorised`), to float tolerance of the
 per-model loop; what cannot (a training defense, an objective not declared vmappable, DDP, ...) takes the
-loop, with one log line per reason and run.
+loop, with one log line per reason and run. DP-SGD's jobs, which describe their steps (:class:`~fdattack.engine.jobs.PrivateSteps`),
+train there too, as one vmapped per-sample gradient computation (:mod:`fdattack.engine.vectorised.private`).
 
 Under DDP every rank runs the same orchestration; each rank trains on its shard of every
 mini-batch sequence (shards padded to equal length so ranks never wait on each other), gradients are
@@ -195,15 +196,17 @@ class LocalTrainer:
         """Train several models, each on its own job (the client loop of every protocol, LiRA's shadow students).
 
         Same-architecture models whose jobs agree on objective, optimizer settings and epochs train as one
-        vmapped batch (:func:`fdattack.engine.vectorised.fit_copies`) unless ``vectorise="false"``; the others one at
-        a time. Either way each model takes the same seeded steps (to float tolerance).
+        vmapped batch (:func:`fdattack.engine.vectorised.fit_copies`, or :func:`~fdattack.engine.vectorised.fit_private_copies`
+        for jobs with DP-SGD's private steps) unless ``vectorise="false"``; the others one at a time (a lone private job
+        through its ``session``). Either way each model takes the same seeded steps (to float tolerance).
         """
 
         results: list[FitResult | None] = [None] * len(jobs)
         for group in self._groups(jobs):
             for i in group:
                 self._prepare(jobs[i])
-            for i, result in zip(group, vectorised.fit_copies([jobs[i] for i in group], self.batch_size, self.fabric.device)):
+            fit = vectorised.fit_copies if jobs[group[0]].private is None else vectorised.fit_private_copies
+            for i, result in zip(group, fit([jobs[i] for i in group], self.batch_size, self.fabric.device)):
                 results[i] = result
         return [self.fit(job) if result is None else result for job, result in zip(jobs, results)]
 
@@ -222,8 +225,8 @@ class LocalTrainer:
                 "a model appears in several jobs"
                 if uses[id(job.handle)] > 1
                 else "a training defense draws the batches or takes the steps"
-                if job.sampler or job.session
-                else vectorised.unsupported(job)
+                if (job.sampler or job.session) and job.private is None
+                else vectorised.unsupported(job, self.fabric.device)
             )
             if reason is None:
                 groups[vectorised.group_key(job)].append(i)

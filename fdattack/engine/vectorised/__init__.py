@@ -35,11 +35,16 @@ MNIST's shadow students 1.65x as fast); and the activations of one call are boun
 (:func:`fdattack.engine.malloc.keep_freed_memory`; 18% on the digits round).
 ``benchmarks/bench_engine.py`` and ``benchmarks/bench_students.py`` measure the result.
 
+:func:`fit_private_copies` trains jobs that carry DP-SGD's steps (:class:`~fdattack.engine.jobs.PrivateSteps`) the same
+way, each step one vmapped per-sample gradient computation (``vmap`` over the models of ``vmap(grad)`` over the rows),
+clipped, summed and noised as opacus does it (:mod:`fdattack.engine.vectorised.private`).
+
 :func:`unsupported` says why a job cannot take this path (a training defense, an objective not declared
 :func:`~fdattack.lit.classifier.vmappable`, dropout, an optimizer other than plain Adam or SGD, ...);
 :func:`group_key` says which jobs can share a call.
 """
 
 from fdattack.engine.vectorised.copies import architecture, fit_copies, group_key, is_plain_classifier, predict_copies, unsupported
+from fdattack.engine.vectorised.private import fit_private_copies
 
-__all__ = ["architecture", "fit_copies", "group_key", "is_plain_classifier", "predict_copies", "unsupported"]
+__all__ = ["architecture", "fit_copies", "fit_private_copies", "group_key", "is_plain_classifier", "predict_copies", "unsupported"]

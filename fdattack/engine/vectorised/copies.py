@@ -40,16 +40,39 @@ def raw_optimizer(handle: ModelHandle) -> torch.optim.Optimizer:
     return getattr(handle.optimizer, "optimizer", handle.optimizer)
 
 
-def unsupported(job: FitJob) -> str | None:
-    """Why ``job`` cannot be trained by :func:`fit_copies` (a clause for a log line), or None when it can."""
+def unsupported(job: FitJob, device: torch.device) -> str | None:
+    """Why ``job`` cannot be trained on ``device`` by :func:`fit_copies` (a clause for a log line), or None when it can.
+
+    A job with :class:`~fdattack.engine.jobs.PrivateSteps` (DP-SGD) trains by
+    :func:`~fdattack.engine.vectorised.private.fit_private_copies` on the same conditions, with its training defense's
+    optimizer builder (the path takes the described steps itself), where :func:`_per_sample_problem` finds none.
+    """
     handle, module = job.handle, job.handle.module
-    if handle.wrap_optimizer is not None:
+    if handle.wrap_optimizer is not None and job.private is None:
         return "a training defense wraps the model's training"
     if not is_plain_classifier(module) or not module.automatic_optimization:
         return f"{type(module).__name__} is not a classifier with automatic optimisation and its own training_step"
     if not is_vmappable(job.objective):
         return f"the objective {getattr(job.objective, '__name__', job.objective)!r} is not declared vmappable"
-    return network_problem(module.net) or _optimizer_problem(handle)
+    private = _per_sample_problem(module.net, device) if job.private is not None else None  # type: ignore[arg-type]
+    return private or network_problem(module.net) or _optimizer_problem(handle)
+
+
+def _per_sample_problem(net: nn.Module, device: torch.device) -> str | None:
+    """Why DP-SGD's per-sample gradients of ``net`` take the per-model loop (opacus), or None.
+
+    BatchNorm mixes the rows of a batch, so a row has no gradient of its own. And on a CPU, per-sample gradients through
+    a convolution of another layer's output (vmap's batched im2col backward) are slower than opacus' hooks, one model at
+    a time: ``benchmarks/bench_dpsgd.py`` measured pdafd_cnn (four convolutions) at 0.56x to 0.78x of opacus' speed on
+    MNIST, pli_cnn (one convolution, on the data) at 1.5x to 2.4x.
+    """
+    if has_batch_norm(net):
+        return "DP-SGD's per-sample gradients are not defined for a network with BatchNorm (it mixes the rows of a batch)"
+    convolutions = [m for m in net.modules() if isinstance(m, nn.Conv2d)]
+    first = next((m for m in net.modules() if next(m.parameters(recurse=False), None) is not None), None)
+    if device.type == "cpu" and (len(convolutions) > 1 or (convolutions and convolutions[0] is not first)):
+        return "on a CPU, DP-SGD's per-sample gradients through a convolution of another layer's output are faster through opacus"
+    return None
 
 
 def network_problem(net: nn.Module) -> str | None:
@@ -111,11 +134,13 @@ def architecture(module: ClassifierLitModule) -> tuple:
 
 
 def group_key(job: FitJob) -> tuple:
-    """Jobs with equal keys train in one :func:`fit_copies` call: architecture, objective, optimizer and its settings,
-    epochs, and whether batches carry soft targets."""
+    """Jobs with equal keys train in one :func:`fit_copies` (or :func:`~fdattack.engine.vectorised.private.fit_private_copies`)
+    call: architecture, objective, optimizer and its settings, epochs, whether batches carry soft targets, and the private
+    steps' σ and C."""
     optimizer = raw_optimizer(job.handle)
     settings = tuple((key, value) for key, value in sorted(optimizer.param_groups[0].items()) if key != "params")
-    return architecture(job.handle.module), job.objective, type(optimizer), settings, job.epochs, job.targets is None
+    private = None if job.private is None else (job.private.noise_multiplier, job.private.max_grad_norm)
+    return architecture(job.handle.module), job.objective, type(optimizer), settings, job.epochs, job.targets is None, private
 
 
 # ---------------------------------------------------------------------------------------------------- stacking
@@ -139,12 +164,12 @@ def _pool_first(net: nn.Module) -> nn.Module:
 class _Stack:
     """The parameters and buffers of same-architecture networks, stacked along a leading model axis; ``template``
     is the network the vmapped calls run (:func:`_pool_first` of the first, on a CPU also with
-    :func:`~fdattack.engine.vectorised.kernels.conv_pool.fuse_conv_pool`)."""
+    :func:`~fdattack.engine.vectorised.kernels.conv_pool.fuse_conv_pool`, for per-sample gradients if ``per_sample``)."""
 
-    def __init__(self, nets: Sequence[nn.Module], device: torch.device) -> None:
+    def __init__(self, nets: Sequence[nn.Module], device: torch.device, per_sample: bool = False) -> None:
         self.template = _pool_first(nets[0])
         if device.type == "cpu":
-            self.template = fuse_conv_pool(self.template)
+            self.template = fuse_conv_pool(self.template, per_sample)
         self.per_model = [(dict(m.named_parameters()), dict(m.named_buffers())) for m in nets]
         self.params = {name: torch.stack([p[name].detach() for p, _ in self.per_model]) for name in self.per_model[0][0]}
         self.buffers = {name: torch.stack([b[name] for _, b in self.per_model]) for name in self.per_model[0][1]}

@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from fdattack.engine.vectorised.kernels.model_axis import fold
+from fdattack.engine.vectorised.kernels.model_axis import as_rows, fold
 
 
 class _LinearFunction(torch.autograd.Function):
@@ -34,17 +34,27 @@ class _LinearFunction(torch.autograd.Function):
         needs_x, needs_weight, needs_bias = ctx.needs_input_grad  # type: ignore[attr-defined]
         return (
             torch.bmm(grad, weight) if needs_x else None,
-            torch.bmm(grad.transpose(1, 2), x) if needs_weight else None,
+            _weight_grad(grad, x) if needs_weight else None,
             grad.sum(1) if needs_bias else None,
         )
 
     @staticmethod
     def vmap(info: object, in_dims: tuple, x: Tensor, weight: Tensor, bias: Tensor | None) -> tuple[Tensor, int]:
-        """Under vmap, the vmapped models join the model axis."""
+        """Under vmap, the vmapped models join the model axis; where only the input is vmapped (per-sample gradients:
+        one model, many rows), its copies join the rows instead, so that the weight is not copied."""
         size = info.batch_size  # type: ignore[attr-defined]
+        bias_dim = in_dims[2] if bias is not None else None
+        if in_dims[1] is None and bias_dim is None:
+            return _LinearFunction.apply(as_rows(x, in_dims[0], size), weight, bias).unflatten(1, (size, -1)), 1
         x, weight = (fold(t, dim, size) for t, dim in zip((x, weight), in_dims[:2]))
-        bias = None if bias is None else fold(bias, in_dims[2], size)
+        bias = None if bias is None else fold(bias, bias_dim, size)
         return _LinearFunction.apply(x, weight, bias).unflatten(0, (size, -1)), 0
+
+
+def _weight_grad(grad: Tensor, x: Tensor) -> Tensor:
+    """gᵀ x per model, (M, O, I); for one row (a per-sample gradient) the outer product, by broadcasting (``bmm`` over an
+    inner dimension of one takes 1.4x as long on MNIST's 10 x 2048 under vmap)."""
+    return grad.transpose(1, 2) * x if x.shape[1] == 1 else torch.bmm(grad.transpose(1, 2), x)
 
 
 def linear(input: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:

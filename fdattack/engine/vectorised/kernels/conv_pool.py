@@ -16,9 +16,12 @@ never reads (2 of 26 on MNIST).
 The gradient reaches the kernel and the bias only, so the module takes this path only where its input needs no
 gradient (a layer that takes the data), and only where one model's batch of convolution outputs exceeds a chunk
 (MNIST's 64 x 32 x 24 x 24; the 8 x 8 digits' fit in cache anyway); otherwise it runs the convolution and the pool
-as two layers. :func:`fuse_conv_pool` puts it into a network. The values are those of ``F.max_pool2d(F.conv2d(x))``
-up to the order of each convolution's sum; ties within a window go to the first maximum, as PyTorch's pool sends
-them (adding the bias after the maximum can only differ there when the bias rounds two different sums to one value).
+as two layers. :func:`fuse_conv_pool` puts it into a network. For DP-SGD's per-sample gradients under
+``vmap(grad)`` (``per_sample``), every call sees one row: the layer then always takes the chunked path, the vmapped rows
+join its rows, and backward computes each row's kernel gradient in chunks of rows (:class:`_RowKernelGrads`).
+The values are those of ``F.max_pool2d(F.conv2d(x))`` up to the order of each convolution's sum; ties within a window
+go to the first maximum, as PyTorch's pool sends them (adding the bias after the maximum can only differ there when the
+bias rounds two different sums to one value).
 """
 
 from __future__ import annotations
@@ -31,7 +34,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from fdattack.engine.vectorised.kernels.im2col import conv2d, pair
-from fdattack.engine.vectorised.kernels.model_axis import fold
+from fdattack.engine.vectorised.kernels.model_axis import as_rows, fold
 from fdattack.engine.vectorised.kernels.rewrite import rewrite_pairs
 
 #: the most convolution outputs one chunk computes before pooling them (2 MB of float32; 2**18 to 2**21 train
@@ -119,6 +122,8 @@ class _ConvMaxPoolFunction(torch.autograd.Function):
     def backward(ctx: torch.autograd.function.FunctionCtx, grad: Tensor, _: Tensor) -> tuple[None, Tensor, Tensor, None]:  # type: ignore[override]
         x, indices = ctx.saved_tensors  # type: ignore[attr-defined]
         geometry: Geometry = ctx.geometry  # type: ignore[attr-defined]
+        if x.shape[:2] == (1, 1):  # one row of one model: a per-sample gradient under vmap(grad), see _RowKernelGrads
+            return None, _RowKernelGrads.apply(x, indices, grad, geometry).sum(1), grad.sum((1, 3, 4)), None
         (m, b), o = x.shape[:2], grad.shape[2]
         used, _ = geometry.sizes(*x.shape[-2:])
         grad = grad.permute(0, 1, 3, 4, 2).contiguous()  # channels-last, as the indices
@@ -136,11 +141,52 @@ class _ConvMaxPoolFunction(torch.autograd.Function):
     def vmap(
         info: object, in_dims: tuple, x: Tensor, kernel: Tensor, bias: Tensor, geometry: Geometry
     ) -> tuple[tuple[Tensor, Tensor], tuple[int, int]]:
-        """Under vmap, the vmapped models join the model axis."""
+        """Under vmap, the vmapped models join the model axis; where only the input is vmapped (per-sample gradients:
+        one model's rows), its copies join the rows instead."""
         size = info.batch_size  # type: ignore[attr-defined]
+        if in_dims[1] is None and in_dims[2] is None:
+            pooled, indices = _ConvMaxPoolFunction.apply(as_rows(x, in_dims[0], size), kernel, bias, geometry)
+            return (pooled.unflatten(1, (size, -1)), indices.unflatten(1, (size, -1))), (1, 1)
         x, kernel, bias = (fold(t, dim, size) for t, dim in zip((x, kernel, bias), in_dims[:3]))
         pooled, indices = _ConvMaxPoolFunction.apply(x, kernel, bias, geometry)
         return (pooled.unflatten(0, (size, -1)), indices.unflatten(0, (size, -1))), (0, 0)
+
+
+class _RowKernelGrads(torch.autograd.Function):
+    """Each row's kernel gradient of :class:`_ConvMaxPoolFunction`: x (M, B, C, H, W), the argmax indices and the pooled
+    gradient (M, B, O, h, w) give (M, B, D, O), per row the chunk's im2col columns times its dense pool gradient, a
+    chunk of rows at a time so that both stay in cache. A row's gradient needs nothing of the other rows nor of the
+    kernel, so under vmap every vmapped level joins the rows: DP-SGD's per-sample gradients of all models' rows in one
+    chunked pass instead of vmap's batched pool backward over every convolution output. Not differentiable itself."""
+
+    @staticmethod
+    def forward(x: Tensor, indices: Tensor, grad: Tensor, geometry: Geometry) -> Tensor:  # type: ignore[override]
+        (m, b), o = x.shape[:2], grad.shape[2]
+        used, _ = geometry.sizes(*x.shape[-2:])
+        grad = grad.permute(0, 1, 3, 4, 2).contiguous().permute(0, 1, 4, 2, 3)  # channels-last, as the indices
+        out = grad.new_empty(m, b, x.shape[2] * geometry.kernel[0] * geometry.kernel[1], o)
+        for model, rows in _chunks(m, b, used[0] * used[1] * o):
+            chunk = x[model, rows]
+            n = chunk.shape[0]
+            like = grad.new_empty(n, *used, o).permute(0, 3, 1, 2)  # the pool's input layout (values unused)
+            dense = geometry.pool_backward(grad[model, rows], indices[model, rows], like).permute(0, 2, 3, 1).reshape(n, -1, o)
+            torch.bmm(geometry.columns(chunk, used).view(-1, n, dense.shape[1]).transpose(0, 1), dense, out=out[model, rows])
+        return out
+
+    @staticmethod
+    def setup_context(ctx: torch.autograd.function.FunctionCtx, inputs: tuple, output: Tensor) -> None:
+        pass
+
+    @staticmethod
+    def backward(ctx: torch.autograd.function.FunctionCtx, grad: Tensor) -> None:  # type: ignore[override]
+        raise RuntimeError("per-row kernel gradients are not differentiated again")
+
+    @staticmethod
+    def vmap(info: object, in_dims: tuple, x: Tensor, indices: Tensor, grad: Tensor, geometry: Geometry) -> tuple[Tensor, int]:
+        """Under vmap, the vmapped copies join the rows."""
+        size = info.batch_size  # type: ignore[attr-defined]
+        rows = (as_rows(t, dim, size) for t, dim in zip((x, indices, grad), in_dims[:3]))
+        return _RowKernelGrads.apply(*rows, geometry).unflatten(1, (size, -1)), 1
 
 
 def _kernel(weight: Tensor) -> Tensor:
@@ -152,10 +198,11 @@ class ConvMaxPool(nn.Module):
     """``pool(conv(x))`` for a ``conv`` and ``pool`` that :func:`fusable` accepts, with the conv's ``weight`` and
     ``bias`` as its own (so a network's parameter names stay as they were)."""
 
-    def __init__(self, conv: nn.Conv2d, pool: nn.MaxPool2d) -> None:
+    def __init__(self, conv: nn.Conv2d, pool: nn.MaxPool2d, per_sample: bool = False) -> None:
         super().__init__()
         self.weight = conv.weight
         self.bias = conv.bias
+        self.per_sample = per_sample
         self.geometry = Geometry(
             pair(conv.kernel_size),
             pair(conv.stride),
@@ -171,9 +218,11 @@ class ConvMaxPool(nn.Module):
 
     def _chunked(self, x: Tensor) -> bool:
         """Whether ``x`` takes the chunked path: it needs no gradient, the pool has an output, and one model's
-        convolution outputs exceed a chunk (smaller ones already stay in cache as two layers)."""
+        convolution outputs exceed a chunk (smaller ones already stay in cache as two layers) or the layer computes
+        per-sample gradients (one row a call, the rows of all calls chunked together)."""
         _, (h, w) = self.geometry.sizes(*x.shape[-2:])
-        return not x.requires_grad and x.dim() == 4 and min(h, w) >= 1 and x.shape[0] * self._conv_outputs(x) > CHUNK_ELEMENTS
+        large = self.per_sample or x.shape[0] * self._conv_outputs(x) > CHUNK_ELEMENTS
+        return not x.requires_grad and x.dim() == 4 and min(h, w) >= 1 and large
 
     def elements_held(self, x: Tensor) -> int:
         """The float32 elements the module holds at its peak for ``x`` beyond a chunk: the pooled values and their int64
@@ -209,7 +258,8 @@ def fusable(conv: nn.Module, pool: nn.Module) -> bool:
     )
 
 
-def fuse_conv_pool(net: nn.Module) -> nn.Module:
+def fuse_conv_pool(net: nn.Module, per_sample: bool = False) -> nn.Module:
     """``net``, or a copy in which every ``Conv2d`` directly followed by a ``MaxPool2d`` in an ``nn.Sequential`` (see
-    :func:`fusable`) is one :class:`ConvMaxPool` (and the pool an ``Identity``); parameter names are unchanged."""
-    return rewrite_pairs(net, fusable, lambda conv, pool: (ConvMaxPool(conv, pool), nn.Identity()))  # type: ignore[arg-type]
+    :func:`fusable`) is one :class:`ConvMaxPool` (and the pool an ``Identity``); parameter names are unchanged.
+    ``per_sample``: the copy computes per-sample gradients under ``vmap(grad)`` (DP-SGD), each call on one row."""
+    return rewrite_pairs(net, fusable, lambda conv, pool: (ConvMaxPool(conv, pool, per_sample), nn.Identity()))  # type: ignore[arg-type]
