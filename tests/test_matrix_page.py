@@ -8,10 +8,7 @@ import copy
 import html
 import json
 import math
-import os
 import re
-import shutil
-import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +20,7 @@ from fdattack.config import WandbConfig
 from fdattack.errors import ConfigError
 from fdattack.tracking.matrix_page import HEATMAP_PREFIX, MATRIX_COLUMNS, matrix_rows, write_matrix_page
 from fdattack.tracking.wandb_run import MATRIX_JOB_TYPE, log_matrix_summary
-from tests.test_report import INSTALL
+from tests.test_report import chromium
 from tests.test_wandb import finished_records
 
 HEADLINE = ["attack/tbi/accuracy", "attack/tbi/eval_top1", "attack/ldia/kl"]
@@ -225,34 +222,6 @@ def test_a_file_in_the_way_is_refused_before_anything_is_written(tmp_path: Path)
 
 
 # ----------------------------------------------------------------------------------------------- in Chromium
-def chromium(url: str, args: list[str], tmp_path: Path, short: Path) -> subprocess.CompletedProcess[str]:
-    """Headless Chromium on ``url`` with the flags and environment of test_report's rendering test, plus ``args``;
-    fails (never skips) where chromium is missing."""
-    binary = shutil.which("chromium")
-    if binary is None:
-        pytest.fail(f"chromium is not installed; the matrix page's rendering test needs it: {INSTALL}")
-    env = {
-        **os.environ,
-        "HOME": str(tmp_path),
-        "TMPDIR": str(short),  # chromium's singleton socket lives in TMPDIR: its path must stay under 108 bytes
-        "XDG_CONFIG_HOME": str(tmp_path / "config"),
-        "XDG_CACHE_HOME": str(tmp_path / "cache"),
-    }
-    flags = [
-        "--headless",
-        "--no-sandbox",
-        "--disable-gpu",
-        "--disable-quic",
-        "--no-first-run",
-        "--disable-background-networking",
-        "--disable-component-update",
-        "--disable-sync",
-        "--hide-scrollbars",
-        f"--user-data-dir={tmp_path / 'profile'}",
-    ]
-    return subprocess.run([binary, *flags, *args, url], env=env, capture_output=True, text=True, timeout=600)
-
-
 @pytest.mark.parametrize("width", [1400, 800])
 def test_the_page_renders_in_headless_chromium(page: Path, tmp_path: Path, tmp_path_factory: pytest.TempPathFactory, width: int) -> None:
     png = tmp_path / f"matrix_{width}.png"

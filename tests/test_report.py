@@ -95,44 +95,41 @@ def test_reconstruction_grids_are_large_with_row_and_column_labels(sweep_report:
     assert (sweep_report.parent / "grids" / "run2_attack_pli_reconstructions_round_0003.png").is_file()
 
 
+def chromium(url: str, args: list[str], tmp_path: Path, short: Path) -> subprocess.CompletedProcess[str]:
+    """Headless Chromium on ``url`` with the flags and environment every rendering test uses, plus ``args``;
+    fails (never skips) where chromium is missing."""
+    binary = shutil.which("chromium")
+    if binary is None:
+        pytest.fail(f"chromium is not installed; the rendering tests need it: {INSTALL}")
+    env = {
+        **os.environ,
+        "HOME": str(tmp_path),
+        "TMPDIR": str(short),  # chromium's singleton socket lives in TMPDIR: its path must stay under 108 bytes
+        "XDG_CONFIG_HOME": str(tmp_path / "config"),
+        "XDG_CACHE_HOME": str(tmp_path / "cache"),
+    }
+    flags = [
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-quic",
+        "--no-first-run",
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--disable-sync",
+        "--hide-scrollbars",
+        f"--user-data-dir={tmp_path / 'profile'}",
+    ]
+    return subprocess.run([binary, *flags, *args, url], env=env, capture_output=True, text=True, timeout=600)
+
+
 @pytest.mark.parametrize("width", [1400, 800])
 def test_the_report_renders_in_headless_chromium(
     sweep_report: Path, tmp_path: Path, tmp_path_factory: pytest.TempPathFactory, width: int
 ) -> None:
-    chromium = shutil.which("chromium")
-    if chromium is None:
-        pytest.fail(f"chromium is not installed; the report's rendering test needs it: {INSTALL}")
     png = tmp_path / f"report_{width}.png"
     short = tmp_path_factory.mktemp("cr")  # chromium's singleton socket lives in TMPDIR: its path must stay under 108 bytes
-    env = {
-        **os.environ,
-        "HOME": str(tmp_path),
-        "TMPDIR": str(short),
-        "XDG_CONFIG_HOME": str(tmp_path / "config"),
-        "XDG_CACHE_HOME": str(tmp_path / "cache"),
-    }
-    proc = subprocess.run(
-        [
-            chromium,
-            "--headless",
-            "--no-sandbox",
-            "--disable-gpu",
-            "--disable-quic",
-            "--no-first-run",
-            "--disable-background-networking",
-            "--disable-component-update",
-            "--disable-sync",
-            "--hide-scrollbars",
-            f"--user-data-dir={tmp_path / 'profile'}",
-            f"--screenshot={png}",
-            f"--window-size={width},2000",
-            sweep_report.as_uri(),
-        ],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
+    proc = chromium(sweep_report.as_uri(), [f"--screenshot={png}", f"--window-size={width},2000"], tmp_path, short)
     assert proc.returncode == 0 and png.is_file(), proc.stderr[-2000:]
     pixels = np.asarray(Image.open(png).convert("L"), dtype=np.float64)
     assert pixels.shape == (2000, width)

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from fdattack.tracking.report import check_out, write_staged
+from fdattack.tracking.report import BASE_STYLE, check_out, write_staged
 from fdattack.tracking.report_figures import run_style
 
 #: What the page writes into its folder: name -> whether it is a folder.
@@ -31,12 +31,9 @@ UTILITY_X = ("protocol/client_acc_mean", "protocol/server_acc")
 WHOLE_CELL = "whole cell"
 #: The heatmaps' colour maps: more leakage is always the darker red.
 CMAP, CMAP_REVERSED = "Reds", "Reds_r"
-STYLE = """
-body{font-family:system-ui,'DejaVu Sans',sans-serif;margin:24px;color:#1a1a1a;font-size:15px;line-height:1.4}
-h1{margin-top:0} h2{border-bottom:2px solid #ddd;padding-bottom:4px;margin-top:2em} h3{margin:1.4em 0 .5em}
-.scroll{overflow-x:auto;max-width:100%}
-table{border-collapse:collapse;margin:.3em 0 1em;font-size:14px}
-th,td{border:1px solid #ccc;padding:3px 6px;text-align:right;white-space:nowrap}
+STYLE = (
+    BASE_STYLE
+    + """
 th{background:#f4f4f4} th.row,td.text{text-align:left;white-space:normal}
 td.off{background:repeating-linear-gradient(45deg,#eee,#eee 4px,#ddd 4px,#ddd 8px);color:#555;text-align:center;cursor:help}
 .ci{color:#666;font-size:12px} .note{font-size:13px;color:#555}
@@ -44,6 +41,7 @@ figure{margin:0 0 .5em} figure img{max-width:100%;height:auto} figcaption{font-s
 .legend{background:#f8f8f8;border:1px solid #ddd;padding:6px 12px;max-width:60em}
 @media (max-width:900px){body{margin:12px}}
 """
+)
 LEGEND = (
     "<ul><li>Each cell: the mean over the seeds, then <span class='ci'>[its 95 % t-interval across the seeds]</span> "
     "(none with one seed).</li>"

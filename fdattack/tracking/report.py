@@ -28,12 +28,17 @@ from fdattack.tracking.summary import CHANCE, TABLES
 #: What the report writes into ``--out``: name -> whether it is a folder.
 WRITTEN = {"plots": True, "grids": True, "index.html": False}
 TITLES = {metric: title for columns in TABLES for metric, title, _ in columns}
-STYLE = """
+#: The look the report and the matrix page share: page, headings, tables.
+BASE_STYLE = """
 body{font-family:system-ui,'DejaVu Sans',sans-serif;margin:24px;color:#1a1a1a;font-size:15px;line-height:1.4}
 h1{margin-top:0} h2{border-bottom:2px solid #ddd;padding-bottom:4px;margin-top:2em} h3{margin:1.4em 0 .5em}
 .scroll{overflow-x:auto;max-width:100%}
 table{border-collapse:collapse;margin:.3em 0 1em;font-size:14px}
 th,td{border:1px solid #ccc;padding:3px 6px;text-align:right;white-space:nowrap}
+"""
+STYLE = (
+    BASE_STYLE
+    + """
 th{background:#f4f4f4;white-space:normal} td.dir{text-align:left;white-space:normal;word-break:break-all;font-size:13px;min-width:10em}
 th.run,td.run{text-align:left;white-space:normal;min-width:9em;max-width:28em}
 .swatch{display:inline-block;width:14px;height:14px;border-radius:3px;margin-right:6px;vertical-align:-2px}
@@ -50,6 +55,7 @@ figcaption{font-size:14px;color:#444;margin-bottom:4px}
 .note{font-size:13px;color:#555} .ci{color:#666;font-size:12px}
 @media (max-width:900px){body{margin:12px}}
 """
+)
 
 
 def _is_number(value: Any) -> bool:
