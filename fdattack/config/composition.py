@@ -255,7 +255,7 @@ def compose_unchecked(experiment: str | Path | None = None, overrides: list[str]
     for source, layer in layers:
         check_moved_keys(layer, source, attack_names)
         try:
-            cfg = OmegaConf.merge(cfg, layer)
+            cfg = OmegaConf.unsafe_merge(cfg, layer)  # cfg is this call's own copy: merged in place, not copied per layer
         except OmegaConfBaseException as err:
             raise _omegaconf_error(err, source, protocol_name) from None
     try:

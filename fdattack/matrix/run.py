@@ -1,5 +1,6 @@
-"""Running the matrix's simulations: one per (cell, seed), here one after the other, in ``--jobs N`` processes at once,
-or one named by ``--cell`` (what a W&B agent or a SLURM array task runs).
+"""Running the matrix's simulations: one per (cell, seed), here one after the other, in a pool of ``--jobs N`` worker
+processes (each with its share of the cores, importing torch once for all the simulations it takes), or one named by
+``--cell`` (what a W&B agent or a SLURM array task runs).
 
 A (cell, seed) is an ordinary replica of ``fdattack run ... seeds=[...]`` (:func:`fdattack.seeds.run_replica`) in
 ``<root>/<data>/<protocol>/<defense>/seed_<s>/``: one that finished before for the same config is read, not run again,
@@ -13,11 +14,11 @@ import contextlib
 import itertools
 import json
 import logging
+import multiprocessing
 import os
-import subprocess
-import sys
 import time
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -89,22 +90,16 @@ def run_unit(spec: MatrixSpec, unit: Unit, root: Path) -> dict[str, float]:
             configure_logging("INFO")  # the run gave fdattack's logger the log file; the matrix logs to stderr again
 
 
-def _last_line(text: str) -> str:
-    lines = [line for line in text.splitlines() if line.strip()]
-    return lines[-1] if lines else "no output"
+def _pin_threads(threads: int) -> None:
+    """A pool worker's set-up: ``threads`` torch (OpenMP, MKL) threads for every simulation it runs."""
+    import torch
+
+    os.environ["OMP_NUM_THREADS"] = os.environ["MKL_NUM_THREADS"] = str(threads)
+    torch.set_num_threads(threads)
 
 
-def _in_subprocess(spec: MatrixSpec, unit: Unit, root: Path, threads: int) -> str | None:
-    """Run ``unit`` as ``fdattack matrix FILE --cell ID`` with ``threads`` threads; its one-line error, or None."""
-    env = {**os.environ, "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)}
-    command = [sys.executable, "-m", "fdattack", "matrix", str(spec.source), "--root", str(root), "--cell", unit.id]
-    proc = subprocess.run(command, env=env, capture_output=True, text=True, stdin=subprocess.DEVNULL)
-    if proc.returncode == 0:
-        return None
-    return _last_line(proc.stderr).removeprefix("fdattack: error: ") + f" (exit status {proc.returncode})"
-
-
-def _in_process(spec: MatrixSpec, unit: Unit, root: Path) -> str | None:
+def _run_or_say(spec: MatrixSpec, unit: Unit, root: Path) -> str | None:
+    """Run ``unit`` in this process; its one-line error, or None."""
     try:
         run_unit(spec, unit, root)
     except FdattackError as err:
@@ -112,33 +107,51 @@ def _in_process(spec: MatrixSpec, unit: Unit, root: Path) -> str | None:
     return None
 
 
+def _say(index: int, total: int, unit: Unit, error: str | None, seconds: float) -> None:
+    print(f"[{index}/{total}] {unit.id}: {'failed: ' + error if error else 'done'} ({seconds:.0f} s)", flush=True)
+
+
 def run_units(spec: MatrixSpec, units: list[Unit], root: Path, jobs: int) -> dict[str, str]:
     """Run every unit not done yet, ``jobs`` at a time (1: in this process), printing a line as each ends.
+
+    With ``jobs`` > 1 the units go to a pool of ``jobs`` spawned worker processes with ``cores // jobs`` threads each;
+    a worker that dies (killed, out of memory) fails its unit and the units still queued, with that reason.
 
     Returns:
         unit id -> its one-line error, for those that failed (the others ran or were done before).
     """
     todo = [u for u in units if not is_done(root, u)]
     print(f"fdattack: matrix {spec.name}: {len(units)} simulations, {len(units) - len(todo)} done before, {len(todo)} to run")
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-    threads = max(1, cores // jobs)
     failures: dict[str, str] = {}
-
-    def one(index: int, unit: Unit) -> None:
-        start = time.perf_counter()
-        error = _in_process(spec, unit, root) if jobs == 1 else _in_subprocess(spec, unit, root, threads)
-        took = time.perf_counter() - start
-        if error:
-            failures[unit.id] = error
-        print(f"[{index}/{len(todo)}] {unit.id}: {'failed: ' + error if error else 'done'} ({took:.0f} s)", flush=True)
-
     if jobs == 1:
-        for i, unit in enumerate(todo, 1):
-            one(i, unit)
-    else:
-        with ThreadPoolExecutor(max_workers=jobs) as pool:
-            list(pool.map(lambda pair: one(*pair), enumerate(todo, 1)))
+        for index, unit in enumerate(todo, 1):
+            start = time.perf_counter()
+            error = _run_or_say(spec, unit, root)
+            if error:
+                failures[unit.id] = error
+            _say(index, len(todo), unit, error, time.perf_counter() - start)
+        return failures
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    context = multiprocessing.get_context("spawn")  # not fork: torch's threads and the parent's state stay out
+    with ProcessPoolExecutor(jobs, mp_context=context, initializer=_pin_threads, initargs=(max(1, cores // jobs),)) as pool:
+        started = {pool.submit(_timed_run, spec, unit, root): unit for unit in todo}
+        for index, future in enumerate(as_completed(started), 1):
+            unit = started[future]
+            try:
+                error, seconds = future.result()
+            except BrokenProcessPool:
+                error, seconds = "its worker process died (killed or out of memory); run the matrix again to retry it", 0.0
+            if error:
+                failures[unit.id] = error
+            _say(index, len(todo), unit, error, seconds)
     return failures
+
+
+def _timed_run(spec: MatrixSpec, unit: Unit, root: Path) -> tuple[str | None, float]:
+    """A pool worker's job: run ``unit``; its one-line error (or None) and its seconds."""
+    start = time.perf_counter()
+    error = _run_or_say(spec, unit, root)
+    return error, time.perf_counter() - start
 
 
 def read_final(root: Path, unit: Unit) -> dict[str, float]:
