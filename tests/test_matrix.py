@@ -71,6 +71,18 @@ def test_what_applies_is_decided_from_declared_needs_and_offers(tmp_path: Path, 
     assert "ldia" in cells["digits/fedmd/none"].not_applicable
 
 
+def test_the_l_attack_applies_only_where_the_config_fixes_its_class_as_a_target(tmp_path: Path) -> None:
+    """The L-Attack reveals the class c* it names in its settings; the PLI split draws the targets with the seed, so
+    c* may be public there (the evaluator would refuse the result at run time): n/a, with the split that fixes it."""
+    data = {"digits": ["data=digits"], "cut": ["data=digits_lattack", "protocol.num_clients=7"]}
+    spec = load_matrix(matrix_file(tmp_path, data=data, protocols={"fedmd": ["protocol=fedmd"]}, attacks=["ldia", "lattack"]))
+    cells = {c.id: c for c in plan_cells(spec)}
+    assert cells["digits/fedmd/none"].attacks == ("ldia",)
+    reason = cells["digits/fedmd/none"].not_applicable["lattack"]
+    assert "fixed_targets" in reason and "data.split=pli" in reason and "data=digits_lattack" in reason
+    assert cells["cut/fedmd/none"].attacks == ("ldia", "lattack")
+
+
 def test_skip_leaves_cells_out_with_the_pattern_as_reason(tmp_path: Path) -> None:
     cells = {c.id: c for c in plan_cells(load_matrix(matrix_file(tmp_path, skip=["*/dsfl/lap*"])))}
     assert cells["digits/dsfl/laplace"].reason == "skipped by the matrix file (*/dsfl/lap*)"

@@ -148,7 +148,7 @@ class LAttack(Attack):
 
     name = "lattack"
     Settings = LAttackSettings
-    needs = frozenset({Capability.query_chosen_batch, Capability.aggregation_rule, Capability.private_targets})
+    needs = frozenset({Capability.query_chosen_batch, Capability.aggregation_rule, Capability.private_targets, Capability.fixed_targets})
     reads = frozenset({ViewPart.public, ViewPart.aggregation})  # the public labels and the rule the server aggregates with
     produces = frozenset({Inversions, GradientProbe})
 

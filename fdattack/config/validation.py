@@ -192,10 +192,13 @@ def _unique(key: str, names: list[str]) -> None:
 def data_offers(data: DictConfig) -> frozenset[Capability]:
     """What the data split offers an attack (:data:`~fdattack.fd.threat.DATA_CAPABILITIES`): target labels without public
     images where the split keeps the targets out of the public set (``split=pli``, ``split=classes``, or a public set from
-    another dataset), and the attacker's own labeled prior data where ``split=classes`` gives it the public classes."""
+    another dataset), targets fixed by the config where every private class is one (not ``split=pli``, which draws them
+    with the seed), and the attacker's own labeled prior data where ``split=classes`` gives it the public classes."""
     offered = set()
     if data.split in ("pli", "classes") or data.public_dataset.name is not None:
         offered.add(Capability.private_targets)
+    if data.split == "classes" or data.split != "pli" and data.public_dataset.name is not None:
+        offered.add(Capability.fixed_targets)
     if data.split == "classes":
         offered.add(Capability.prior_data)
     return frozenset(offered)
@@ -205,6 +208,7 @@ def data_offers(data: DictConfig) -> frozenset[Capability]:
 DATA_HINTS = {
     Capability.private_targets: "set data.split=pli or data.split=classes (or a public set from another dataset, data.public_dataset.name)",
     Capability.prior_data: "set data.split=classes and data.public_classes (the attacker's prior data)",
+    Capability.fixed_targets: "set data.split=classes and data.public_classes (data=digits_lattack), or a public set of another dataset",
 }
 
 

@@ -99,6 +99,7 @@ class Capability(str, Enum):
     aggregation_rule = "aggregation_rule"  #: the server's own aggregation rule, to apply to uploads of its choosing
     private_targets = "private_targets"  #: the data's target labels have no image in the public set (the split's, not the protocol's)
     prior_data = "prior_data"  #: the attacker holds labeled data of its own (the split's, not the protocol's)
+    fixed_targets = "fixed_targets"  #: every private class is a target, fixed by the config, so a class can be named in advance
 
     def __str__(self) -> str:
         return self.value
@@ -119,10 +120,11 @@ CAPABILITY_TEXT = {
     Capability.aggregation_rule: "the server's declared aggregation rule",
     Capability.private_targets: "target labels without images in the public set",
     Capability.prior_data: "labeled prior data of the attacker's own",
+    Capability.fixed_targets: "every private class a target, fixed by the config (so a class can be named in advance)",
 }
 
 #: what the data split offers (:func:`fdattack.config.validation.data_offers`), not the protocol
-DATA_CAPABILITIES = frozenset({Capability.private_targets, Capability.prior_data})
+DATA_CAPABILITIES = frozenset({Capability.private_targets, Capability.prior_data, Capability.fixed_targets})
 
 #: the active powers of an honest-but-not-passive server that schedules the public batch
 SERVER_POWERS = frozenset(
