@@ -6,8 +6,6 @@ from __future__ import annotations
 import gzip
 import math
 import struct
-import subprocess
-import sys
 import zlib
 from pathlib import Path
 from typing import Any, Iterator
@@ -29,7 +27,7 @@ from fdattack.knobs import Range, _leaves
 from fdattack.lit.classifier import ClassifierLitModule
 from fdattack.lit.objectives import cross_entropy
 from fdattack.models import build_classifier
-from tests.conftest import REPO, error_of, tiny
+from tests.conftest import error_of, tiny
 from tests.test_data import _fake_faces
 
 
@@ -130,16 +128,12 @@ def test_a_combination_only_lightning_refuses_is_one_line_and_writes_nothing(cap
     assert not (tmp_path / "run").exists()
 
 
-def test_bad_precision_in_a_real_process_has_no_traceback(tmp_path: Path) -> None:
-    proc = subprocess.run(
-        [sys.executable, "-m", "fdattack", "run", "trainer.precision=bogus", *tiny(tmp_path)],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        cwd=REPO,
-    )
-    assert proc.returncode == 2
-    assert "trainer.precision='bogus'" in error_of(proc.stderr)
+def test_bad_precision_in_a_run_command_has_no_traceback(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A run command, not --print-config, in this process. A real process's exit status and stderr for a config error
+    are tested once, by tests/test_cli.py::test_real_process_exit_status_and_stderr: its error too is found when the
+    config is checked, after the same imports (Lightning's included), before anything is built or written."""
+    assert main(["run", "trainer.precision=bogus", *tiny(tmp_path)]) == 2
+    assert "trainer.precision='bogus'" in error_of(capsys.readouterr().err)
     assert not (tmp_path / "run").exists()
 
 

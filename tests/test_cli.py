@@ -89,6 +89,9 @@ def test_help_config_documents_every_key(capsys: pytest.CaptureFixture[str]) -> 
 
 
 def test_real_process_exit_status_and_stderr(tmp_path: Path) -> None:
+    """A real ``python -m fdattack`` with a config error: its exit status and its whole stderr (nothing else written there
+    at import or exit). The other bad-input tests call :func:`fdattack.cli.main` in the test process, a new process
+    costing about 10 s of imports (tests/test_paper_configs.py keeps one more, started outside the repository)."""
     proc = subprocess.run([sys.executable, "-m", "fdattack", "run", "protocol.num_clients=0"], capture_output=True, text=True, timeout=600)
     assert proc.returncode == 2
     assert proc.stderr.strip().splitlines() == ["fdattack: error: protocol.num_clients=0 is out of range; allowed: an integer >= 1"]

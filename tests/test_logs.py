@@ -24,6 +24,9 @@ def test_a_batch_run_prints_its_steps_and_scores_after_opacus_configured_logging
         f"output_dir={tmp_path / 'run'}",
         "logger.wandb.mode=disabled",
         "logger.progress=never",
+        "protocol.transfer_public_epochs=1",  # the run's size is not what is tested: its INFO lines are
+        "protocol.transfer_private_epochs=1",
+        "data.max_per_class=30",
     ]
     proc = subprocess.run([sys.executable, "-c", OPACUS_FIRST, *args], capture_output=True, text=True, timeout=600, cwd=REPO)
     assert proc.returncode == 0, proc.stderr[-2000:]

@@ -17,6 +17,7 @@ import pytest
 import torch
 from PIL import Image
 
+from fdattack.cli import main
 from fdattack.config import load_config, validate
 from fdattack.data.federated import FederatedSplit, build_split
 from fdattack.data.imageset import AUXILIARY, SENSITIVE
@@ -76,7 +77,23 @@ def test_experiment_without_data_names_the_missing_root(
 
 
 @pytest.mark.parametrize("dataset", DATASETS)
-def test_fdattack_run_without_data_exits_2_with_one_line(dataset: str, tmp_path: Path) -> None:
+def test_fdattack_run_without_data_exits_2_with_one_line(
+    dataset: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    assert main(["run", str(experiment("fedmd", dataset)), f"output_dir={tmp_path / 'x'}", "logger.wandb.mode=disabled"]) == 2
+    stderr = capsys.readouterr().err
+    lines = stderr.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in stderr, stderr
+    assert f"data.root='{PLACEHOLDER_ROOT[dataset]}'" in lines[0] and "not found" in lines[0]
+    assert not (tmp_path / "x").exists()
+
+
+def test_fdattack_run_without_data_in_a_real_process_exits_2_with_one_line(tmp_path: Path) -> None:
+    """The test above as a real ``python -m fdattack`` started outside the repository: its exit status and its whole
+    stderr (import-time output included). One dataset is enough: the three differ only in the experiment file, which
+    the test above reads in this process (a new process costs about 10 s of imports)."""
+    dataset = DATASETS[0]
     cmd = [
         sys.executable,
         "-m",

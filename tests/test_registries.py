@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import importlib
 import json
-import subprocess
 import sys
 from pathlib import Path
 
@@ -14,6 +13,7 @@ import torch
 
 from fdattack.attacks import ATTACKS
 from fdattack.attacks.public_mean import public_means
+from fdattack.cli import main
 from fdattack.config import compose, help_config
 from fdattack.errors import ConfigError
 from fdattack.experiment import Experiment, run
@@ -45,12 +45,11 @@ def test_the_old_observers_keys_name_their_place_on_the_evaluation_side(tmp_path
     assert compose(None, ["evaluation.confidence_gap.bins=5"]).evaluation.confidence_gap.bins == 5
 
 
-def test_old_key_on_the_command_line_is_one_line_and_exit_2() -> None:
-    proc = subprocess.run(
-        [sys.executable, "-m", "fdattack", "run", "attack.gamma=0.1"], capture_output=True, text=True, timeout=600, cwd=REPO
-    )
-    assert proc.returncode == 2
-    assert proc.stderr.strip().splitlines() == [
+def test_old_key_on_the_command_line_is_one_line_and_exit_2(capsys: pytest.CaptureFixture[str]) -> None:
+    """In this process: a real process's exit status and stderr for a config error are tested once, by
+    tests/test_cli.py::test_real_process_exit_status_and_stderr."""
+    assert main(["run", "attack.gamma=0.1"]) == 2
+    assert capsys.readouterr().err.strip().splitlines() == [
         "fdattack: error: command line: attack.gamma has moved to attack.pli.gamma (each attack has its own knobs under attack.<name>)"
     ]
 
@@ -104,7 +103,8 @@ def test_compatibility_comes_from_declared_needs_and_offers() -> None:
 
 def test_the_data_split_offers_what_the_protocol_cannot() -> None:
     """A reconstruction attack needs targets without public images, a GAN inversion the attacker's prior data, the
-    L-Attack a protocol that declares its server's rule: refused before any data is loaded, naming the fix."""
+    L-Attack a protocol that declares its server's rule and a split that fixes its class c* as a target: refused before
+    any data is loaded, naming the fix."""
     random_split = ["data.split=random", "data.partition=iid"]
     with pytest.raises(
         ConfigError,
@@ -119,8 +119,10 @@ def test_the_data_split_offers_what_the_protocol_cannot() -> None:
         compose(REPO / "conf" / "experiment" / "fedavg_digits.yaml", ["attacks=[gmi]", "data.split=pli", "data.partition=iid"])
     compose(REPO / "conf" / "experiment" / "kedmi_fedavg_digits.yaml", ["attacks=[gmi]"])
     with pytest.raises(ConfigError, match=r"^attacks: lattack needs the server's declared aggregation rule \(aggregation_rule\), which "):
-        compose(None, ["attacks=[lattack]", "protocol=dsfl"])
-    compose(None, ["attacks=[lattack]", "protocol=labelavg"])
+        compose(None, ["attacks=[lattack]", "protocol=dsfl", "data=digits_lattack"])
+    with pytest.raises(ConfigError, match=r"^attacks: lattack needs every private class a target, fixed .*data=digits_lattack"):
+        compose(None, ["attacks=[lattack]", "protocol=labelavg"])  # the PLI split draws its targets with the seed
+    compose(None, ["attacks=[lattack]", "protocol=labelavg", "data=digits_lattack"])
 
 
 def test_help_config_documents_every_registered_component() -> None:

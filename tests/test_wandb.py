@@ -279,7 +279,12 @@ def test_run_identity_defaults_and_overrides() -> None:
 def test_sigterm_mid_run_writes_an_exit_record_and_exits_143(tmp_path: Path) -> None:
     out = tmp_path / "run"
     tokens = [
-        *tiny(tmp_path, "logger.wandb.mode=offline", "protocol.rounds=500", "checkpoint_every=1", "evaluation.confidence_gap.enabled=false")
+        *tiny(
+            tmp_path, "logger.wandb.mode=offline", "protocol.rounds=500", "checkpoint_every=1", "evaluation.confidence_gap.enabled=false"
+        ),
+        "protocol.transfer_public_epochs=1",  # round 1 sooner: the signal, not the training, is tested
+        "protocol.transfer_private_epochs=1",
+        "data.max_per_class=30",
     ]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
     child = subprocess.Popen(

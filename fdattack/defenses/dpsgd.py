@@ -114,6 +114,16 @@ def record_steps(accountant: RDPAccountant, noise_multiplier: float, rate: float
         accountant.step(noise_multiplier=noise_multiplier, sample_rate=rate)
 
 
+@functools.lru_cache(maxsize=256)
+def epsilon_of(history: tuple[tuple[float, float, int], ...], delta: float) -> float:
+    """opacus' RDP ε at ``delta`` of an accountant's history of (σ, q, steps) entries. Clients with the same schedule
+    share one history, and each round asks again for the rounds before it; the RDP over every order is most of a
+    DP-SGD run's accounting, so each history is computed once."""
+    accountant = RDPAccountant()
+    accountant.history = [tuple(entry) for entry in history]
+    return float(accountant.get_epsilon(delta=delta))
+
+
 @contextmanager
 def private_steps(handle: ModelHandle, steps: PrivateSteps, *, rate: float, accountant: RDPAccountant) -> Iterator[ModelHandle]:
     """The client's model with per-sample gradient hooks on its network and an optimizer that takes ``steps`` (opacus).
@@ -197,7 +207,8 @@ class DPSGDDefense(TrainingDefense):
 
     def epsilons(self) -> dict[int, float]:
         """ε spent so far by each client at ``delta`` (0 before its first private step, inf with σ = 0)."""
-        return {k: float(a.get_epsilon(delta=float(self.settings.delta))) for k, a in sorted(self.accountants.items())}
+        delta = float(self.settings.delta)
+        return {k: epsilon_of(tuple(map(tuple, a.history)), delta) for k, a in sorted(self.accountants.items())}
 
     def round_metrics(self) -> dict[str, float]:
         eps = list(self.epsilons().values())
