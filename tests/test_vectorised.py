@@ -35,6 +35,7 @@ from fdattack.engine import vectorised as vectorised_api
 from fdattack.engine.vectorised import copies as vectorised
 from fdattack.engine.vectorised.kernels import batched_linear, conv_pool, im2col
 from fdattack.engine.vectorised.optimizers import stacked_optimizer
+from fdattack.errors import ConfigError
 from fdattack.experiment import run
 from fdattack.fd.protocols.fedgems import fedgems_client
 from fdattack.lit import ClassifierLitModule
@@ -495,6 +496,12 @@ def test_vectorise_true_where_it_cannot_apply_is_one_line_and_exit_2(
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "trainer.vectorise=true" in err[0] and named in err[0] and "Traceback" not in err[0]
     assert not out.exists()
+
+
+def test_vectorise_true_takes_dp_sgd_whose_steps_it_vectorises() -> None:
+    compose(None, ["trainer.vectorise=true", "defenses=[dpsgd]"])
+    with pytest.raises(ConfigError, match=r"trainer.vectorise=true: .*defenses=\['mid'\]"):
+        compose(REPO / "conf" / "experiment" / "fedavg_digits.yaml", ["trainer.vectorise=true", "defenses=[mid]"])
 
 
 def test_vectorise_takes_auto_true_or_false(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -134,13 +134,13 @@ def check_vectorise(cfg: DictConfig) -> None:
     _, _, defenses = registries()
     from fdattack.defenses.base import TrainingDefense
 
-    training = [name for name in cfg.defenses if issubclass(defenses.get(name), TrainingDefense)]
+    training = [name for name in cfg.defenses if issubclass(defenses.get(name), TrainingDefense) and not defenses.get(name).vectorised]
     problem = (
         f"trainer.devices={devices!r} and trainer.num_nodes={t.num_nodes} run {processes} processes (DDP)"
         if processes > 1
         else f"trainer.precision={t.precision!r} is not 32-true"
         if str(t.precision) not in ("32-true", "32")
-        else f"defenses={training} wrap the clients' training"
+        else f"defenses={training} wrap the clients' training in a way the vectorised path does not take"
         if training
         else None
     )

@@ -110,6 +110,10 @@ NetworkChange = Callable[[nn.Module], nn.Module]
 class TrainingDefense(Defense):
     """Wraps how a client trains; each hook returns its argument unchanged unless overridden."""
 
+    #: whether the clients' training under this defense can run as one vmapped batch (``trainer.vectorise=true``
+    #: accepts it): the jobs it makes carry everything the vectorised path needs (DP-SGD's ``FitJob.private``)
+    vectorised: bool = False
+
     def network_change(self) -> NetworkChange | None:
         """The change this defense makes to the architecture (MID's VIB head in place of the last linear layer), or None.
 

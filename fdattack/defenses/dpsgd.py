@@ -164,6 +164,7 @@ class DPSGDDefense(TrainingDefense):
     and σ = 0, C large, a client whose private set fits in one batch trains as without the defense.
     """
 
+    vectorised = True
     name = "dpsgd"
     Settings = DPSGDSettings
 
