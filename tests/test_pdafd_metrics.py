@@ -27,6 +27,8 @@ def test_ldia_estimate_is_the_mean_softmax_and_probabilities_are_not_softmaxed_t
     assert estimate_from_outputs(logits, "logits").tolist() == pytest.approx([0.625, 0.375])
     probs = torch.tensor([[0.9, 0.1], [0.5, 0.5]])
     assert estimate_from_outputs(probs, "probs").tolist() == pytest.approx([0.7, 0.3])
+    top_k = torch.tensor([[1.0, 0.5, 0.0], [0.0, 0.25, 1.0]])  # LabelAvg's w ⊙ v rows (top weight 1, K = 2): scaled to sum 1
+    assert estimate_from_outputs(top_k, "probs").tolist() == pytest.approx([(2 / 3 + 0) / 2, (1 / 3 + 0.2) / 2, (0 + 0.8) / 2])
 
 
 def test_distances_hand_values_and_the_kl_direction() -> None:

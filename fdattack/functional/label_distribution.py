@@ -19,9 +19,14 @@ EQ7_FLOOR = 1e-12
 
 def estimate_from_outputs(outputs: Tensor, kind: Literal["logits", "probs"]) -> Tensor:
     """p̂ = (1/|D_inf|) Σ_x softmax(z(x)) (Eq. 4) over the rows of ``outputs`` (N, M); probability uploads
-    (Cronus, DS-FL's softmax uploads) are averaged as they are, with no second softmax (A11). Float64, (M,)."""
+    (Cronus, DS-FL's softmax uploads) are averaged with no second softmax (A11), each row scaled to sum 1 first: a no-op
+    for a softmax, and a distribution from LabelAvg's weighted top-K label vectors (top weight 1, summing to more).
+    Float64, (M,)."""
     rows = outputs.double()
-    return (rows if kind == "probs" else torch.softmax(rows, dim=-1)).mean(dim=0)
+    if kind != "probs":
+        return torch.softmax(rows, dim=-1).mean(dim=0)
+    sums = rows.sum(dim=-1, keepdim=True)
+    return torch.where(sums > 0, rows / sums, rows).mean(dim=0)
 
 
 def label_proportions(labels: Tensor, num_classes: int) -> Tensor:
