@@ -111,6 +111,13 @@ def _say(index: int, total: int, unit: Unit, error: str | None, seconds: float) 
     print(f"[{index}/{total}] {unit.id}: {'failed: ' + error if error else 'done'} ({seconds:.0f} s)", flush=True)
 
 
+def _timed_run(spec: MatrixSpec, unit: Unit, root: Path) -> tuple[str | None, float]:
+    """A pool worker's job: run ``unit``; its one-line error (or None) and its seconds."""
+    start = time.perf_counter()
+    error = _run_or_say(spec, unit, root)
+    return error, time.perf_counter() - start
+
+
 def run_units(spec: MatrixSpec, units: list[Unit], root: Path, jobs: int) -> dict[str, str]:
     """Run every unit not done yet, ``jobs`` at a time (1: in this process), printing a line as each ends.
 
@@ -125,11 +132,10 @@ def run_units(spec: MatrixSpec, units: list[Unit], root: Path, jobs: int) -> dic
     failures: dict[str, str] = {}
     if jobs == 1:
         for index, unit in enumerate(todo, 1):
-            start = time.perf_counter()
-            error = _run_or_say(spec, unit, root)
+            error, seconds = _timed_run(spec, unit, root)
             if error:
                 failures[unit.id] = error
-            _say(index, len(todo), unit, error, time.perf_counter() - start)
+            _say(index, len(todo), unit, error, seconds)
         return failures
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
     context = multiprocessing.get_context("spawn")  # not fork: torch's threads and the parent's state stay out
@@ -145,13 +151,6 @@ def run_units(spec: MatrixSpec, units: list[Unit], root: Path, jobs: int) -> dic
                 failures[unit.id] = error
             _say(index, len(todo), unit, error, seconds)
     return failures
-
-
-def _timed_run(spec: MatrixSpec, unit: Unit, root: Path) -> tuple[str | None, float]:
-    """A pool worker's job: run ``unit``; its one-line error (or None) and its seconds."""
-    start = time.perf_counter()
-    error = _run_or_say(spec, unit, root)
-    return error, time.perf_counter() - start
 
 
 def read_final(root: Path, unit: Unit) -> dict[str, float]:
