@@ -190,7 +190,7 @@ def per_seed(folder: Path) -> dict[str, dict[int, float]]:
 
 
 def paired_difference(a: dict[int, float], b: dict[int, float]) -> tuple[float, float, float] | None:
-    """Mean and t interval of ``a - b`` over the seeds both have (None under two seeds or with no spread)."""
+    """Mean and t interval of ``a - b`` over the seeds both have (None with fewer than two; no spread gives [d, d])."""
     seeds = sorted(set(a) & set(b))
     differences = [a[seed] - b[seed] for seed in seeds if math.isfinite(a[seed] - b[seed])]
     low, high = t_interval(differences)
@@ -214,9 +214,8 @@ def baseline_comparisons(results: list[tuple[Row, Path]], baselines: list[tuple[
         values = per_seed(folder)
         for key, baseline, title in baselines:
             difference = paired_difference(values.get(key, {}), values.get(baseline, {}))
-            if difference is not None or (key in values and baseline in values):
-                verdict = "survives" if excludes_zero(difference) else "within noise"
-                lines.append(f"{row.name}, {title}: {show(difference) if difference else 'no spread'} ({verdict})")
+            if difference is not None:
+                lines.append(f"{row.name}, {title}: {show(difference)} ({'survives' if excludes_zero(difference) else 'within noise'})")
     return lines
 
 
