@@ -32,6 +32,7 @@ from fdattack.defenses import dpsgd
 from fdattack.defenses.dpsgd import DPSGDDefense, DPSGDSettings
 from fdattack.engine import FitJob, FitResult, ModelHandle, default_engine
 from fdattack.engine import vectorised as vectorised_api
+from fdattack.engine.vectorised.ghost import GhostLinears
 from fdattack.experiment import Experiment
 from fdattack.lit.classifier import ClassifierLitModule, cross_entropy
 from tests.conftest import own_messages, tiny
@@ -152,6 +153,39 @@ def test_one_step_of_a_conv_net_without_noise_equals_opacus(private_calls: list[
     moved = [float((_flat(h) - _flat(net)).norm()) for h, net in zip(runs["true"][0], nets)]
     for step, data in zip(moved, sets):  # every row clipped to C = 0.05: the step is at most C · (rows taken) / B
         assert step <= 0.05 * len(range(0, len(data), 2)) / 8 + 1e-6
+
+
+def _mixed_net() -> nn.Module:
+    """A convolution (per-sample gradients), a bias-free linear layer and a last one on one vector a row (ghost
+    clipping), and a linear layer between them on two vectors a row (per-sample gradients)."""
+    return nn.Sequential(
+        nn.Conv2d(1, 4, 3), nn.ReLU(), nn.MaxPool2d(2), nn.Flatten(), nn.Linear(36, 8, bias=False), nn.ReLU(),
+        nn.Unflatten(1, (2, 4)), nn.Linear(4, 5), nn.Flatten(), nn.Linear(10, 5),
+    )  # fmt: skip
+
+
+def test_ghost_clipping_takes_the_linear_layers_called_once_on_one_vector_a_row() -> None:
+    net = _mixed_net()
+    ghosts = GhostLinears(net, torch.zeros(1, 1, 8, 8))
+    assert sorted(ghosts.layers) == ["4", "9"] and ghosts.parameters == {"4.weight", "9.weight", "9.bias"}
+    assert type(net[4]) is nn.Linear and ghosts.template is not net  # the network itself is left as it was
+    tied = nn.Linear(4, 4)
+    assert sorted(GhostLinears(nn.Sequential(nn.Flatten(), nn.Linear(4, 4), tied, nn.ReLU(), tied), torch.zeros(1, 4)).layers) == ["1"]
+    without = nn.Sequential(nn.Conv2d(1, 2, 3), nn.Flatten())
+    assert GhostLinears(without, torch.zeros(1, 1, 8, 8)).template is without
+
+
+def test_one_step_of_ghost_clipped_and_per_sample_layers_together_equals_opacus(private_calls: list[int]) -> None:
+    """Each row's norm adds its ghost-clipped layers' ‖δ‖²(‖a‖² + 1) to the others' per-sample gradients: with C small
+    enough to clip every row, a norm missing a layer's share, or a layer clipped by the wrong factor, moves the step
+    away from opacus' (which materialises every per-sample gradient)."""
+    torch.manual_seed(0)
+    nets, sets = [_mixed_net() for _ in SIZES], _sets()
+    settings = DPSGDSettings(noise_multiplier=0.0, max_grad_norm=0.05)
+    first = lambda k: lambda n, seed, size: [torch.arange(0, n, 2)]  # noqa: E731 - every other row, one step
+    runs = {v: _train(v, nets, sets, settings, optimizer="sgd", lr=1.0, sampler=first) for v in ("true", "false")}
+    assert private_calls == [4]
+    _assert_same(runs["true"][0], runs["false"][0], tol=1e-5)
 
 
 # ---------------------------------------------------------------------------------------------------- noise

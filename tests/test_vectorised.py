@@ -193,16 +193,21 @@ def test_the_batched_linear_layer_equals_f_linear_with_its_gradients(case: str) 
 def test_the_batched_linear_layer_gives_per_sample_gradients_under_vmap_of_grad(monkeypatch: pytest.MonkeyPatch) -> None:
     """DP-SGD's per-sample gradients (:mod:`fdattack.engine.vectorised.private`): vmap over models of vmap over rows of
     grad, the weights shared by a model's rows (its rows join the layer's rows: the product sees 3 weights, not 3 x 5
-    copies). Each row's weight, bias and input gradients are ``F.linear``'s on that row alone; integers keep every sum
-    exact."""
-    weights_seen: list[int] = []
-    forward = batched_linear._LinearFunction.forward
+    copies, and neither does the input gradient's product in backward). Each row's weight, bias and input gradients are
+    ``F.linear``'s on that row alone; integers keep every sum exact."""
+    weights_seen: dict[str, list[int]] = {"forward": [], "input gradient": []}
+    forward, input_grad = batched_linear._LinearFunction.forward, batched_linear._InputGradFunction.forward
 
     def recording(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
-        weights_seen.append(weight.shape[0])
+        weights_seen["forward"].append(weight.shape[0])
         return forward(x, weight, bias)
 
+    def recording_input_grad(grad: Tensor, weight: Tensor) -> Tensor:
+        weights_seen["input gradient"].append(weight.shape[0])
+        return input_grad(grad, weight)
+
     monkeypatch.setattr(batched_linear._LinearFunction, "forward", staticmethod(recording))
+    monkeypatch.setattr(batched_linear._InputGradFunction, "forward", staticmethod(recording_input_grad))
     g = torch.Generator().manual_seed(4)
     x, upstream = (torch.randint(-3, 4, (3, 5, n), generator=g).float() for n in (7, 6))
     weight, bias = torch.randint(-3, 4, (3, 6, 7), generator=g).float(), torch.randint(-3, 4, (3, 6), generator=g).float()
@@ -212,12 +217,19 @@ def test_the_batched_linear_layer_gives_per_sample_gradients_under_vmap_of_grad(
 
     per_row = torch.func.vmap(torch.func.grad(loss, argnums=(0, 1, 2)), in_dims=(None, None, 0, 0))
     ours = torch.func.vmap(per_row)(weight, bias, x, upstream)
-    assert weights_seen == [3]
+    assert weights_seen == {"forward": [3], "input gradient": [3]}
     for k in range(3):
         for i in range(5):
             w, b, row = (t.clone().requires_grad_() for t in (weight[k], bias[k], x[k, i : i + 1]))
             (F.linear(row, w, b) * upstream[k, i]).sum().backward()
             assert torch.equal(ours[0][k, i], w.grad) and torch.equal(ours[1][k, i], b.grad) and torch.equal(ours[2][k, i], row.grad[0])
+
+
+def test_the_batched_linear_layers_input_gradient_has_its_own_gradients() -> None:
+    """Its backward (a second derivative through the linear layer) against finite differences."""
+    g = torch.Generator().manual_seed(6)
+    grad, weight = torch.randn(2, 3, 4, generator=g, dtype=torch.float64), torch.randn(2, 4, 5, generator=g, dtype=torch.float64)
+    assert torch.autograd.gradcheck(batched_linear._InputGradFunction.apply, (grad.requires_grad_(), weight.requires_grad_()))
 
 
 @pytest.mark.parametrize("activation", [nn.ReLU(), nn.LeakyReLU(0.2)])

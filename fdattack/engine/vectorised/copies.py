@@ -64,7 +64,7 @@ def _per_sample_problem(net: nn.Module, device: torch.device) -> str | None:
     BatchNorm mixes the rows of a batch, so a row has no gradient of its own. And on a CPU, per-sample gradients through
     a convolution of another layer's output (vmap's batched im2col backward) are slower than opacus' hooks, one model at
     a time: ``benchmarks/bench_dpsgd.py`` measured pdafd_cnn (four convolutions) at 0.56x to 0.78x of opacus' speed on
-    MNIST, pli_cnn (one convolution, on the data) at 1.5x to 2.4x.
+    MNIST (0.67x at K = 4 with ghost clipping), pli_cnn (one convolution, on the data) at 1.8x to 4.9x.
     """
     if has_batch_norm(net):
         return "DP-SGD's per-sample gradients are not defined for a network with BatchNorm (it mixes the rows of a batch)"

@@ -12,11 +12,14 @@ unlabeled row alone has no cross-entropy: DP-SGD's phases train on the clients' 
 Here every step of all models is one computation: ``vmap`` over the models of ``vmap`` over the rows of
 ``grad_and_value`` of the one-row loss (:func:`torch.func.grad_and_value`), on the stacked weights of
 :mod:`~fdattack.engine.vectorised.copies` with its CPU layers. Where only the rows are vmapped, those layers take a
-model's rows as more rows of one product instead of copying its weights per row, a linear layer's per-row weight
-gradient is an outer product, and a convolution that takes the data and the max-pool after it run fused over the rows
-of all calls, each row's kernel gradient from its chunk's columns and dense pool gradient
-(:mod:`~fdattack.engine.vectorised.kernels.conv_pool`, ``per_sample``): pli_cnn's per-sample gradients of MNIST rows
-take 0.17 ms a row on one CPU thread, against 0.22 ms with the plain layers. Each model draws its own batches (the job's
+model's rows as more rows of one product instead of copying its weights per row, and a convolution that takes the
+data and the max-pool after it run fused over the rows of all calls, each row's kernel gradient from its chunk's
+columns and dense pool gradient (:mod:`~fdattack.engine.vectorised.kernels.conv_pool`, ``per_sample``). A linear layer
+that sees one vector a row is ghost-clipped (:mod:`~fdattack.engine.vectorised.ghost`): its per-row weight gradient
+δ_i a_iᵀ is never formed, its norm and the clipped sum come from δ_i and a_i. ``benchmarks/bench_dpsgd.py``: pli_cnn
+on MNIST takes 0.10 ms a row on one CPU thread at K = 10 (0.17 ms when every per-row weight gradient was formed and
+the linear layer's input gradient copied the weight per row).
+Each model draws its own batches (the job's
 ``sampler``, e.g. opacus' Poisson sampling, else the seeded shuffle), so a step's batches differ in size: they are
 padded to the largest and the padding masked out of the sums (a model whose batch is empty steps on the noise alone,
 as under opacus); a model whose epoch has fewer steps sits out the others' last ones. The per-sample gradients are
@@ -43,6 +46,7 @@ from fdattack.engine.vectorised.copies import (
     _Stack,
     raw_optimizer,
 )
+from fdattack.engine.vectorised.ghost import GhostLinears
 from fdattack.engine.vectorised.optimizers import _per_model, stacked_optimizer
 from fdattack.randomness import derive_seed
 
@@ -54,18 +58,9 @@ CLIP_EPSILON = 1e-6
 CPU_ELEMENTS_PER_SAMPLE_CALL = 1 << 23
 
 
-def clip_factors(grads: dict[str, Tensor], max_grad_norm: float) -> Tensor:
-    """min(1, C / (‖g_i‖₂ + 1e-6)) per row, the norm taken over all parameters together (opacus' flat clipping).
-
-    Args:
-        grads: per-sample gradients, (M, S, *shape) per parameter.
-        max_grad_norm: C.
-
-    Returns:
-        (M, S) factors.
-    """
-    norms = torch.stack([g.flatten(2).norm(2, dim=-1) for g in grads.values()], dim=-1).norm(2, dim=-1)
-    return (max_grad_norm / (norms + CLIP_EPSILON)).clamp(max=1.0)
+def clip_factors(squared_norms: Tensor, max_grad_norm: float) -> Tensor:
+    """min(1, C / (‖g_i‖₂ + 1e-6)) per row, from ‖g_i‖₂² taken over all parameters together (opacus' flat clipping)."""
+    return (max_grad_norm / (squared_norms.sqrt() + CLIP_EPSILON)).clamp(max=1.0)
 
 
 class _Noise:
@@ -123,19 +118,31 @@ def _even_span(n: int, most: int) -> int:
 
 
 class _ClippedSums:
-    """Σ_{i∈S} ḡ_i per model of a step (and the step's mean loss per model), a block of (models x rows) per vmapped call."""
+    """Σ_{i∈S} ḡ_i per model of a step (and the step's mean loss per model), a block of (models x rows) per vmapped call.
+
+    The linear layers that :class:`~fdattack.engine.vectorised.ghost.GhostLinears` finds are clipped by their output
+    gradients and inputs (ghost clipping, :mod:`~fdattack.engine.vectorised.ghost`); every other parameter by its
+    per-sample gradient.
+    """
 
     def __init__(self, jobs: Sequence[FitJob], stack: _Stack, rows: _Rows, device: torch.device) -> None:
-        objective, template = jobs[0].objective, stack.template
+        objective = jobs[0].objective
         self.stack, self.rows = stack, rows
         self.max_grad_norm = float(jobs[0].private.max_grad_norm)  # type: ignore[union-attr]
+        self.ghosts = ghosts = GhostLinears(stack.template, rows.tensors["x"][:1])
+        self.free = [name for name in stack.params if name not in ghosts.parameters]
+        self.fixed = [name for name in stack.params if name in ghosts.parameters]
 
-        def row_loss(params: dict[str, Tensor], buffers: dict[str, Tensor], row: dict[str, Tensor]) -> Tensor:
+        def row_loss(
+            free: dict[str, Tensor], probes: dict[str, Tensor], fixed: dict[str, Tensor], row: dict[str, Tensor]
+        ) -> tuple[Tensor, dict[str, Tensor]]:
             one = {key: value[None] for key, value in row.items()}
-            return objective(functional_call(template, (params, buffers), (one["x"],)), one)
+            ghosts.clear()
+            return objective(functional_call(ghosts.template, (free, fixed, probes), (one["x"],)), one), ghosts.inputs()
 
-        self.per_sample = _Apply(vmap(grad_and_value(row_loss), in_dims=(None, None, 0)), device, (0, 0, 0))
-        per_pair = _largest_output(template, rows.tensors["x"][:1]) + sum(t[0].numel() for t in stack.params.values())
+        per_sample = vmap(grad_and_value(row_loss, argnums=(0, 1), has_aux=True), in_dims=(None, 0, None, 0))
+        self.per_sample = _Apply(per_sample, device, (0, 0, 0, 0))
+        per_pair = _largest_output(ghosts.template, rows.tensors["x"][:1]) + sum(stack.params[name][0].numel() for name in self.free)
         self.pairs = max(1, (CPU_ELEMENTS_PER_SAMPLE_CALL if device.type == "cpu" else DEVICE_ELEMENTS_PER_CALL) // per_pair)
 
     def __call__(self, models: Tensor, rows: Tensor, mask: Tensor) -> tuple[dict[str, Tensor], Tensor]:
@@ -147,14 +154,20 @@ class _ClippedSums:
         per_rows = _even_span(rows.shape[1], max(1, self.pairs // per_models))
         for lo in range(0, len(models), per_models):
             block = slice(lo, lo + per_models)
-            params = {name: t[models[block]] for name, t in self.stack.params.items()}
-            buffers = {name: t[models[block]] for name, t in self.stack.buffers.items()}
+            free = {name: self.stack.params[name][models[block]] for name in self.free}
+            fixed = {name: self.stack.params[name][models[block]] for name in self.fixed}
+            fixed.update({name: t[models[block]] for name, t in self.stack.buffers.items()})
             for start in range(0, rows.shape[1], per_rows):
                 taken = mask[block, start : start + per_rows]
-                grads, values = self.per_sample(params, buffers, self.rows.batch(rows[block, start : start + per_rows]))
-                weights = clip_factors(grads, self.max_grad_norm) * taken
-                for name, g in grads.items():
-                    sums[name][block] += torch.einsum("ms,ms...->m...", weights, g)
+                probes = self.ghosts.probes(tuple(taken.shape))
+                (grads, deltas), (values, inputs) = self.per_sample(
+                    free, probes, fixed, self.rows.batch(rows[block, start : start + per_rows])
+                )
+                squared = self.ghosts.squared_norms(deltas, inputs) + sum(g.flatten(2).square().sum(-1) for g in grads.values())
+                weights = clip_factors(squared, self.max_grad_norm) * taken
+                clipped = {name: torch.einsum("ms,ms...->m...", weights, g) for name, g in grads.items()}
+                for name, total in {**clipped, **self.ghosts.clipped_sums(weights, deltas, inputs)}.items():
+                    sums[name][block] += total
                 losses[block] += torch.where(taken, values, 0.0).sum(1)
         return sums, losses / mask.sum(1)
 
