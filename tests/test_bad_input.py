@@ -332,6 +332,11 @@ def test_more_clients_than_target_labels_is_refused_by_the_split_or_at_config_ti
             id="fewer_candidates_than_clients",
         ),
         pytest.param(
+            ["protocol.num_clients=2", "attacks=[lira_coop]"],
+            ["attacks: lira_coop needs at least 3 clients (a target and the other clients as its references", "set protocol.num_clients=3"],
+            id="too_few_clients_for_coop_lira",
+        ),
+        pytest.param(
             ["model.name=mobilenet_v2", "protocol.optim.batch_size=1"],
             ["protocol.optim.batch_size=1: model.name=mobilenet_v2 has BatchNorm", "protocol.optim.batch_size >= 2"],
             id="batch_norm_client",

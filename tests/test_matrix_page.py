@@ -197,6 +197,18 @@ def test_missing_intervals_and_values_and_empty_headlines_do_not_break_the_page(
     assert "<figure class='heatmap'" not in page and page.count("No headline metric") == 3 and "id='not-run'" in page
 
 
+def test_an_attack_that_is_na_in_every_cell_of_a_dataset_gets_its_reasons_not_a_heatmap(tmp_path: Path) -> None:
+    """gmi with a headline metric (it ran on another dataset) but n/a in all four digits cells: no empty heatmap, the
+    distinct reasons once each."""
+    matrix = {**sample_matrix(), "headline": {"tbi": HEADLINE[:2], "ldia": HEADLINE[2:], "gmi": ["attack/gmi/eval_top1"]}}
+    page = write_matrix_page(matrix, tmp_path / "page").read_text()
+    gmi = page.split("<h3>Attack gmi</h3>", 1)[1].split("<h3>", 1)[0]
+    assert "<figure" not in gmi and "n/a in every cell of digits" in gmi
+    assert re.findall(r"<li>(.*?)</li>", gmi) == [html.escape(r) for r in (NO_WEIGHTS, FEDAVG_NA["gmi"], NO_LAPLACE)]
+    assert not list((tmp_path / "page" / "plots").glob(f"{HEATMAP_PREFIX}*gmi*"))
+    assert len(re.findall(r"<figure class='heatmap'", page)) == len(HEADLINE)
+
+
 def test_a_second_write_replaces_the_page_whole(tmp_path: Path) -> None:
     out = tmp_path / "page"
     write_matrix_page(sample_matrix(), out)

@@ -58,6 +58,8 @@ class Attack(Observer):
     Settings: ClassVar[type]
     #: what the attack needs from the protocol, whatever its settings
     needs: ClassVar[frozenset[Capability]] = frozenset()
+    #: the fewest clients it works with, and why (checked with the needs, before a run or a matrix cell starts)
+    min_clients: ClassVar[tuple[int, str]] = (1, "")
     #: the result types it returns (the run builds the evaluation side's scorers for them)
     produces: ClassVar[frozenset[type]] = frozenset()
     #: the parts of the attacker's view it reads (its own view holds no other; :meth:`~fdattack.fd.threat.AttackerView.for_attack`);

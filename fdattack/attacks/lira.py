@@ -235,6 +235,7 @@ class CoopLiRAAttack(LiRAAttack):
 
     name = "lira_coop"
     Settings = CoopSettings
+    min_clients = (3, "a target and the other clients as its references, at least two to fit a Gaussian to")
 
     @classmethod
     def required(cls, settings: CoopSettings) -> frozenset[Capability]:
@@ -249,11 +250,8 @@ class CoopLiRAAttack(LiRAAttack):
 
     def __init__(self, view: AttackerView, settings: CoopSettings, context: AttackContext) -> None:
         super().__init__(view, settings, context)
-        if view.num_clients < 3:
-            raise ConfigError(
-                f"attack lira_coop takes the other clients as references and needs at least 3 clients; "
-                f"protocol.num_clients={view.num_clients}"
-            )
+        if view.num_clients < self.min_clients[0]:  # the config check refuses it first; this guards direct use
+            raise ConfigError(f"attack lira_coop needs at least 3 clients ({self.min_clients[1]}); there are {view.num_clients}")
         if settings.countermeasure == Countermeasure.shadow_target:
             if view.architecture is None:
                 raise ConfigError(

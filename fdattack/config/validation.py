@@ -217,7 +217,8 @@ def unmet_needs(cfg: DictConfig, key: str, name: str) -> str | None:
     what it needs, who does not offer it and how to get it; None when the protocol and the data split offer all it needs.
 
     Decided from the declarations alone: the component's needs (an attack's :meth:`~fdattack.attacks.base.Attack.required`
-    with its settings) against the protocol's :meth:`offers` and the split's :func:`data_offers`.
+    with its settings) against the protocol's :meth:`offers` and the split's :func:`data_offers`, and an attack's
+    :attr:`~fdattack.attacks.base.Attack.min_clients` against ``protocol.num_clients``.
     """
     protocols, attacks, defenses = registries()
     protocol = protocols.get(cfg.protocol.name)
@@ -238,6 +239,12 @@ def unmet_needs(cfg: DictConfig, key: str, name: str) -> str | None:
         return f"{key}: {name} needs {_listed(from_protocol)}, which protocol.name={protocol.name} does not offer here; {fix}"
     if missing:
         return f"{key}: {name} needs {_listed(missing)}, which data.split={cfg.data.split} does not offer; {DATA_HINTS[missing[0]]}"
+    fewest, why = component.min_clients if key == "attacks" else (1, "")
+    if int(cfg.protocol.num_clients) < fewest:
+        return (
+            f"{key}: {name} needs at least {fewest} clients ({why}), and protocol.num_clients={cfg.protocol.num_clients}; "
+            f"set protocol.num_clients={fewest} or more, or remove {name} from {key}"
+        )
     return None
 
 

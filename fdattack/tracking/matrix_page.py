@@ -267,10 +267,9 @@ def table_html(matrix: dict, metric: str, table: list[list[Shown]]) -> str:
     return f"<div class='scroll'><table class='matrix' data-metric='{html.escape(metric)}'><tr>{head}</tr>{''.join(rows)}</table></div>"
 
 
-def heatmap_html(matrix: dict, data: str, metric: str, out: Path) -> str:
-    """The heatmap of ``metric`` over ``data``'s cells (written under ``out/plots/``), then its table."""
+def heatmap_html(matrix: dict, data: str, metric: str, table: list[list[Shown]], out: Path) -> str:
+    """The heatmap of ``metric``'s ``table`` over ``data``'s cells (written under ``out/plots/``), then the table."""
     name = f"plots/{HEATMAP_PREFIX}{slug(data)}__{slug(metric)}.png"
-    table = grid(matrix, data, metric)
     axes = matrix["axes"]
     draw_heatmap(out / name, f"{data}: {metric}", metric, axes["protocols"], axes["defenses"], table)
     direction = "lower" if lower_leaks(metric) else "higher"
@@ -282,12 +281,19 @@ def heatmap_html(matrix: dict, data: str, metric: str, out: Path) -> str:
 
 
 def attack_html(matrix: dict, data: str, attack: str, out: Path) -> str:
-    """An attack's heatmaps over ``data``, or a note where it has no headline metric."""
+    """An attack's heatmaps over ``data``; a note instead where it has no headline metric, or is n/a in every cell of
+    ``data`` (with the reasons)."""
     metrics = (matrix.get("headline") or {}).get(attack) or []
     parts = [f"<h3>Attack {html.escape(attack)}</h3>"]
     if not metrics:
         parts.append("<p class='note'>No headline metric: the attack ran in no cell (see <a href='#not-run'>not run</a>).</p>")
-    parts += [heatmap_html(matrix, data, metric, out) for metric in metrics]
+    tables = {metric: grid(matrix, data, metric) for metric in metrics}
+    shown_cells = [value for table in tables.values() for row in table for value in row]
+    if shown_cells and all(value.word == "n/a" for value in shown_cells):
+        reasons = "".join(f"<li>{html.escape(reason)}</li>" for reason in dict.fromkeys(value.reason for value in shown_cells))
+        parts.append(f"<p class='note'>n/a in every cell of {html.escape(data)}:</p><ul class='note'>{reasons}</ul>")
+        return "".join(parts)
+    parts += [heatmap_html(matrix, data, metric, table, out) for metric, table in tables.items()]
     return "".join(parts)
 
 

@@ -37,7 +37,9 @@ MNIST's shadow students 1.65x as fast); and the activations of one call are boun
 
 :func:`fit_private_copies` trains jobs that carry DP-SGD's steps (:class:`~fdattack.engine.jobs.PrivateSteps`) the same
 way, each step one vmapped per-sample gradient computation (``vmap`` over the models of ``vmap(grad)`` over the rows),
-clipped, summed and noised as opacus does it (:mod:`fdattack.engine.vectorised.private`).
+clipped, summed and noised as opacus does it (:mod:`fdattack.engine.vectorised.private`); a linear layer on one vector
+a row is clipped from its output gradients and inputs without forming its per-row weight gradients
+(:mod:`fdattack.engine.vectorised.ghost`).
 
 :func:`unsupported` says why a job cannot take this path (a training defense, an objective not declared
 :func:`~fdattack.lit.classifier.vmappable`, dropout, an optimizer other than plain Adam or SGD, ...);
