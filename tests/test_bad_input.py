@@ -371,7 +371,8 @@ def test_membership_attacks_without_a_test_set_are_refused_once_the_split_is_cut
     """Issue 30: data.test_fraction=0 with a LiRA attack ran to exit 0 with 0 clients scored. Every client's non-members
     come from the test set, empty here (digits has no test split of its own; a dataset with one is not refused)."""
     named = "score each client's members against non-members from the test set, which is empty (data.test_fraction=0.0"
-    _one_line(capsys, ["run", *tiny(tmp_path, "data.test_fraction=0", f"attacks={attacks}")], named, "set data.test_fraction > 0")
+    overrides = ("data.test_fraction=0", f"attacks={attacks}", "protocol.num_clients=3")  # lira_coop needs three clients
+    _one_line(capsys, ["run", *tiny(tmp_path, *overrides)], named, "set data.test_fraction > 0")
     assert not (tmp_path / "run").exists()
 
 
