@@ -250,8 +250,9 @@ class CoopLiRAAttack(LiRAAttack):
 
     def __init__(self, view: AttackerView, settings: CoopSettings, context: AttackContext) -> None:
         super().__init__(view, settings, context)
-        if view.num_clients < self.min_clients[0]:  # the config check refuses it first; this guards direct use
-            raise ConfigError(f"attack lira_coop needs at least 3 clients ({self.min_clients[1]}); there are {view.num_clients}")
+        fewest, why = self.min_clients
+        if view.num_clients < fewest:  # the config check refuses it first; this guards direct use
+            raise ConfigError(f"attack lira_coop needs at least {fewest} clients ({why}); there are {view.num_clients}")
         if settings.countermeasure == Countermeasure.shadow_target:
             if view.architecture is None:
                 raise ConfigError(
