@@ -140,21 +140,6 @@ def test_one_step_without_noise_is_opacus_step_with_each_samples_gradient_clippe
         torch.testing.assert_close(_flat(vectorised), _flat(loop), rtol=1e-5, atol=1e-6)
 
 
-def test_one_step_of_a_conv_net_without_noise_equals_opacus(private_calls: list[int]) -> None:
-    """A convolution, max-pool and linear layer on 8x8 images, C small enough to clip every row, one batch of each client's
-    rows: the vectorised step equals opacus' (Adam's first step divides by the gradient's own size, so SGD shows more)."""
-    torch.manual_seed(0)
-    nets, sets = [_conv_net() for _ in SIZES], _sets()
-    settings = DPSGDSettings(noise_multiplier=0.0, max_grad_norm=0.05)
-    first = lambda k: lambda n, seed, size: [torch.arange(0, n, 2)]  # noqa: E731 - every other row, one step
-    runs = {v: _train(v, nets, sets, settings, optimizer="sgd", lr=1.0, sampler=first) for v in ("true", "false")}
-    assert private_calls == [4]
-    _assert_same(runs["true"][0], runs["false"][0], tol=1e-5)
-    moved = [float((_flat(h) - _flat(net)).norm()) for h, net in zip(runs["true"][0], nets)]
-    for step, data in zip(moved, sets):  # every row clipped to C = 0.05: the step is at most C · (rows taken) / B
-        assert step <= 0.05 * len(range(0, len(data), 2)) / 8 + 1e-6
-
-
 def _mixed_net() -> nn.Module:
     """A convolution (per-sample gradients), a bias-free linear layer and a last one on one vector a row (ghost
     clipping), and a linear layer between them on two vectors a row (per-sample gradients)."""
@@ -175,17 +160,22 @@ def test_ghost_clipping_takes_the_linear_layers_called_once_on_one_vector_a_row(
     assert GhostLinears(without, torch.zeros(1, 1, 8, 8)).template is without
 
 
-def test_one_step_of_ghost_clipped_and_per_sample_layers_together_equals_opacus(private_calls: list[int]) -> None:
-    """Each row's norm adds its ghost-clipped layers' ‖δ‖²(‖a‖² + 1) to the others' per-sample gradients: with C small
-    enough to clip every row, a norm missing a layer's share, or a layer clipped by the wrong factor, moves the step
-    away from opacus' (which materialises every per-sample gradient)."""
+@pytest.mark.parametrize("build", [_conv_net, _mixed_net], ids=["conv net", "ghost-clipped and per-sample layers"])
+def test_one_step_without_noise_equals_opacus(private_calls: list[int], build: Callable[[], nn.Module]) -> None:
+    """C small enough to clip every row, one batch of each client's rows: the vectorised step equals opacus' (Adam's
+    first step divides by the gradient's own size, so SGD shows more). In the mixed network each row's norm adds its
+    ghost-clipped layers' ‖δ‖²(‖a‖² + 1) to the others' per-sample gradients: a norm missing a layer's share, or a layer
+    clipped by the wrong factor, moves the step away from opacus' (which forms every per-sample gradient)."""
     torch.manual_seed(0)
-    nets, sets = [_mixed_net() for _ in SIZES], _sets()
+    nets, sets = [build() for _ in SIZES], _sets()
     settings = DPSGDSettings(noise_multiplier=0.0, max_grad_norm=0.05)
     first = lambda k: lambda n, seed, size: [torch.arange(0, n, 2)]  # noqa: E731 - every other row, one step
     runs = {v: _train(v, nets, sets, settings, optimizer="sgd", lr=1.0, sampler=first) for v in ("true", "false")}
     assert private_calls == [4]
     _assert_same(runs["true"][0], runs["false"][0], tol=1e-5)
+    moved = [float((_flat(h) - _flat(net)).norm()) for h, net in zip(runs["true"][0], nets)]
+    for step, data in zip(moved, sets):  # every row clipped to C = 0.05: the step is at most C · (rows taken) / B
+        assert step <= 0.05 * len(range(0, len(data), 2)) / 8 + 1e-6
 
 
 # ---------------------------------------------------------------------------------------------------- noise
