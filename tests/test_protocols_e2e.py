@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from fdattack.config import compose
+from fdattack.errors import ConfigError
 from fdattack.experiment import Experiment, run
 from tests.conftest import REPO, tiny
 from tests.test_fedinverse_mnist import PAPER_SCALE as FEDINVERSE_PAPER_SCALE
@@ -94,6 +95,47 @@ def test_fedavg_clients_start_each_round_from_the_global_model(tmp_path: Path) -
     for key, value in global_w.items():
         expected = sum(w * s[key] for w, s in zip(sizes / sizes.sum(), locals_w))
         torch.testing.assert_close(value, expected)
+
+
+@pytest.mark.parametrize("with_public", [False, True])
+def test_fedmd_private_phases_add_the_labeled_public_set_only_when_asked(tmp_path: Path, with_public: bool) -> None:
+    """``protocol.private_with_public`` (the L-Attack's clients, lattack.md §1.2): transfer_private and revisit train on
+    the private set plus the whole labeled public set, so a client of the class-disjoint cut sees the public classes."""
+    epochs = {"transfer_public": 1, "transfer_private": 3, "digest": 1, "revisit": 2}
+    overrides = [f"protocol.{phase}_epochs={n}" for phase, n in epochs.items()]
+    cfg = compose(
+        None,
+        tiny(tmp_path, "data=digits_lattack", "protocol=fedmd", "protocol.num_clients=7", "protocol.rounds=1", *overrides,
+             "protocol.server_model=false", f"protocol.private_with_public={with_public}", "evaluation.classifier=null",
+             "evaluation.confidence_gap.enabled=false"),
+    )
+    exp = Experiment(cfg)
+    split, seen = exp.data.split, {}
+    fit_many = exp.engine.fit_many
+
+    def spy(jobs):  # type: ignore[no-untyped-def]
+        for job in jobs:
+            if job.epochs in (epochs["transfer_private"], epochs["revisit"]):
+                seen[job.epochs, int(job.handle.name.removeprefix("client"))] = job.data
+        return fit_many(jobs)
+
+    exp.engine.fit_many = spy  # type: ignore[method-assign]
+    exp.run()
+    public_classes = set(split.public.labels.tolist())
+    assert len(seen) == 2 * 7
+    for (_, k), data in seen.items():
+        private = split.private[k]
+        assert len(data) == len(private) + (len(split.public) if with_public else 0)
+        torch.testing.assert_close(data.images[: len(private)], private.images)
+        assert (set(data.labels.tolist()) & public_classes == public_classes) is with_public
+
+
+def test_private_with_public_needs_public_labels(tmp_path: Path) -> None:
+    cfg = compose(None, tiny(tmp_path, "protocol=fedmd", "protocol.private_with_public=true", "data.public_dataset.name=noise",
+                             "data.public_dataset.size=20", "data.split=random",
+                             "data.partition=iid"))
+    with pytest.raises(ConfigError, match="private_with_public=true needs a labeled public set; the data's has 20 unlabeled rows"):
+        Experiment(cfg)
 
 
 def test_fedavg_samples_floor_c_times_k_clients_per_round(tmp_path: Path) -> None:

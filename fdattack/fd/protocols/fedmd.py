@@ -9,6 +9,7 @@ from typing import ClassVar
 from torch import Tensor
 
 from fdattack.data.imageset import UNLABELED
+from fdattack.errors import ConfigError
 from fdattack.fd.aggregation import mean_logits
 from fdattack.fd.protocols.base import PROTOCOLS, Phase, Protocol, RoundContext
 from fdattack.fd.protocols.settings import ProtocolSettings
@@ -32,6 +33,11 @@ class FedMDSettings(ProtocolSettings):
     transfer_private_epochs: int = knob(5, "transfer phase: epochs of CE on the private set, before round 1", ge=0)
     digest_epochs: int = knob(1, "per round: epochs of L1 to the consensus on the public set (skipped when K = 1)", ge=0)
     revisit_epochs: int = knob(1, "per round: epochs of CE on the private set", ge=0)
+    private_with_public: bool = knob(
+        False,
+        "transfer_private and revisit train on the private set together with the labeled public set, so a client keeps "
+        "the public classes (the L-Attack's clients, lattack.md §1.2, §2.6); FedMD's own revisit is private only",
+    )
     server_model: bool = knob(True, "train the attacker-added server model f_0 on the labeled public set (PLI Eq. 1)")
     server_epochs: int = knob(1, "per round: epochs of the server model on the public set", ge=0)
 
@@ -61,6 +67,12 @@ class FedMDProtocol(Protocol):
     def server_model_enabled(cls, cfg: FedMDSettings) -> bool:
         return bool(cfg.server_model)
 
+    def __init__(self, *args, **kwargs) -> None:  # type: ignore[no-untyped-def]
+        super().__init__(*args, **kwargs)
+        unlabeled = int((self.split.public.labels == UNLABELED).sum())
+        if self.cfg.private_with_public and unlabeled:
+            raise ConfigError(f"protocol.private_with_public=true needs a labeled public set; the data's has {unlabeled} unlabeled rows")
+
     def setup_phases(self) -> list[Phase]:
         return [Phase("transfer_public", self._transfer_public), Phase("transfer_private", self._transfer_private)]
 
@@ -82,7 +94,15 @@ class FedMDProtocol(Protocol):
         self.train_clients(ctx, "transfer_public", ctx.participants, lambda k: public, self.cfg.transfer_public_epochs, cross_entropy)
 
     def _transfer_private(self, ctx: RoundContext) -> None:
-        self.train_on_private(ctx, "transfer_private", self.cfg.transfer_private_epochs)
+        self._train_private(ctx, "transfer_private", self.cfg.transfer_private_epochs)
+
+    def _train_private(self, ctx: RoundContext, phase: str, epochs: int) -> None:
+        """CE on each participant's private set, joined by the labeled public set with ``private_with_public``."""
+        if not self.cfg.private_with_public:
+            self.train_on_private(ctx, phase, epochs)
+            return
+        public = self.split.public
+        self.train_clients(ctx, phase, ctx.participants, lambda k: self.split.private[k].concat(public), epochs, cross_entropy)
 
     def _upload(self, ctx: RoundContext) -> None:
         self.upload_outputs(ctx)
@@ -105,7 +125,7 @@ class FedMDProtocol(Protocol):
         )
 
     def _revisit(self, ctx: RoundContext) -> None:
-        self.train_on_private(ctx, "revisit", self.cfg.revisit_epochs)
+        self._train_private(ctx, "revisit", self.cfg.revisit_epochs)
 
     def _server_train(self, ctx: RoundContext) -> None:
         self.train_server(ctx, "server_train", self.public_subset(ctx), self.cfg.server_epochs, cross_entropy)
