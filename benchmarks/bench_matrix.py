@@ -5,13 +5,15 @@ user ran one ``fdattack run`` per attack, each simulating the same protocol agai
 ``conf/matrix/small.yaml``) at one seed, this script times:
 
 - ``shared, --jobs J``: ``fdattack matrix`` on a fresh root, for each J in ``--jobs`` (wall time of the command);
-- ``one run per attack``: for every runnable cell and each of its attacks, ``fdattack run`` with that attack alone
-  (the sum of the runs' wall times; each run one process with the cores to itself, as ``--jobs 1`` runs them).
+- ``one run per attack``: for every runnable cell and each of its attacks, ``fdattack run`` with that attack alone,
+  ``--per-attack-jobs N`` runs at once with ``cores // N`` threads each, as ``--jobs N`` pins its workers (the wall
+  time of them all).
 
-and prints the totals, the ratio of the per-attack total to the shared ``--jobs 1`` total, and per cell the two times.
+and prints the totals, the ratio of the per-attack wall time to the shared one at the same parallelism, and per cell the
+summed seconds of its per-attack runs.
 Every process inherits this shell's thread settings; run it on an otherwise idle machine and note the machine.
 
-Usage: ``python benchmarks/bench_matrix.py [MATRIX.yaml] [--seed 0] [--jobs 1 2] [--cells PATTERN ...]``
+Usage: ``python benchmarks/bench_matrix.py [MATRIX.yaml] [--seed 0] [--jobs 1 2] [--per-attack-jobs 1] [--cells PATTERN ...]``
 (``--cells`` keeps the cells whose ``data/protocol/defense`` matches one of the shell patterns, for a quick look).
 """
 
@@ -19,10 +21,12 @@ from __future__ import annotations
 
 import argparse
 import fnmatch
+import os
 import subprocess
 import sys
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import yaml
@@ -46,52 +50,78 @@ def one_seed_matrix(path: Path, seed: int, keep: list[str], out: Path) -> Path:
     return copy
 
 
-def timed(command: list[str]) -> float:
+def timed(command: list[str], threads: int | None = None) -> float:
+    """Wall seconds of ``command`` (with ``threads`` OpenMP/MKL threads, or this shell's); a failed command stops the
+    benchmark with its last lines of output."""
+    env = {**os.environ, "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)} if threads else None
     start = time.perf_counter()
-    subprocess.run(command, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=REPO)
+    done = subprocess.run(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, cwd=REPO, env=env)
+    if done.returncode != 0:
+        sys.exit(f"failed ({done.returncode}): {' '.join(command)}\n" + "\n".join(done.stderr.splitlines()[-5:]))
     return time.perf_counter() - start
 
 
-def per_attack_runs(cell: Cell, seed: int, out: Path) -> float:
-    """Seconds of one ``fdattack run`` per attack of ``cell`` (today's way without the matrix)."""
-    total = 0.0
-    for attack in cell.attacks:
-        tokens = [t for t in cell.overrides if not t.startswith("attacks=")]
-        experiment = [str(cell.experiment)] if cell.experiment else []
-        folder = out / cell.id / attack
-        total += timed(
-            [sys.executable, "-m", "fdattack", "run", *experiment, *tokens, f"attacks=[{attack}]", f"seed={seed}", f"output_dir={folder}"]
+def per_attack_commands(cell: Cell, seed: int, out: Path) -> list[tuple[str, list[str]]]:
+    """One ``fdattack run`` per attack of ``cell`` (today's way without the matrix), named ``cell/attack``."""
+    tokens = [t for t in cell.overrides if not t.startswith("attacks=")]
+    experiment = [str(cell.experiment)] if cell.experiment else []
+    return [
+        (
+            f"{cell.id}/{attack}",
+            [sys.executable, "-m", "fdattack", "run", *experiment, *tokens, f"attacks=[{attack}]", f"seed={seed}",
+             f"output_dir={out / cell.id / attack}"],
         )
-    return total
+        for attack in cell.attacks
+    ]
+
+
+def per_attack_runs(cells: list[Cell], seed: int, out: Path, jobs: int) -> tuple[float, dict[str, float]]:
+    """Wall seconds of every cell's per-attack runs, ``jobs`` at a time with ``cores // jobs`` threads each (as
+    ``fdattack matrix --jobs`` pins its workers), and each run's seconds by name."""
+    commands = [c for cell in cells for c in per_attack_commands(cell, seed, out)]
+    threads = max(1, len(os.sched_getaffinity(0)) // jobs) if jobs > 1 else None
+
+    def one(named: tuple[str, list[str]]) -> tuple[str, float]:
+        seconds = timed(named[1], threads)
+        print(f"  {named[0]}: {seconds:.0f} s", file=sys.stderr, flush=True)
+        return named[0], seconds
+
+    start = time.perf_counter()
+    with ThreadPoolExecutor(jobs) as pool:
+        runs = dict(pool.map(one, commands))
+    return time.perf_counter() - start, runs
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("matrix", nargs="?", default=str(REPO / "conf" / "matrix" / "small.yaml"))
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--jobs", type=int, nargs="+", default=[1, 2])
+    parser.add_argument("--jobs", type=int, nargs="*", default=[1, 2], help="time the shared matrix at each (none: skip it)")
+    parser.add_argument("--per-attack-jobs", type=int, default=1, help="per-attack runs at once (0: skip that arm)")
     parser.add_argument("--cells", nargs="*", default=[], help="shell patterns of data/protocol/defense to keep")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp)
         path = one_seed_matrix(Path(args.matrix), args.seed, args.cells, out)
         cells = [c for c in plan_cells(load_matrix(path)) if c.runs]
-        shared = {
-            jobs: timed([sys.executable, "-m", "fdattack", "matrix", str(path), "--root", str(out / f"shared_{jobs}"), "--jobs", str(jobs)])
-            for jobs in args.jobs
-        }
-        separate = {cell.id: per_attack_runs(cell, args.seed, out / "per_attack") for cell in cells}
-    attacks = sum(len(c.attacks) for c in cells)
-    print(f"{Path(args.matrix).name} at seed {args.seed}: {len(cells)} simulations observed by {attacks} attack runs in all")
-    print(f"{'way':<28} {'wall s':>9}")
+        shared = {}
+        for jobs in args.jobs:
+            shared[jobs] = timed([sys.executable, "-m", "fdattack", "matrix", str(path), "--root", str(out / f"shared_{jobs}"), "--jobs", str(jobs)])
+            print(f"  shared --jobs {jobs}: {shared[jobs]:.0f} s", file=sys.stderr, flush=True)
+        if args.per_attack_jobs:
+            separate, runs = per_attack_runs(cells, args.seed, out / "per_attack", args.per_attack_jobs)
+    print(f"{Path(args.matrix).name} at seed {args.seed}: {len(cells)} simulations observed by {sum(len(c.attacks) for c in cells)} attack runs")
+    print(f"{'way':<36} {'wall s':>9}")
     for jobs, seconds in shared.items():
-        print(f"{f'shared, --jobs {jobs}':<28} {seconds:>9.0f}")
-    print(f"{'one run per attack':<28} {sum(separate.values()):>9.0f}")
-    if 1 in shared:
-        print(f"one run per attack / shared --jobs 1: {sum(separate.values()) / shared[1]:.2f}x")
-    print(f"\n{'cell':<36} {'attacks':>7} {'one run per attack s':>21}")
+        print(f"{f'shared, --jobs {jobs}':<36} {seconds:>9.0f}")
+    if not args.per_attack_jobs:
+        return
+    print(f"{f'one run per attack, {args.per_attack_jobs} at a time':<36} {separate:>9.0f}")
+    if args.per_attack_jobs in shared:
+        print(f"one run per attack / shared, both {args.per_attack_jobs} at a time: {separate / shared[args.per_attack_jobs]:.2f}x")
+    print(f"\n{'cell':<36} {'attacks':>7} {'one run per attack s (summed)':>30}")
     for cell in cells:
-        print(f"{cell.id:<36} {len(cell.attacks):>7} {separate[cell.id]:>21.0f}")
+        print(f"{cell.id:<36} {len(cell.attacks):>7} {sum(runs[f'{cell.id}/{a}'] for a in cell.attacks):>30.0f}")
 
 
 if __name__ == "__main__":
