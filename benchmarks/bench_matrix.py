@@ -68,8 +68,17 @@ def per_attack_commands(cell: Cell, seed: int, out: Path) -> list[tuple[str, lis
     return [
         (
             f"{cell.id}/{attack}",
-            [sys.executable, "-m", "fdattack", "run", *experiment, *tokens, f"attacks=[{attack}]", f"seed={seed}",
-             f"output_dir={out / cell.id / attack}"],
+            [
+                sys.executable,
+                "-m",
+                "fdattack",
+                "run",
+                *experiment,
+                *tokens,
+                f"attacks=[{attack}]",
+                f"seed={seed}",
+                f"output_dir={out / cell.id / attack}",
+            ],
         )
         for attack in cell.attacks
     ]
@@ -106,11 +115,14 @@ def main() -> None:
         cells = [c for c in plan_cells(load_matrix(path)) if c.runs]
         shared = {}
         for jobs in args.jobs:
-            shared[jobs] = timed([sys.executable, "-m", "fdattack", "matrix", str(path), "--root", str(out / f"shared_{jobs}"), "--jobs", str(jobs)])
+            shared[jobs] = timed(
+                [sys.executable, "-m", "fdattack", "matrix", str(path), "--root", str(out / f"shared_{jobs}"), "--jobs", str(jobs)]
+            )
             print(f"  shared --jobs {jobs}: {shared[jobs]:.0f} s", file=sys.stderr, flush=True)
         if args.per_attack_jobs:
             separate, runs = per_attack_runs(cells, args.seed, out / "per_attack", args.per_attack_jobs)
-    print(f"{Path(args.matrix).name} at seed {args.seed}: {len(cells)} simulations observed by {sum(len(c.attacks) for c in cells)} attack runs")
+    attack_runs = sum(len(c.attacks) for c in cells)
+    print(f"{Path(args.matrix).name} at seed {args.seed}: {len(cells)} simulations observed by {attack_runs} attack runs")
     print(f"{'way':<36} {'wall s':>9}")
     for jobs, seconds in shared.items():
         print(f"{f'shared, --jobs {jobs}':<36} {seconds:>9.0f}")

@@ -397,8 +397,15 @@ def test_on_real_digits_a_victim_keeps_the_public_digits_only_when_its_private_p
         exp = Experiment(
             compose(
                 str(REPO / "conf" / "experiment" / "lattack_fedmd_digits.yaml"),
-                [f"output_dir={tmp_path / str(with_public)}", "logger.wandb.mode=disabled", "logger.progress=never", f"seed={seed}",
-                 "protocol.rounds=1", "attacks=[]", f"protocol.private_with_public={with_public}"],
+                [
+                    f"output_dir={tmp_path / str(with_public)}",
+                    "logger.wandb.mode=disabled",
+                    "logger.progress=never",
+                    f"seed={seed}",
+                    "protocol.rounds=1",
+                    "attacks=[]",
+                    f"protocol.private_with_public={with_public}",
+                ],
             )
         )
         exp.run()

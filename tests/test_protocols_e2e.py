@@ -105,9 +105,18 @@ def test_fedmd_private_phases_add_the_labeled_public_set_only_when_asked(tmp_pat
     overrides = [f"protocol.{phase}_epochs={n}" for phase, n in epochs.items()]
     cfg = compose(
         None,
-        tiny(tmp_path, "data=digits_lattack", "protocol=fedmd", "protocol.num_clients=7", "protocol.rounds=1", *overrides,
-             "protocol.server_model=false", f"protocol.private_with_public={with_public}", "evaluation.classifier=null",
-             "evaluation.confidence_gap.enabled=false"),
+        tiny(
+            tmp_path,
+            "data=digits_lattack",
+            "protocol=fedmd",
+            "protocol.num_clients=7",
+            "protocol.rounds=1",
+            *overrides,
+            "protocol.server_model=false",
+            f"protocol.private_with_public={with_public}",
+            "evaluation.classifier=null",
+            "evaluation.confidence_gap.enabled=false",
+        ),
     )
     exp = Experiment(cfg)
     split, seen = exp.data.split, {}
@@ -131,9 +140,18 @@ def test_fedmd_private_phases_add_the_labeled_public_set_only_when_asked(tmp_pat
 
 
 def test_private_with_public_needs_public_labels(tmp_path: Path) -> None:
-    cfg = compose(None, tiny(tmp_path, "protocol=fedmd", "protocol.private_with_public=true", "data.public_dataset.name=noise",
-                             "data.public_dataset.size=20", "data.split=random",
-                             "data.partition=iid"))
+    cfg = compose(
+        None,
+        tiny(
+            tmp_path,
+            "protocol=fedmd",
+            "protocol.private_with_public=true",
+            "data.public_dataset.name=noise",
+            "data.public_dataset.size=20",
+            "data.split=random",
+            "data.partition=iid",
+        ),
+    )
     with pytest.raises(ConfigError, match="private_with_public=true needs a labeled public set; the data's has 20 unlabeled rows"):
         Experiment(cfg)
 
