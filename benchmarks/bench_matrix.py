@@ -96,8 +96,11 @@ def per_attack_runs(cells: list[Cell], seed: int, out: Path, jobs: int) -> tuple
         return named[0], seconds
 
     start = time.perf_counter()
-    with ThreadPoolExecutor(jobs) as pool:
+    pool = ThreadPoolExecutor(jobs)
+    try:
         runs = dict(pool.map(one, commands))
+    finally:  # a failed run stops the arm: the runs not yet started are dropped
+        pool.shutdown(cancel_futures=True)
     return time.perf_counter() - start, runs
 
 
