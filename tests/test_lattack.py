@@ -391,7 +391,7 @@ def test_on_real_digits_a_victim_keeps_the_public_digits_only_when_its_private_p
     revisits its two private digits alone forgets the public ones, so "c*" means "not my other digit" to it. With
     ``protocol.private_with_public`` (lattack.md §1.2) it still knows them after the round's revisit. Client 0 after one
     FedMD round of the shipped digits run, on the public digits 7-9: measured accuracy without / with, 0.00 / 0.974,
-    0.00 / 0.968, 0.00 / 0.968 at seeds 42, 0, 1 (AMD EPYC); about 10 s a seed."""
+    0.00 / 0.968, 0.00 / 0.968 at seeds 42, 0, 1 (AMD EPYC); 10 to 20 s a seed."""
     accuracy = {}
     for with_public in (False, True):
         exp = Experiment(
