@@ -28,11 +28,8 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
-import os
 import shutil
-import subprocess
 import sys
-import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from types import SimpleNamespace
@@ -43,8 +40,10 @@ import torch
 from fdattack.config import load_config
 from fdattack.data.federated import build_split
 from fdattack.fd.protocols.base import Protocol
-from fdattack.functional.intervals import t_interval
 from fdattack.functional.label_distribution import distances, label_proportions
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/peers: the drivers' shared helpers
+from common import SIDES, checkout_commit, fmt, patched_copy, run_child  # noqa: E402
 
 #: the authors' commit the patch applies to
 PINNED = "6d327dcaa861a9ab7fd54af75dc79e4c18871604"
@@ -54,8 +53,6 @@ EXPERIMENT = REPO / "conf" / "experiment" / "ldia_lira_fedmd_mnist.yaml"
 PATCH = HERE / "authors.patch"
 #: fdattack's model name -> the authors' ``--model`` (``models.py``): the same layers
 AUTHORS_MODEL = {"mlp": "MLP", "pdafd_cnn": "CNN"}
-ONE_THREAD = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1"}
-SIDES = ("fdattack", "authors")
 
 
 @dataclass(frozen=True)
@@ -110,14 +107,6 @@ class Scenario:
         ]
 
 
-@dataclass
-class Measured:
-    """One subprocess: wall seconds and peak resident set (MiB)."""
-
-    wall_s: float
-    peak_rss_mib: float
-
-
 # ------------------------------------------------------------------------------------------- the split
 def split_arrays(scenario: Scenario, seed: int) -> dict[str, np.ndarray]:
     """fdattack's split for ``seed`` (its own ``build_split`` and ``Protocol.public_rows``) as arrays."""
@@ -165,35 +154,11 @@ def check_partition(partition_json: Path, arrays: dict[str, np.ndarray]) -> None
 
 
 # ------------------------------------------------------------------------------------------- subprocesses
-def run_child(cmd: list[str], cwd: Path, log: Path) -> Measured:
-    """Run ``cmd`` on one thread, its output to ``log``; wall time and its own peak RSS (``os.wait4``)."""
-    env = {**os.environ, **ONE_THREAD, "WANDB_MODE": "disabled", "WANDB_SILENT": "true", "PYTHONUNBUFFERED": "1"}
-    with log.open("w") as out:
-        started = time.perf_counter()
-        child = subprocess.Popen(cmd, cwd=cwd, stdout=out, stderr=subprocess.STDOUT, env=env)
-        _, status, usage = os.wait4(child.pid, 0)
-        wall = time.perf_counter() - started
-    child.returncode = os.waitstatus_to_exitcode(status)
-    if child.returncode != 0:
-        raise RuntimeError(f"{' '.join(cmd[:4])} ... failed with status {child.returncode}; see {log}")
-    return Measured(wall, usage.ru_maxrss / 1024)  # ru_maxrss is in KiB on Linux
 
 
 def prepare_authors(checkout: Path, dest: Path) -> Path:
     """A copy of the authors' checkout at ``dest`` with :data:`PATCH` applied; returns it."""
-    if dest.exists():
-        shutil.rmtree(dest)
-    shutil.copytree(checkout, dest, ignore=shutil.ignore_patterns(".git"))
-    subprocess.run(["git", "apply", "--whitespace=nowarn", str(PATCH)], cwd=dest, check=True)
-    return dest
-
-
-def checkout_commit(checkout: Path) -> str | None:
-    """The checkout's commit where it is a git work tree, else None (an archive)."""
-    if not (checkout / ".git").exists():
-        return None
-    found = subprocess.run(["git", "rev-parse", "HEAD"], cwd=checkout, capture_output=True, text=True)
-    return found.stdout.strip() or None
+    return patched_copy(checkout, dest, PATCH, shutil.ignore_patterns(".git"))
 
 
 def run_ldia_py(script: Path, estimates: torch.Tensor, truth: list[torch.Tensor], where: Path) -> dict:
@@ -274,10 +239,6 @@ def run_authors(scenario: Scenario, seed: int, arrays: dict[str, np.ndarray], ou
 
 
 # ------------------------------------------------------------------------------------------- the table
-def fmt(values: list[float], digits: int = 3) -> str:
-    """``mean [low, high]`` with the t interval over ``values``."""
-    low, high = t_interval(values)
-    return f"{np.mean(values):.{digits}f} [{low:.{digits}f}, {high:.{digits}f}]"
 
 
 def table(results: dict[int, dict[str, dict]]) -> str:

@@ -34,10 +34,8 @@ import argparse
 import ast
 import hashlib
 import json
-import os
 import pickle
 import shutil
-import subprocess
 import sys
 import time
 from dataclasses import asdict, dataclass
@@ -58,8 +56,10 @@ from fdattack.evaluation.reconstruction import ReconstructionScorer
 from fdattack.experiment import attacker_seed, known_degradation
 from fdattack.fd.protocols.base import PROTOCOLS
 from fdattack.fd.threat import attacker_view
-from fdattack.functional.intervals import t_interval
 from fdattack.lit.inversion import InversionLitModule
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/peers: the drivers' shared helpers
+from common import SIDES, checkout_commit, fmt, patched_copy, run_child  # noqa: E402
 
 #: the authors' commit the patch applies to (their only commit)
 PINNED = "ad9c38e527b7703ba9d820dc60dc682de4d3339c"
@@ -67,8 +67,6 @@ HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[2]
 EXPERIMENT = REPO / "conf" / "experiment" / "pli_fedmd_att_faces.yaml"
 PATCH = HERE / "authors.patch"
-ONE_THREAD = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1"}
-SIDES = ("fdattack", "authors")
 #: Eq. 11's TV weight: the authors' ``evaluation_full_multi_models(beta=0.1)`` default, not on their command line
 BETA = 0.1
 
@@ -143,14 +141,6 @@ class Scenario:
         return args + (["--prior_file", str(prior_file)] if prior_file is not None else [])
 
 
-@dataclass
-class Measured:
-    """One subprocess: wall seconds and peak resident set (MiB)."""
-
-    wall_s: float
-    peak_rss_mib: float
-
-
 # ------------------------------------------------------------------------------------------- the split and the prior
 def fdattack_config(scenario: Scenario, seed: int) -> DictConfig:
     """The resolved fdattack configuration of this scenario and seed."""
@@ -221,18 +211,6 @@ def check_partition(partition_json: Path, arrays: dict[str, np.ndarray]) -> None
 
 
 # ------------------------------------------------------------------------------------------- subprocesses
-def run_child(cmd: list[str], cwd: Path, log: Path, env: dict[str, str] | None = None) -> Measured:
-    """Run ``cmd`` on one thread, its output to ``log``; wall time and its own peak RSS (``os.wait4``)."""
-    env = {**os.environ, **ONE_THREAD, "WANDB_MODE": "disabled", "WANDB_SILENT": "true", "PYTHONUNBUFFERED": "1", **(env or {})}
-    with log.open("w") as out:
-        started = time.perf_counter()
-        child = subprocess.Popen(cmd, cwd=cwd, stdout=out, stderr=subprocess.STDOUT, env=env)
-        _, status, usage = os.wait4(child.pid, 0)
-        wall = time.perf_counter() - started
-    child.returncode = os.waitstatus_to_exitcode(status)
-    if child.returncode != 0:
-        raise RuntimeError(f"{' '.join(cmd[:4])} ... failed with status {child.returncode}; see {log}")
-    return Measured(wall, usage.ru_maxrss / 1024)  # ru_maxrss is in KiB on Linux
 
 
 def skipped(checkout: Path, folder: Path, names: list[str]) -> list[str]:
@@ -244,19 +222,7 @@ def skipped(checkout: Path, folder: Path, names: list[str]) -> list[str]:
 
 def prepare_authors(checkout: Path, dest: Path) -> Path:
     """A copy of the authors' checkout at ``dest`` with :data:`PATCH` applied; returns it."""
-    if dest.exists():
-        shutil.rmtree(dest)
-    shutil.copytree(checkout, dest, ignore=lambda folder, names: skipped(checkout, Path(folder), names))
-    subprocess.run(["git", "apply", "--whitespace=nowarn", str(PATCH)], cwd=dest, check=True)
-    return dest
-
-
-def checkout_commit(checkout: Path) -> str | None:
-    """The checkout's commit where it is a git work tree, else None (an export)."""
-    if not (checkout / ".git").exists():
-        return None
-    found = subprocess.run(["git", "rev-parse", "HEAD"], cwd=checkout, capture_output=True, text=True)
-    return found.stdout.strip() or None
+    return patched_copy(checkout, dest, PATCH, lambda folder, names: skipped(checkout, Path(folder), names))
 
 
 # ------------------------------------------------------------------------------------------- the sides
@@ -384,10 +350,6 @@ def run_authors(
 
 
 # ------------------------------------------------------------------------------------------- the table
-def fmt(values: list[float], digits: int = 3) -> str:
-    """``mean [low, high]`` with the t interval over ``values``."""
-    low, high = t_interval(values)
-    return f"{np.mean(values):.{digits}f} [{low:.{digits}f}, {high:.{digits}f}]"
 
 
 #: (result key, column title, digits) of the side-by-side table

@@ -1,0 +1,65 @@
+"""What every side-by-side driver here shares: one-thread child processes with their wall time and peak memory, the
+authors' checkout copied and patched, and mean [95 % t interval] cells for the tables."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from fdattack.functional.intervals import t_interval
+
+ONE_THREAD = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1"}
+SIDES = ("fdattack", "authors")
+
+
+@dataclass(frozen=True)
+class Measured:
+    """One subprocess: wall seconds and peak resident set (MiB)."""
+
+    wall_s: float
+    peak_rss_mib: float
+
+
+def run_child(cmd: list[str], cwd: Path, log: Path, env: dict[str, str] | None = None) -> Measured:
+    """Run ``cmd`` on one thread (W&B off, plus ``env``), its output to ``log``; wall time and its own peak RSS
+    (``os.wait4``)."""
+    env = {**os.environ, **ONE_THREAD, "WANDB_MODE": "disabled", "WANDB_SILENT": "true", "PYTHONUNBUFFERED": "1", **(env or {})}
+    with log.open("w") as out:
+        started = time.perf_counter()
+        child = subprocess.Popen(cmd, cwd=cwd, stdout=out, stderr=subprocess.STDOUT, env=env)
+        _, status, usage = os.wait4(child.pid, 0)
+        wall = time.perf_counter() - started
+    child.returncode = os.waitstatus_to_exitcode(status)
+    if child.returncode != 0:
+        raise RuntimeError(f"{' '.join(cmd[:4])} ... failed with status {child.returncode}; see {log}")
+    return Measured(wall, usage.ru_maxrss / 1024)  # ru_maxrss is in KiB on Linux
+
+
+def patched_copy(checkout: Path, dest: Path, patch: Path, ignore: Callable[[str, list[str]], list[str]]) -> Path:
+    """A fresh copy of the authors' ``checkout`` at ``dest`` (without what ``ignore`` names) with ``patch`` applied."""
+    if dest.exists():
+        shutil.rmtree(dest)
+    shutil.copytree(checkout, dest, ignore=ignore)
+    subprocess.run(["git", "apply", "--whitespace=nowarn", str(patch)], cwd=dest, check=True)
+    return dest
+
+
+def checkout_commit(checkout: Path) -> str | None:
+    """The checkout's commit where it is a git work tree, else None (an export)."""
+    if not (checkout / ".git").exists():
+        return None
+    found = subprocess.run(["git", "rev-parse", "HEAD"], cwd=checkout, capture_output=True, text=True)
+    return found.stdout.strip() or None
+
+
+def fmt(values: list[float], digits: int = 3) -> str:
+    """``mean [low, high]`` with the t interval over ``values``."""
+    low, high = t_interval(values)
+    return f"{np.mean(values):.{digits}f} [{low:.{digits}f}, {high:.{digits}f}]"
