@@ -244,7 +244,9 @@ def test_override_value_that_is_not_yaml_names_its_token(capsys: pytest.CaptureF
 
 
 # ----------------------------------------------------------------------------- registry names, each under its own key
-CLASSIFIER_LIST = "choose one of: fedinverse_cnn, lattack_cnn, mlp, mobilenet_v2, pdafd_cnn, pli_cnn, resnet18_gn, scnn, vgg16_bn"
+CLASSIFIER_LIST = (
+    "choose one of: fedinverse_cnn, lattack_cnn, lattack_mlp, mlp, mobilenet_v2, pdafd_cnn, pli_cnn, resnet18_gn, scnn, vgg16_bn"
+)
 
 
 @pytest.mark.parametrize(

@@ -11,7 +11,7 @@ from torch import nn
 from fdattack.errors import ConfigError
 from fdattack.models import CLASSIFIERS, build_classifier
 
-NAMES = ["pli_cnn", "fedinverse_cnn", "scnn", "pdafd_cnn", "lattack_cnn", "mlp", "resnet18_gn", "vgg16_bn", "mobilenet_v2"]
+NAMES = ["pli_cnn", "fedinverse_cnn", "scnn", "pdafd_cnn", "lattack_cnn", "lattack_mlp", "mlp", "resnet18_gn", "vgg16_bn", "mobilenet_v2"]
 SHAPES = [(1, 8), (1, 28), (3, 32), (3, 64)]
 J = 7
 
@@ -138,6 +138,14 @@ def test_unknown_name_lists_known_ones() -> None:
 def test_non_positive_sizes_are_rejected() -> None:
     with pytest.raises(ValueError, match="num_classes must be >= 1"):
         build_classifier("mlp", 1, 8, 0)
+
+
+def test_lattack_mlp_is_the_specs_one_hidden_layer_of_200() -> None:
+    """lattack.md §4.3: Flatten → Linear(784, 200) → ReLU → Linear(200, 10) at 28×28×1."""
+    net = build_classifier("lattack_mlp", 1, 28, 10)
+    linears = [(m.in_features, m.out_features) for m in net.modules() if isinstance(m, torch.nn.Linear)]
+    assert linears == [(784, 200), (200, 10)]
+    assert sum(isinstance(m, torch.nn.ReLU) for m in net.modules()) == 1
 
 
 def test_lattack_cnn_is_the_specs_three_5x5_layers() -> None:

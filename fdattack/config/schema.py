@@ -127,8 +127,8 @@ class DataConfig:
 class ModelConfig:
     name: str = knob(
         "pli_cnn",
-        "classifier registry name for every client: pli_cnn | fedinverse_cnn | scnn | pdafd_cnn | lattack_cnn | mlp | resnet18_gn | "
-        "vgg16_bn | mobilenet_v2",
+        "classifier registry name for every client: pli_cnn | fedinverse_cnn | scnn | pdafd_cnn | lattack_cnn | lattack_mlp | mlp | "
+        "resnet18_gn | vgg16_bn | mobilenet_v2",
     )
     clients: list[str] = knob([], "per-client architectures, cycled over the clients (heterogeneous FD); empty = name for all")
     server: Optional[str] = knob(None, "architecture of the server model where the protocol has one; null = name")

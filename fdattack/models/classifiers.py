@@ -9,6 +9,8 @@ that sizes the network from the data; every network maps (B, C, H, H) images to 
 | ``fedinverse_cnn`` | MCNN (fedinverse.md §3.3) | any (inputs below 32 px are upsampled to 32) |
 | ``scnn`` | SCNN, FedInverse's MNIST evaluation classifier (fedinverse.md §3.5) | any (inputs are resized to 32) |
 | ``pdafd_cnn`` | 4-conv CNN (pdafd.md §7.3) | 8 px |
+| ``lattack_cnn`` | the L-Attack's 3-layer 5×5 CNN (lattack.md §4.3) | 8 px |
+| ``lattack_mlp`` | the L-Attack's MLP, one hidden layer of 200 (lattack.md §4.3) | any |
 | ``mlp`` | 3-layer MLP (pdafd.md §7.3) | any |
 | ``resnet18_gn`` | ResNet-18, 3×3 stem, GroupNorm(32) (pdafd.md §7.3) | any |
 | ``vgg16_bn`` | VGG16-BN features, 1×1 average pool, Linear(512, J) (fedinverse.md §3.3, A8) | any |
@@ -189,6 +191,12 @@ def lattack_cnn(in_channels: int, image_size: int, num_classes: int) -> nn.Modul
         layers += [nn.Conv2d(c_in, c_out, 5, padding=2), nn.BatchNorm2d(c_out), nn.ReLU(), nn.MaxPool2d(2)]
     side = image_size // 2 // 2 // 2
     return nn.Sequential(*layers, nn.Flatten(), nn.Linear(128 * side * side, num_classes))
+
+
+@CLASSIFIERS.register("lattack_mlp")
+def lattack_mlp(in_channels: int, image_size: int, num_classes: int) -> nn.Module:
+    """The L-Attack paper's MLP of hidden size 200 (lattack.md §4.3): Flatten → Linear(C·H·W, 200) → ReLU → Linear(200, J)."""
+    return nn.Sequential(nn.Flatten(), nn.Linear(in_channels * image_size * image_size, 200), nn.ReLU(), nn.Linear(200, num_classes))
 
 
 @CLASSIFIERS.register("mlp")
