@@ -166,6 +166,13 @@ def test_a_classifier_that_names_the_target_scores_top1_one_and_one_that_names_a
     assert (misses["top1"], misses["top1_std"]) == (0.0, 0.0)
 
 
+def test_with_one_attacked_label_chance_is_a_random_class_among_the_classifiers() -> None:
+    """The L-Attack's one c*: a guess among the attacked labels is always right, so chance is 1/J, not 1/T = 1."""
+    scores = metrics_of(InversionScorer(fake_split(), identity_classifier, grid_samples=2), HAND_LOGITS[:, :1].reshape(4, 1, 1, 1, J), [0])
+    assert scores["chance"] == pytest.approx(1 / J)
+    assert scores["chance_top5"] == pytest.approx(5 / J)
+
+
 def test_a_single_sample_has_no_std_and_top5_is_capped_at_the_classes() -> None:
     scores = metrics_of(InversionScorer(fake_split(), identity_classifier, grid_samples=2), HAND_LOGITS[2:3].view(1, 2, 1, 1, J), [0, 1])
     assert scores["top1"] == 0.0 and math.isnan(scores["top1_std"]) and math.isnan(scores["diversity"])

@@ -4,7 +4,8 @@ Metrics, under ``attack/<name>/``:
 
 * ``top1``, ``top1_std``, ``top5``, ``top5_std``: for every sample index s, acc_s = hits over the T target labels / T;
   the mean over s and the sample std (n − 1) of §6.1.
-* ``chance``: 1/T, the top-1 of a guess among the T attacked labels (the issue's "chance (1/5)"); ``chance_top5``:
+* ``chance``: 1/T, the top-1 of a guess among the T attacked labels (the issue's "chance (1/5)"); with one attacked
+  label (the L-Attack's c*) 1/J, the top-1 of images the classifier names at random among its J classes; ``chance_top5``:
   min(5, J)/J, the top-5 of images the classifier ranks at random among its J classes (top-5 of 10 digits is 0.5,
   which is why FedInverse's MNIST Acc5 is near 100 %, §6.1).
 * ``diversity``: :func:`~fdattack.functional.inversion_metrics.feature_diversity` of each label's S samples;
@@ -186,7 +187,7 @@ class InversionScorer:
         extractor = PenultimateFeatures(classifier)
         values.update(
             {
-                "chance": 1.0 / t,
+                "chance": 1.0 / (t if t > 1 else classifier.num_classes),
                 "chance_top5": min(5, classifier.num_classes) / classifier.num_classes,
                 "diversity": feature_diversity([features[:, i] for i in range(t)]),
                 "diversity_real": feature_diversity([real[self.real_labels == y][:REAL_DIVERSITY_IMAGES] for y in labels.tolist()]),
