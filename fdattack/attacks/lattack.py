@@ -12,7 +12,12 @@ Schedule (Algorithm 1 in FedMD's phase order: upload, aggregate, digest, revisit
 digests the server's aggregate of its own upload alone (``return_own_outputs``, §2.1: its own logits under FedMD), so
 it learns nothing from the others; after its private training (the round's attack point, the model it uploads with
 next round) the server takes ``steps_per_round`` generator steps on its answers. The query images never enter the
-public batch, so the other clients distil on the real public rows only (§8 item 8).
+public batch, so the other clients distil on the real public rows only (§8 item 8). In the rounds between attack rounds
+(``every`` > 1, Algorithm 1's "else: return f̄") the victim digests the real aggregate, so it learns from the federation
+the classes it does not hold and "c*" comes to mean c* rather than "none of my other classes": on MNIST that is what
+turns the generator's textures into images an independent classifier calls c* (docs/attacks.md). With
+``inject_samples`` the server also adds generated images to the next round's batch (Algorithm 1's D_pub ∪ x_fake),
+whose real aggregate in those rounds tells the victim what the federation makes of them.
 
 Decoy (§2.1's optional Hitaj-style extension, ``decoy_class``, off by default): after its steps the server adds
 ``decoy_samples`` generated images to the next round's batch and tells the victim alone, in its own aggregate, that they
@@ -101,7 +106,12 @@ class LAttackSettings:
         "answer alone, Eqs. 11-12) | strong (the raw top-K label vector w⊙v); under FedMD both read the logits",
     )
     start_round: int = knob(1, "the first attack round", ge=1)
-    every: int = knob(1, "attack every `every` rounds from start_round", ge=1)
+    every: int = knob(
+        1,
+        "attack every `every` rounds from start_round; in the rounds between, the victim digests the real aggregate "
+        "(Algorithm 1's normal rounds: it learns the classes it lacks from the federation)",
+        ge=1,
+    )
     return_own_outputs: bool = knob(
         True,
         "in attack rounds the victim receives the server's aggregate of its own upload alone in place of the "
@@ -117,6 +127,13 @@ class LAttackSettings:
         ge=0,
     )
     decoy_samples: int = knob(200, "generated images added to the next public batch each attack round with decoy_class", ge=1)
+    inject_samples: int = knob(
+        0,
+        "Algorithm 1's D_pub ← D_pub ∪ x_fake without a decoy label: generated images the server adds to the next "
+        "public batch after each attack round's steps; the victim gets its own answers on them in attack rounds, and "
+        "with every > 1 every client digests the real aggregate on them in the rounds between (0: none)",
+        ge=0,
+    )
 
 
 #: the consensus logit of the decoy class (0 elsewhere): softmax gives it 0.9996 of the mass among ten classes
@@ -157,7 +174,12 @@ class LAttack(Attack):
         """Queries on chosen images; sending the victim its own aggregate with ``return_own_outputs``; adding images
         with ``decoy_class``."""
         powers = (cls.needs | {Capability.send_aggregate}) if settings.return_own_outputs else cls.needs
-        return powers | {Capability.add_public_samples} if settings.decoy_class is not None else powers
+        return powers | {Capability.add_public_samples} if cls.added_per_round(settings) else powers
+
+    @staticmethod
+    def added_per_round(settings: LAttackSettings) -> int:
+        """Generated images added to the next public batch after each attack round's steps."""
+        return settings.decoy_samples if settings.decoy_class is not None else settings.inject_samples
 
     def __init__(self, view: AttackerView, settings: LAttackSettings, context: AttackContext) -> None:
         super().__init__(view, settings, context)
@@ -268,9 +290,9 @@ class LAttack(Attack):
             self.probe = GradientProbe(x.detach().cpu(), estimate.detach().cpu(), s.victim, s.target_class, str(s.loss))
         self.optimizer_state = [optimizer.state_dict() for optimizer in handle.optimizers]
         self.engine.release(handle)
-        if s.decoy_class is not None:
+        if added := self.added_per_round(s):
             stream = torch.Generator().manual_seed(derive_seed(self.context.seed, self.name, round, "decoy"))
-            self.adversary.add_public_samples(module.sample(module.noise(s.decoy_samples, stream)).cpu())
+            self.adversary.add_public_samples(module.sample(module.noise(added, stream)).cpu())
 
     def on_round_end(self, round: int) -> list[AttackResult]:
         """The round's generated images of c* and its last gradient estimate (nothing in a round without steps)."""
