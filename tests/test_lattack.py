@@ -1,9 +1,10 @@
 """The L-Attack (lattack.md §2): the generator step against the chain rule by hand, its losses and views on hand-made
 answers (LabelAvg's strong view blind where c* is top-1 or outside the top K), the gradient check against autograd,
 and runs on digits: the victim distils toward its own upload, queries and their encoded bytes are counted, the decoy
-reaches the victim alone, nothing private is reachable, resume restores the generator, bad settings exit 2, and on real
-digits the generator trained on FedMD makes its victim far surer of c* than an untrained one (the claim that holds over
-seeds; whether its images are recognisable 0s depends on the seed, see that test)."""
+reaches the victim alone and the injected fakes as Algorithm 1 says, nothing private is reachable, resume restores the generator,
+bad settings exit 2; on real digits the generator trained on FedMD makes its victim far surer of c* than an untrained one
+(whether its 8x8 images are 0s depends on the seed, see that test), and on real MNIST the attack as Algorithm 1 prints
+it draws images an independent classifier calls c*."""
 
 from __future__ import annotations
 
