@@ -494,8 +494,20 @@ def test_on_mnist_the_plain_attack_between_normal_rounds_draws_what_an_independe
             ["attack.lattack.decoy_class=3", "attack.lattack.return_own_outputs=false"],
             ["attack.lattack.decoy_class", "return_own_outputs=true"],
         ),
+        (
+            ["attack.lattack.decoy_class=3", "attack.lattack.inject_samples=50"],
+            ["attack.lattack.inject_samples=50", "decoy_samples"],
+        ),
     ],
-    ids=["victim", "target_class", "neg_logit_on_labels", "no_server_rule", "decoy_is_the_target", "decoy_without_own_outputs"],
+    ids=[
+        "victim",
+        "target_class",
+        "neg_logit_on_labels",
+        "no_server_rule",
+        "decoy_is_the_target",
+        "decoy_without_own_outputs",
+        "decoy_with_injection",
+    ],
 )
 def test_bad_lattack_settings_exit_2_with_one_line(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], extra: list[str], named: list[str]

@@ -172,7 +172,7 @@ class LAttack(Attack):
     @classmethod
     def required(cls, settings: LAttackSettings) -> frozenset[Capability]:
         """Queries on chosen images; sending the victim its own aggregate with ``return_own_outputs``; adding images
-        with ``decoy_class``."""
+        with ``decoy_class`` or ``inject_samples``."""
         powers = (cls.needs | {Capability.send_aggregate}) if settings.return_own_outputs else cls.needs
         return powers | {Capability.add_public_samples} if cls.added_per_round(settings) else powers
 
@@ -205,6 +205,11 @@ class LAttack(Attack):
             raise ConfigError(
                 f"{key}.decoy_class={settings.decoy_class} must be a class other than target_class={settings.target_class}; "
                 f"allowed: 0 to {view.num_classes - 1}"
+            )
+        if settings.decoy_class is not None and settings.inject_samples:
+            raise ConfigError(
+                f"{key}.inject_samples={settings.inject_samples} with {key}.decoy_class: the decoy adds {key}.decoy_samples "
+                "images; set inject_samples=0"
             )
         if settings.decoy_class is not None and not settings.return_own_outputs:
             raise ConfigError(
