@@ -117,6 +117,7 @@ class KEDMIAttack(GANInversionAttack):
         seed = derive_seed(self.context.seed, self.name, round, "gan")
         with seeded(seed, self.device):
             module = KPlusOneGAN(c, h, target, self.view.num_classes, s.z_dim, s.gan_width, s.gan_lr, s.n_critic)
+        module.to(self.device)  # beside the target (already there), so that the engine's set-up finds one device
         images = self.view.prior_data.images  # type: ignore[union-attr]
 
         def views(epoch: int) -> PriorViews:
