@@ -3,6 +3,8 @@ authors' checkout copied and patched, and mean [95 % t interval] cells for the t
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 import shutil
 import subprocess
@@ -63,3 +65,24 @@ def fmt(values: list[float], digits: int = 3) -> str:
     """``mean [low, high]`` with the t interval over ``values``."""
     low, high = t_interval(values)
     return f"{np.mean(values):.{digits}f} [{low:.{digits}f}, {high:.{digits}f}]"
+
+
+def digest(arrays: dict[str, np.ndarray]) -> str:
+    """sha256 of every array of a split (what both sides must share), keys included."""
+    h = hashlib.sha256()
+    for key in sorted(arrays):
+        h.update(key.encode())
+        h.update(np.ascontiguousarray(arrays[key]).tobytes())
+    return h.hexdigest()
+
+
+def check_partition(partition_json: Path, public: np.ndarray, test: np.ndarray, private: np.ndarray, private_sizes: np.ndarray) -> None:
+    """The fdattack run's ``partition.json`` holds the split file's dataset rows in the same order: ``public``,
+    ``test``, and ``private`` (every client's rows one after the other, ``private_sizes`` each)."""
+    run = json.loads(partition_json.read_text())
+    assert np.array_equal(run["public"], public), "fdattack's public rows differ from the split file"
+    assert np.array_equal(run["test"], test), "fdattack's test rows differ from the split file"
+    clients = np.split(private, np.cumsum(private_sizes)[:-1])
+    assert len(run["private"]) == len(clients), "fdattack's client count differs from the split file"
+    for k, (theirs, ours) in enumerate(zip(run["private"], clients)):
+        assert np.array_equal(theirs, ours), f"fdattack's private rows of client {k} differ from the split file"

@@ -33,7 +33,6 @@ Usage::
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import shutil
 import sys
@@ -57,7 +56,7 @@ from fdattack.models.classifiers import MCNN
 from fdattack.randomness import derive_seed
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/peers: the drivers' shared helpers
-from common import SIDES, Measured, checkout_commit, fmt, patched_copy, run_child  # noqa: E402
+from common import SIDES, Measured, check_partition, checkout_commit, digest, fmt, patched_copy, run_child  # noqa: E402
 
 #: the authors' commit the patch applies to (later commits only edit the README)
 PINNED = "d686a7498a5e98658bc2a693d930389622056737"
@@ -232,26 +231,6 @@ def split_arrays(split: FederatedSplit, cfg: DictConfig) -> dict[str, np.ndarray
     }
 
 
-def digest(arrays: dict[str, np.ndarray]) -> str:
-    """sha256 of every array of the split (what both sides must share)."""
-    h = hashlib.sha256()
-    for key in sorted(arrays):
-        h.update(key.encode())
-        h.update(np.ascontiguousarray(arrays[key]).tobytes())
-    return h.hexdigest()
-
-
-def check_partition(partition_json: Path, arrays: dict[str, np.ndarray]) -> None:
-    """The fdattack run's ``partition.json`` is the split in the file (same rows, same order)."""
-    run = json.loads(partition_json.read_text())
-    assert np.array_equal(run["public"], arrays["public_source"]), "fdattack's public rows differ from the split file"
-    assert np.array_equal(run["test"], arrays["test_source"]), "fdattack's test rows differ from the split file"
-    private = np.split(arrays["private_source"], np.cumsum(arrays["private_sizes"])[:-1])
-    assert len(run["private"]) == len(private), "fdattack's client count differs from the split file"
-    for k, (theirs, ours) in enumerate(zip(run["private"], private)):
-        assert np.array_equal(theirs, ours), f"fdattack's private rows of client {k} differ from the split file"
-
-
 # ------------------------------------------------------------------------------------------- scoring
 def scorer_of(split: FederatedSplit, classifier_file: Path, seed: int) -> InversionScorer:
     """fdattack's inversion scorer with the run's evaluation classifier loaded from ``classifier_file`` and the run's
@@ -321,7 +300,7 @@ def run_fdattack(scenario: Scenario, seed: int, split: FederatedSplit, arrays: d
         overrides = [*scenario.fdattack_overrides(seed), f"output_dir={run_dir}"]
         measured = run_child([sys.executable, "-m", "fdattack", "run", str(EXPERIMENT), *overrides], REPO, out / f"{run_dir.name}.log")
         measured_file.write_text(json.dumps(asdict(measured)))
-    check_partition(run_dir / "partition.json", arrays)
+    check_partition(run_dir / "partition.json", *(arrays[k] for k in ("public_source", "test_source", "private_source", "private_sizes")))
     (classifier_file,) = (run_dir / "artifacts").glob("inversion_classifier_*.pt")
     scorer = scorer_of(split, classifier_file, seed)
     logged = merged_rounds(run_dir)

@@ -43,7 +43,7 @@ from fdattack.fd.protocols.base import Protocol
 from fdattack.functional.label_distribution import distances, label_proportions
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/peers: the drivers' shared helpers
-from common import SIDES, checkout_commit, fmt, patched_copy, run_child  # noqa: E402
+from common import SIDES, check_partition, checkout_commit, fmt, patched_copy, run_child  # noqa: E402
 
 #: the authors' commit the patch applies to
 PINNED = "6d327dcaa861a9ab7fd54af75dc79e4c18871604"
@@ -142,17 +142,6 @@ def write_split(scenario: Scenario, seed: int, path: Path) -> dict[str, np.ndarr
     return arrays
 
 
-def check_partition(partition_json: Path, arrays: dict[str, np.ndarray]) -> None:
-    """The fdattack run's ``partition.json`` is the split in the file (same rows, same order)."""
-    run = json.loads(partition_json.read_text())
-    assert np.array_equal(run["public"], arrays["public"]), "fdattack's public rows differ from the split file"
-    assert np.array_equal(run["test"], arrays["test"]), "fdattack's test rows differ from the split file"
-    private = np.split(arrays["private"], np.cumsum(arrays["private_sizes"])[:-1])
-    assert len(run["private"]) == len(private), "fdattack's client count differs from the split file"
-    for k, (theirs, ours) in enumerate(zip(run["private"], private)):
-        assert np.array_equal(theirs, ours), f"fdattack's private rows of client {k} differ from the split file"
-
-
 # ------------------------------------------------------------------------------------------- subprocesses
 
 
@@ -193,7 +182,7 @@ def run_fdattack(scenario: Scenario, seed: int, arrays: dict[str, np.ndarray], o
         shutil.rmtree(run_dir)
     overrides = [*scenario.fdattack_overrides(seed), f"output_dir={run_dir}"]
     measured = run_child([sys.executable, "-m", "fdattack", "run", str(EXPERIMENT), *overrides], REPO, out / f"fdattack_seed{seed}.log")
-    check_partition(run_dir / "partition.json", arrays)
+    check_partition(run_dir / "partition.json", *(arrays[k] for k in ("public", "test", "private", "private_sizes")))
     metrics = json.loads((run_dir / "metrics.json").read_text())
     state = torch.load(run_dir / "checkpoints" / f"round_{scenario.rounds:04d}.pt", weights_only=True)["attacks"]["ldia"]
     clients = sorted(int(k) for k in state["sums"])

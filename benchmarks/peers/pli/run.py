@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import argparse
 import ast
-import hashlib
 import json
 import pickle
 import shutil
@@ -59,7 +58,7 @@ from fdattack.fd.threat import attacker_view
 from fdattack.lit.inversion import InversionLitModule
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/peers: the drivers' shared helpers
-from common import SIDES, checkout_commit, fmt, patched_copy, run_child  # noqa: E402
+from common import SIDES, check_partition, checkout_commit, digest, fmt, patched_copy, run_child  # noqa: E402
 
 #: the authors' commit the patch applies to (their only commit)
 PINNED = "ad9c38e527b7703ba9d820dc60dc682de4d3339c"
@@ -168,15 +167,6 @@ def split_arrays(split: FederatedSplit) -> dict[str, np.ndarray]:
     }
 
 
-def digest(arrays: dict[str, np.ndarray]) -> str:
-    """sha256 of every array of the split (what both sides must share)."""
-    h = hashlib.sha256()
-    for key in sorted(arrays):
-        h.update(key.encode())
-        h.update(np.ascontiguousarray(arrays[key]).tobytes())
-    return h.hexdigest()
-
-
 def write_split(scenario: Scenario, split: FederatedSplit, path: Path) -> dict[str, np.ndarray]:
     """Write ``split_seed<k>.npz`` (with its digest) and return its arrays."""
     arrays = split_arrays(split)
@@ -197,17 +187,6 @@ def learned_prior(cfg: DictConfig, split: FederatedSplit) -> torch.Tensor:
         vectorise=t.vectorise,
     )
     return build_prior(view, settings, attacker_seed(cfg.seed), engine)
-
-
-def check_partition(partition_json: Path, arrays: dict[str, np.ndarray]) -> None:
-    """The fdattack run's ``partition.json`` is the split in the file (same rows, same order)."""
-    run = json.loads(partition_json.read_text())
-    assert np.array_equal(run["public"], arrays["public_source"]), "fdattack's public rows differ from the split file"
-    assert np.array_equal(run["test"], arrays["test_source"]), "fdattack's test rows differ from the split file"
-    private = np.split(arrays["private_source"], np.cumsum(arrays["private_sizes"])[:-1])
-    assert len(run["private"]) == len(private), "fdattack's client count differs from the split file"
-    for k, (theirs, ours) in enumerate(zip(run["private"], private)):
-        assert np.array_equal(theirs, ours), f"fdattack's private rows of client {k} differ from the split file"
 
 
 # ------------------------------------------------------------------------------------------- subprocesses
@@ -276,7 +255,7 @@ def run_fdattack(
         shutil.rmtree(run_dir)
     overrides = [*scenario.fdattack_overrides(seed), f"output_dir={run_dir}"]
     measured = run_child([sys.executable, "-m", "fdattack", "run", str(EXPERIMENT), *overrides], REPO, out / f"{run_dir.name}.log")
-    check_partition(run_dir / "partition.json", arrays)
+    check_partition(run_dir / "partition.json", *(arrays[k] for k in ("public_source", "test_source", "private_source", "private_sizes")))
     if prior is not None:
         state = torch.load(run_dir / "checkpoints" / f"round_{scenario.rounds:04d}.pt", weights_only=True)["attacks"]["pli"]
         assert torch.equal(state["prior"], prior), "the prior fdattack's run trained is not the one in the prior file"
