@@ -28,6 +28,7 @@ from fdattack.functional.hsic import hsic_loss_term
 from fdattack.lit.gan import (
     WGANGP,
     KPlusOneGAN,
+    batch_statistics_logits,
     critic_loss,
     feature_matching_loss,
     gradient_penalty,
@@ -200,6 +201,19 @@ def test_gans_train_under_a_plain_lightning_trainer(tmp_path: Path) -> None:
             assert any(not torch.equal(state[k], after[k]) for k in state), f"{type(module).__name__}.{name} did not train"
         assert set(module.networks()) == set(module.NETWORKS)
     assert all(torch.equal(frozen[k], v) for k, v in target.state_dict().items()) and not target.training
+
+
+def test_the_released_teacher_normalises_by_the_batch_and_leaves_the_target_as_it_was() -> None:
+    torch.manual_seed(0)
+    target = nn.Sequential(nn.Conv2d(1, 4, 3), nn.BatchNorm2d(4), nn.Flatten(), nn.Linear(144, 3)).eval()
+    target[1].running_mean.fill_(0.7)  # running statistics unlike any batch's, so that the two modes differ
+    target[1].running_var.fill_(3.0)
+    x = torch.rand(6, 1, 8, 8) * 2 - 1
+    frozen = copy.deepcopy(target.state_dict())
+    in_train_mode = copy.deepcopy(target).train()(x)
+    soft = batch_statistics_logits(target, x)
+    assert torch.allclose(soft, in_train_mode, atol=1e-6) and not torch.allclose(soft, target(x), atol=1e-3)
+    assert all(torch.equal(frozen[k], v) for k, v in target.state_dict().items()) and not any(m.training for m in target.modules())
 
 
 # ---------------------------------------------------------------------------------------------------- latent searches

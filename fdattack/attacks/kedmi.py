@@ -35,6 +35,11 @@ class KEDMISettings(GANInversionSettings):
     lr: float = knob(0.02, "Adam learning rate of μ and log σ²", gt=0)
     gan_epochs: int = knob(100, "K+1 GAN training epochs over the prior data, every round (the spec: 100)", ge=0)
     samples: int = knob(5, "draws z ~ N(μ, σ²) per target label in the result (the code: 5 CelebA, 500 MNIST)", ge=1)
+    teacher_batch_stats: bool = knob(
+        False,
+        "the K+1 GAN's soft labels from the target with BatchNorm on each prior batch's own statistics, as the released code "
+        "computes them (its target stays in train mode); false: the target as trained, the paper's fixed model",
+    )
 
 
 class PriorViews:
@@ -116,14 +121,19 @@ class KEDMIAttack(GANInversionAttack):
         s, (c, h, _) = self.settings, self.view.image_shape
         seed = derive_seed(self.context.seed, self.name, round, "gan")
         with seeded(seed, self.device):
-            module = KPlusOneGAN(c, h, target, self.view.num_classes, s.z_dim, s.gan_width, s.gan_lr, s.n_critic)
+            module = KPlusOneGAN(
+                c, h, target, self.view.num_classes, s.z_dim, s.gan_width, s.gan_lr, s.n_critic, teacher_batch_stats=s.teacher_batch_stats
+            )
         module.to(self.device)  # beside the target (already there), so that the engine's set-up finds one device
         images = self.view.prior_data.images  # type: ignore[union-attr]
 
         def views(epoch: int) -> PriorViews:
             return PriorViews(images, torch.Generator().manual_seed(derive_seed(seed, "views", epoch)))
 
-        return self.cached_gan(module, views, seed, f"K+1 GAN of round {round}", round, state_digest(list(state), *state.values()))  # type: ignore[return-value]
+        variant = ("teacher_batch_stats",) if s.teacher_batch_stats else ()  # in the cache key only when on: older keys stay valid
+        return self.cached_gan(
+            module, views, seed, f"K+1 GAN of round {round}", round, state_digest(list(state), *state.values()), *variant
+        )  # type: ignore[return-value]
 
     def search(
         self, gan: KPlusOneGAN, target: nn.Module, labels: Tensor, steps: Iterable[int], round: int, chunk: slice

@@ -75,6 +75,24 @@ def feature_matching_loss(real_features: Tensor, fake_features: Tensor, fake_log
 
 
 # ---------------------------------------------------------------------------------------------------- modules
+@torch.no_grad()
+def batch_statistics_logits(net: nn.Module, x: Tensor) -> Tensor:
+    """``net(x)`` with every BatchNorm layer normalising by the batch's own statistics (as in train mode), its running
+    statistics left as they were and everything else in eval mode: the soft labels of FedInverse's released K+1 GAN,
+    whose target is never put in eval mode (``DMI/k+1_gan_fl.py``)."""
+    norms = [m for m in net.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)]
+    buffers = [{k: v.clone() for k, v in m.named_buffers()} for m in norms]
+    for m in norms:
+        m.train()
+    try:
+        return net(x)
+    finally:
+        for m, saved in zip(norms, buffers):
+            m.eval()
+            for k, v in saved.items():
+                getattr(m, k).copy_(v)
+
+
 def _views(batch: Batch) -> tuple[Tensor, Tensor, Tensor]:
     """(x, x_unlabeled, x_moment) of a batch; a batch without the extra views uses x for them."""
     if isinstance(batch, Tensor):
@@ -203,6 +221,8 @@ class KPlusOneGAN(ManualGAN):
         num_classes: K.
         z_dim, width, lr, n_critic: as :class:`WGANGP` (lr 2e-4).
         entropy_weight: λ_ent of the generator loss (1e-4).
+        teacher_batch_stats: the soft labels come from the target with BatchNorm on each batch's own statistics
+            (:func:`batch_statistics_logits`, the released code), not from the target as trained.
     """
 
     NETWORKS = ("generator", "discriminator")
@@ -218,6 +238,7 @@ class KPlusOneGAN(ManualGAN):
         lr: float = 2e-4,
         n_critic: int = 5,
         entropy_weight: float = 1e-4,
+        teacher_batch_stats: bool = False,
     ) -> None:
         super().__init__()
         self.save_hyperparameters(ignore=["target"])
@@ -235,7 +256,7 @@ class KPlusOneGAN(ManualGAN):
         g_opt, d_opt = self.optimizers()  # type: ignore[misc]
         x, x_unlabeled, x_moment = _views(batch)
         with torch.no_grad():
-            soft = self.target(x)
+            soft = batch_statistics_logits(self.target, x) if self.hparams.teacher_batch_stats else self.target(x)
             fake = self.generator(self.noise(x.shape[0]))
         _, labeled = self.discriminator(to_unit(x))
         _, unlabeled = self.discriminator(to_unit(x_unlabeled))
