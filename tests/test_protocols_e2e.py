@@ -11,6 +11,7 @@ import torch
 from fdattack.config import compose
 from fdattack.errors import ConfigError
 from fdattack.experiment import Experiment, run
+from fdattack.fd.orchestrator import RoundOrchestrator
 from tests.conftest import REPO, tiny
 from tests.test_fedinverse_mnist import PAPER_SCALE as FEDINVERSE_PAPER_SCALE
 from tests.test_lattack import PAPER_SCALE as LATTACK_PAPER_SCALE
@@ -86,13 +87,37 @@ def test_default_run_learns_shows_the_confidence_gap_and_leaks_the_clients_label
 
 
 def test_fedavg_clients_start_each_round_from_the_global_model(tmp_path: Path) -> None:
-    cfg = compose(REPO / "conf" / "experiment" / "fedavg_digits.yaml", tiny(tmp_path, "protocol.rounds=1", "protocol.fraction=1.0"))
+    """Over two rounds: every client's weights at the start of its local training equal the global model of the moment
+    (the initial one in round 1, round 1's aggregate in round 2), and each global model is the n_k-weighted mean of the
+    round's uploads. Without the reset, round 2's clients would start from their own round-1 weights."""
+    cfg = compose(REPO / "conf" / "experiment" / "fedavg_digits.yaml", tiny(tmp_path, "protocol.fraction=1.0"))
     exp = Experiment(cfg)
-    exp.run()
-    global_w = exp.protocol.server.module.state_dict()
-    locals_w = [c.module.state_dict() for c in exp.protocol.clients]
+    protocol = exp.protocol
+    assert protocol.server is not None
+    starts: list[tuple[dict[str, torch.Tensor], list[dict[str, torch.Tensor]]]] = []  # (global, clients) per local_train
+    fit_many = exp.engine.fit_many
+
+    def spy(jobs):  # type: ignore[no-untyped-def]
+        snapshot = lambda module: {k: v.clone() for k, v in module.state_dict().items()}  # noqa: E731
+        starts.append((snapshot(protocol.server.module), [snapshot(job.handle.module) for job in jobs]))
+        return fit_many(jobs)
+
+    exp.engine.fit_many = spy  # type: ignore[method-assign]
+    orchestrator = RoundOrchestrator(protocol, [])
+    orchestrator.run_round(1)
+    after_round_1 = {k: v.clone() for k, v in protocol.server.module.state_dict().items()}
+    orchestrator.run_round(2)
+    assert len(starts) == 2 and all(len(clients) == 2 for _, clients in starts)
+    assert any(not torch.equal(v, starts[0][0][k]) for k, v in after_round_1.items())  # round 1 moved the global model
+    for round_index, (global_w, clients) in enumerate(starts):
+        for client_w in clients:
+            for key, value in global_w.items():
+                torch.testing.assert_close(client_w[key], value, msg=f"round {round_index + 1}, {key}")
+    for key, value in after_round_1.items():
+        torch.testing.assert_close(starts[1][0][key], value)
     sizes = torch.tensor([len(p) for p in exp.data.split.private], dtype=torch.float)
-    for key, value in global_w.items():
+    locals_w = [c.module.state_dict() for c in protocol.clients]  # round 2's uploads: the reset comes at the next round's start
+    for key, value in protocol.server.module.state_dict().items():
         expected = sum(w * s[key] for w, s in zip(sizes / sizes.sum(), locals_w))
         torch.testing.assert_close(value, expected)
 
