@@ -351,3 +351,22 @@ def test_wandb_context_manager_finishes_on_error(tmp_path: Path, no_credentials:
         with WandbRun.start(WandbConfig(mode="offline"), tmp_path / "run", {}) as run:
             raise RuntimeError("boom")
     assert not run.enabled and run.run_id
+
+
+# ------------------------------------------------------------------------------------------------- machine
+def test_machine_json_and_the_wandb_config_name_the_cpu_instruction_set(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The instruction set torch's CPU kernels dispatch to (``torch.backends.cpu.get_cpu_capability()``: AVX512, AVX2,
+    ...) is recorded where the run ran, beside the CPU model: the same model name can run different kernels."""
+    from fdattack.cli import main
+    from tests.conftest import tiny
+    from tests.test_wandb import finished_records
+
+    monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: "AVX2")  # whatever this machine's is
+    out = tmp_path / "run"
+    args = tiny(tmp_path, "logger.wandb.mode=offline", "protocol.rounds=1", "evaluation.confidence_gap.enabled=false")
+    assert main(["run", *args]) == 0
+    (start,) = json.loads((out / "machine.json").read_text())
+    assert start["cpu_capability"] == "AVX2" and start["cpu_model"]
+    (run,) = [r.run for r in finished_records(out) if r.WhichOneof("record_type") == "run"]
+    (machine,) = [json.loads(item.value_json) for item in run.config.update if item.key == "machine"]
+    assert machine["cpu_capability"] == "AVX2" and machine["cpu_model"] == start["cpu_model"]

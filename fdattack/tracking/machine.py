@@ -1,6 +1,7 @@
-"""Where a run ran: the machine facts that move a figure (CPU model and cores, torch's threads and version, the
-devices), written to ``machine.json`` in the run directory and into the W&B config under ``machine``, so that a
-figure can be traced to its machine (float results differ in their last digits across CPUs and thread counts)."""
+"""Where a run ran: the machine facts that move a figure (CPU model, the instruction set torch's CPU kernels use, cores,
+torch's threads and version, the devices), written to ``machine.json`` in the run directory and into the W&B config
+under ``machine``, so that a figure can be traced to its machine (float results differ in their last digits across CPU
+instruction sets and thread counts)."""
 
 from __future__ import annotations
 
@@ -33,6 +34,7 @@ def machine_info(accelerator: str | None = None) -> dict[str, Any]:
     affinity = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     return {
         "cpu_model": cpu_model(),
+        "cpu_capability": torch.backends.cpu.get_cpu_capability(),  # e.g. AVX512, AVX2: which kernels torch dispatches to
         "cpu_cores": os.cpu_count(),
         "cpu_cores_usable": affinity,
         "torch_threads": torch.get_num_threads(),
