@@ -1,4 +1,4 @@
-"""PLI's attack accuracy: the SSIM nearest-mean criterion (pli.md §10.1, §13.14, §13.17)."""
+"""PLI's attack accuracy: the SSIM nearest-mean criterion (Takahashi et al., CVPR 2023, §4.1; the means as the authors' code takes them)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The Fréchet distance of a small sample to a fixed reference Gaussian, fast enough to bootstrap (fedinverse.md §6.2).
+"""The Fréchet distance of a small sample to a fixed reference Gaussian, fast enough to bootstrap (Wu et al., ICLR 2024, §4.4).
 
 d² = ‖μ − μ_r‖² + tr Σ + tr Σ_r − 2 tr (Σ_r^{1/2} Σ Σ_r^{1/2})^{1/2}, the FID between N(μ, Σ) of the sample and the
 reference N(μ_r, Σ_r). torchmetrics' ``FrechetInceptionDistance`` computes the same number from the eigenvalues of the

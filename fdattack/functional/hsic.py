@@ -1,9 +1,9 @@
-"""HSIC between the two halves of a generated batch: FedInverse's regulariser (fedinverse.md §5) and the dependency
-measure BiDO and the MID dependency variant reuse (§7).
+"""HSIC between the two halves of a generated batch: FedInverse's regulariser (Wu et al., ICLR 2024, §2.3, §3.2) and the dependency
+measure BiDO and the MID dependency variant reuse (the defenses FedInverse tests).
 
 Every estimator takes two (m, m) kernel matrices of m paired samples and is unchanged when a constant is added to
 either matrix (all of them centre or difference the kernels). ``dependence`` uses that to carry the Gaussian kernel as
-K − 1 = expm1(−D/w): at the code's σ = 5 with d-scaling every entry of K lies in (0.99, 1) (§5.5), and K − 1
+K − 1 = expm1(−D/w): at the code's σ = 5 with d-scaling every entry of K lies in (0.99, 1), and K − 1
 keeps the differences between entries to full float32 precision where K itself would round them away.
 """
 
@@ -22,16 +22,16 @@ Estimator = Literal["nhsic_code", "biased_eq3", "unbiased", "coco_code"]
 
 @dataclass(frozen=True)
 class HSICOptions:
-    """How ``dependence`` measures d(x, y); the defaults reproduce the released code (§5.6, §9 A15).
+    """How ``dependence`` measures d(x, y); the defaults reproduce the released code (FedInverse's, from BiDO's ``hsic.py``).
 
     Attributes:
-        estimator: ``nhsic_code`` (§5.3, the code's normalised HSIC), ``biased_eq3`` (Eq. 3), ``unbiased`` (Song et
-            al. 2012) or ``coco_code`` (the code's kernel COCO, the MID dependency variant of §7).
+        estimator: ``nhsic_code`` (the code's normalised HSIC), ``biased_eq3`` (Eq. 3), ``unbiased`` (Song et
+            al. 2012) or ``coco_code`` (the code's kernel COCO, the MID dependency variant).
         kernel: the kernel on x; ``kernel_y`` the kernel on y (``None``: the same). BiDO uses a linear kernel on
-            one-hot labels (§7).
+            one-hot labels (its code).
         sigma: Gaussian width σ > 0, or 0 for the median heuristic named by ``median``.
         sigma_scale_by_dim: a fixed σ is scaled by the dimension d as the code does, w = 2σ²d; else w = 2σ².
-        median: ``code``, the released code's heuristic (§5.3), or ``gretton``, σ = the median pairwise distance.
+        median: ``code``, the released code's heuristic, or ``gretton``, σ = the median pairwise distance.
         eps: nHSIC's ridge ε (the code's 1e-5).
     """
 
@@ -58,7 +58,7 @@ def _squared_distances(x: Tensor) -> Tensor:
 def _median_width(d: Tensor, rule: MedianRule) -> Tensor:
     """The median-heuristic width w of K = exp(−D/w), without gradient (the code takes it through numpy).
 
-    ``code`` (§5.3): s = the median of the lower triangle of D over the rows of [X; X] (the code's
+    ``code``: s = the median of the lower triangle of D over the rows of [X; X] (the code's
     ``sigma_estimation(X, X)``: every pair four times plus m zeros), its mean if s ≤ 0, floored at 0.01; w = 2s².
     ``gretton``: σ = the median distance ‖x_i − x_j‖ over pairs i < j; w = 2σ² (K = 1 if every row is equal).
     """
@@ -96,7 +96,7 @@ def _kernel_up_to_constant(x: Tensor, kernel: Kernel, options: HSICOptions) -> T
 
 
 def kernel_matrix(x: Tensor, options: HSICOptions = HSICOptions()) -> Tensor:
-    """(m, m) matrix of ``options.kernel`` on the rows of (m, ...) x, flattened (§5.3): Gaussian exp(−D/w) with
+    """(m, m) matrix of ``options.kernel`` on the rows of (m, ...) x, flattened (as the code): Gaussian exp(−D/w) with
     D_ij = ‖x_i − x_j‖² and w from ``options``, linear XXᵀ, or inverse multiquadric (D + 1)^(−1/2)."""
     k = _kernel_up_to_constant(x.flatten(1), options.kernel, options)
     return k + 1 if options.kernel == "gaussian" else k
@@ -132,9 +132,9 @@ def hsic_unbiased(k: Tensor, l: Tensor) -> Tensor:
 
 
 def nhsic(k: Tensor, l: Tensor, eps: float = 1e-5) -> Tensor:
-    """§5.3, the code's normalised HSIC: Tr(R_x R_y) with R = K̃ (K̃ + εmI)⁻¹ and K̃ = K H (one-sided centring).
+    """The code's normalised HSIC: Tr(R_x R_y) with R = K̃ (K̃ + εmI)⁻¹ and K̃ = K H (one-sided centring).
 
-    Close to m − 1 whenever both kernels are full rank with eigenvalues above εm, whatever the dependence (§5.5).
+    Close to m − 1 whenever both kernels are full rank with eigenvalues above εm, whatever the dependence.
     """
     m = k.shape[0]
     ridge = eps * m * torch.eye(m, dtype=k.dtype, device=k.device)
@@ -145,7 +145,7 @@ def nhsic(k: Tensor, l: Tensor, eps: float = 1e-5) -> Tensor:
 
 
 def kernel_coco(k: Tensor, l: Tensor) -> Tensor:
-    """§5.3, the code's kernel COCO: ‖HKH · HLH‖_F^(1/2) / m (used by the MID dependency variant, §7)."""
+    """The code's kernel COCO: ‖HKH · HLH‖_F^(1/2) / m (used by the MID dependency variant)."""
     return torch.linalg.matrix_norm(_double_centre(k) @ _double_centre(l)).sqrt() / k.shape[0]
 
 
@@ -170,9 +170,10 @@ def dependence(x: Tensor, y: Tensor, options: HSICOptions = HSICOptions()) -> Te
 
 
 def split_halves(x: Tensor) -> tuple[Tensor, Tensor]:
-    """§5.2: x1 = x[0:m] and x2 = x[m:2m], m = ⌊bs/2⌋, each flattened to (m, d); pair j is images j and m + j.
+    """FedInverse's equal split (Wu et al., ICLR 2024, §3.2): x1 = x[0:m] and x2 = x[m:2m], m = ⌊bs/2⌋, each flattened
+    to (m, d); pair j is images j and m + j.
 
-    An odd batch leaves its last sample out (MNIST's bs = 5: digits {0, 1} against {2, 3}, digit 4 unused, §9 A16).
+    An odd batch leaves its last sample out (MNIST's bs = 5: digits {0, 1} against {2, 3}, digit 4 unused, as in the code).
     Needs bs ≥ 4: with one pair the centred kernels vanish and HSIC is identically 0.
     """
     m = x.shape[0] // 2
@@ -182,7 +183,7 @@ def split_halves(x: Tensor) -> tuple[Tensor, Tensor]:
 
 
 def hsic_loss_term(x: Tensor, *, lambda_h: float, sign: Literal[1, -1], options: HSICOptions = HSICOptions()) -> Tensor:
-    """sign · λ_H · HSIC(x1, x2), the term added to a minimised attack loss (Eq. 11; §5.4, §9 A14).
+    """sign · λ_H · HSIC(x1, x2), the term added to a minimised attack loss (Wu et al., ICLR 2024, Eq. 11).
 
     sign = +1 is the released code's ``+ λ·nHSIC``: minimising it lowers the dependence measure, which with a
     fixed-width kernel shrinks each half towards its mean (less diversity). sign = −1 is the paper's Eq. 11 as

@@ -1,4 +1,4 @@
-"""Image metrics shared by every reconstruction attack (pli.md §10, §7.6, §13.7).
+"""Image metrics shared by every reconstruction attack (Takahashi et al., CVPR 2023, §3.4, §4.1; the SSIM of the authors' code).
 
 All functions take images in the network's [-1, 1] range, shape (N, C, H, W), unless stated.
 """
@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-#: The paper's SSIM settings (pli.md §10.1): 11x11 Gaussian window, sigma 1.5, data range 2.
+#: The paper's SSIM settings (the PLI authors' code): 11x11 Gaussian window, sigma 1.5, data range 2.
 PAPER_WINDOW, PAPER_SIGMA, PAPER_DATA_RANGE = 11, 1.5, 2.0
 
 
@@ -54,8 +54,8 @@ def _ssim_from_moments(mu_a: Tensor, sq_a: Tensor, mu_b: Tensor, sq_b: Tensor, c
 def paper_ssim(
     a: Tensor, b: Tensor, data_range: float = PAPER_DATA_RANGE, window: int = PAPER_WINDOW, sigma: float = PAPER_SIGMA
 ) -> Tensor:
-    """The PLI evaluation SSIM (pli.md §10.1): Gaussian 11x11 window, sigma 1.5, per channel with zero
-    padding, C1 = (0.01 * data_range)^2, C2 = (0.03 * data_range)^2, averaged over channels and pixels.
+    """The PLI evaluation SSIM (Takahashi et al., CVPR 2023, §4.1, as their code computes it): Gaussian 11x11 window,
+    sigma 1.5, per channel with zero padding, C1 = (0.01 * data_range)^2, C2 = (0.03 * data_range)^2, averaged over channels and pixels.
 
     The authors map images to [0, 1] but keep ``data_range = 2``; this function does the same mapping.
 
@@ -74,7 +74,7 @@ def paper_ssim(
 
 
 def standard_ssim(a: Tensor, b: Tensor) -> Tensor:
-    """torchmetrics' SSIM on [0, 1] images with data_range 1 (the sanity figure of §13.7). Returns (N,)."""
+    """torchmetrics' SSIM on [0, 1] images with data_range 1 (a sanity figure beside the paper's). Returns (N,)."""
     from torchmetrics.functional.image import structural_similarity_index_measure
 
     a, b = torch.broadcast_tensors(a.float() * 0.5 + 0.5, b.float() * 0.5 + 0.5)
@@ -82,7 +82,7 @@ def standard_ssim(a: Tensor, b: Tensor) -> Tensor:
 
 
 def total_variation(x: Tensor) -> Tensor:
-    """TV of pli.md §7.6: mean |horizontal diff| + mean |vertical diff| on raw [-1, 1] images. Returns (N,)."""
+    """TV of Takahashi et al., CVPR 2023, Eq. 11: mean |horizontal diff| + mean |vertical diff| on raw [-1, 1] images. Returns (N,)."""
     dh = (x[..., :, 1:] - x[..., :, :-1]).abs().flatten(1).mean(dim=1)
     dv = (x[..., 1:, :] - x[..., :-1, :]).abs().flatten(1).mean(dim=1)
     return dh + dv

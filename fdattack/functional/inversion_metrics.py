@@ -1,4 +1,5 @@
-"""Metrics of class-representative inversions (fedinverse.md §6, lattack.md §5.1): S samples for each of T target labels.
+"""Metrics of class-representative inversions (Wu et al., ICLR 2024, §4.4; Xiao et al., DSN 2024, §VI-A): S samples
+for each of T target labels.
 
 Every function takes the evaluation classifier's outputs (logits or penultimate features) laid out as the
 inversions are, ``(S, T, ...)``: sample index s (a seed, a draw) first, target label t second.
@@ -14,7 +15,7 @@ from torch import Tensor
 
 
 def topk_per_sample(logits: Tensor, labels: Tensor, k: int) -> Tensor:
-    """acc_s of §6.1: for every sample index s, the fraction of the T target labels whose sample the classifier
+    """acc_s of Wu et al., ICLR 2024, §4.4: for every sample index s, the fraction of the T target labels whose sample the classifier
     ranks among its k highest logits (k is capped at the number of classes; a NaN logit never ranks high).
 
     Args:
@@ -31,7 +32,7 @@ def topk_per_sample(logits: Tensor, labels: Tensor, k: int) -> Tensor:
 
 
 def mean_and_std(values: Tensor) -> tuple[float, float]:
-    """Mean and sample standard deviation (n − 1, ``statistics.stdev``) over sample indices, as §6.1 reports them
+    """Mean and sample standard deviation (n − 1, ``statistics.stdev``) over sample indices, as FedInverse reports them
     (the std is NaN for one sample)."""
     std = float(values.std(unbiased=True)) if len(values) > 1 else float("nan")
     return float(values.mean()), std
@@ -43,7 +44,7 @@ def feature_diversity(groups: Sequence[Tensor]) -> float:
     Applied to the S samples of each target label (``[features[:, t] for t in range(T)]``), it measures how
     different an attack's samples of one label look to the evaluation classifier: 0 when every sample of a
     label is the same image (mode collapse), larger as they spread. FedInverse adds its HSIC term to "adjust
-    the diversity" of the samples (§5) and never measures it; this figure does. It is in the units of the
+    the diversity" of the samples (its §3.2) and never measures it; this figure does. It is in the units of the
     classifier's embedding, so it compares attacks scored by the same classifier (one run, or runs sharing
     ``evaluation.inversion``). Read it next to top-1 and beside the real images' own spread (the same figure
     over each label's private images): noise is diverse too.
@@ -59,7 +60,8 @@ def feature_diversity(groups: Sequence[Tensor]) -> float:
 
 
 def knn_distances(features: Tensor, labels: Tensor, real_features: Tensor, real_labels: Tensor) -> Tensor:
-    """KNN-dist of §6.3 per inversion: the squared distance to the nearest real image of its label.
+    """KNN-dist (the GMI literature's; FedInverse does not report it) per inversion: the squared distance to the nearest
+    real image of its label.
 
     Args:
         features: (S, T, D) penultimate features of the inversions.
@@ -79,13 +81,13 @@ def knn_distances(features: Tensor, labels: Tensor, real_features: Tensor, real_
 
 
 def knn_distance(features: Tensor, labels: Tensor, real_features: Tensor, real_labels: Tensor) -> float:
-    """KNN-dist of §6.3: the mean of :func:`knn_distances`; NaN if no label has real images."""
+    """KNN-dist: the mean of :func:`knn_distances`; NaN if no label has real images."""
     distances = knn_distances(features, labels, real_features, real_labels)
     return float(distances.mean()) if len(distances) else float("nan")
 
 
 def centroid_cosine(samples: Tensor, real: Tensor, centre: Tensor) -> Tensor:
-    """cos(x − μ, mean(real) − μ) for every row x of ``samples`` (lattack.md §5.1): how far each sample points from
+    """cos(x − μ, mean(real) − μ) for every row x of ``samples`` (Xiao et al., DSN 2024, §VI-A): how far each sample points from
     the centre μ towards the real images' centroid.
 
     Args:
@@ -99,7 +101,7 @@ def centroid_cosine(samples: Tensor, real: Tensor, centre: Tensor) -> Tensor:
 
 
 def feature_cosine(generated: Tensor, real: Tensor, noise: Tensor) -> dict[str, float]:
-    """Table II of the L-Attack paper for one target label (lattack.md §5.1, §8 item 14): the mean over the
+    """Table II of the L-Attack paper for one target label (§VI-A; which VGG16 features, and the centring, are choices): the mean over the
     generated images of :func:`centroid_cosine` to the real images' centroid, and the same for uniform-noise
     images, the baseline (negative in the paper: -0.62 on MNIST against 0.96 for its generated digits).
 

@@ -1,5 +1,5 @@
-"""LabelAvg (Xiao et al., lattack.md §3): top-K labels with weights (Eqs. 7-10), voting-based label smoothing
-(Eqs. 11-12) and its communication cost (§3.6, Table V).
+"""LabelAvg (Xiao et al., DSN 2024, §V): top-K labels with weights (Eqs. 7-10), voting-based label smoothing
+(Eqs. 11-12) and its communication cost (their Table V).
 
 Shapes: N clients, M public samples, C classes, K uploaded labels per sample. A client's upload is handled in
 its dense form w_P ⊙ v_P (M, C): β at the K uploaded labels, zeros elsewhere; on the wire it is K labels and
@@ -24,13 +24,13 @@ LabelWeights = Literal["beta", "ones"]
 def top_k_labels(probs: Tensor, k: int, weights: LabelWeights = "beta") -> tuple[Tensor, Tensor]:
     """A client's upload per public sample: its K most probable labels and their weights (Eqs. 7-10).
 
-    The labels are the K indices of the largest probabilities (Eq. 8 read as top-K, lattack.md §8 item 16), ties
+    The labels are the K indices of the largest probabilities (Eq. 8 read as top-K: its strict ">" κ would keep K − 1), ties
     to the lowest index (a stable descending sort; ``torch.topk`` does not promise an order among equal values).
     β_ζ = p_ζ / p_max (Eq. 10), so the top-1 label weighs exactly 1; ``weights="ones"`` is the all-ones variant
-    (§3.3). A weight is never 0 (floored at the smallest normal float), so every uploaded label counts as a vote.
+    (plain hard-label votes). A weight is never 0 (floored at the smallest normal float), so every uploaded label counts as a vote.
 
     Args:
-        probs: (M, C) softmax probabilities (Eq. 7; ratios of raw logits would be ill-defined, §8 item 15).
+        probs: (M, C) softmax probabilities (Eq. 7; ratios of raw logits would be ill-defined; the paper does not say which).
         k: K, with 1 <= K <= C.
         weights: ``beta`` (Eq. 10) or ``ones``.
 
@@ -51,12 +51,12 @@ def top_k_labels(probs: Tensor, k: int, weights: LabelWeights = "beta") -> tuple
 
 
 def label_vector(labels: Tensor, weights: Tensor, num_classes: int) -> Tensor:
-    """w_P ⊙ v_P (M, C): ``weights`` at ``labels`` (both (M, K)), zeros off the top-K (§3.3)."""
+    """w_P ⊙ v_P (M, C): ``weights`` at ``labels`` (both (M, K)), zeros off the top-K (Eq. 11)."""
     return weights.new_zeros(*labels.shape[:-1], num_classes).scatter_(-1, labels, weights)
 
 
 def max_vote(votes: Tensor, mass: Tensor) -> Tensor:
-    """(M,) the label with the most votes; ties broken by the larger mass, then by the lowest index (§3.3)."""
+    """(M,) the label with the most votes; ties broken by the larger mass, then by the lowest index (the paper gives no tie rule)."""
     leading = votes == votes.max(dim=-1, keepdim=True).values
     return torch.where(leading, mass, torch.full_like(mass, -torch.inf)).argmax(dim=-1)  # argmax: first maximum
 
@@ -65,7 +65,7 @@ def smooth_labels(uploads: Tensor, k: int, mix_alpha: float, main: Optional[Tens
     """The server's smoothed labels v_smooth (M, C) from the uploads of N clients (Eqs. 11-12).
 
     Eq. 11: v_smooth = Σ_P w_P ⊙ v_P / (K N). With ``renorm`` each row is then scaled to sum 1 (β weights leave
-    it below 1; §3.3, §8 item 18). Eq. 12: (1 - α) v_main + α v_smooth, with v_main the one-hot of ``main``, or,
+    it below 1; the paper does not renormalise). Eq. 12: (1 - α) v_main + α v_smooth, with v_main the one-hot of ``main``, or,
     where ``main`` is None or negative (an unlabeled row), of the max vote: votes_c = Σ_P (v_P)_c counts the
     clients that sent label c (a nonzero entry), ties broken by :func:`max_vote`.
 
@@ -89,12 +89,12 @@ def smooth_labels(uploads: Tensor, k: int, mix_alpha: float, main: Optional[Tens
 
 
 def top_k_upload_bytes(rows: int, k: int) -> int:
-    """Bytes of a LabelAvg upload on ``rows`` public samples: K labels and K weights each (§3.6)."""
+    """Bytes of a LabelAvg upload on ``rows`` public samples: K labels and K weights each, 4 bytes a number (which reproduces Table V)."""
     return rows * k * 2 * NUMBER_BYTES
 
 
 def labelavg_comm_mib(num_clients: int, rounds: int, public_per_round: int, num_classes: int, k: Optional[int] = None) -> float:
-    """Total communication in MiB over ``rounds`` rounds, uploads and downloads of every client (§3.6, Table V).
+    """Total communication in MiB over ``rounds`` rounds, uploads and downloads of every client (Table V).
 
     FedMD (``k=None``): C logits up and C averaged logits down per sample and client; LabelAvg: K labels and K
     weights up, C smoothed-label entries down. Every number is 4 bytes.

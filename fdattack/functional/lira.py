@@ -1,10 +1,10 @@
-"""LiRA's membership scores (Carlini et al. 2022) as PDA-FD uses them (pdafd.md §6.1), without saturation.
+"""LiRA's membership scores (Carlini et al. 2022) as PDA-FD uses them (Shi et al., PoPETs 2025, §3.3, Eqs. 5-6), without saturation.
 
 The scaled confidence φ = log(p_y / (1 − p_y)) is computed from logits as z_y − logsumexp_{j≠y} z_j, so
 it stays finite and ordered where p_y rounds to 1. Offline LiRA fits N(μ_out, σ²_out) to the reference
 ("OUT") models' φ and scores a target φ_t by Φ((φ_t − μ_out) / σ_out) (Eq. 6); the primary score is the
 standardised s = (φ_t − μ_out) / σ_out (or its log Φ in float64), which ranks the same without the ties at
-exactly 1.0 that float32 CDFs give (§6.1 numerics, §13 A15); the authors' float32 λ stays available for parity.
+exactly 1.0 that float32 CDFs give; the authors' float32 λ stays available for parity.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import math
 import torch
 from torch import Tensor
 
-PROB_CLAMP = 1e-8  #: the authors' clamp of p and 1 − p (pdafd.md §6.1 [C])
+PROB_CLAMP = 1e-8  #: the authors' clamp of p and 1 − p (in their code)
 MIN_STD = 1e-8  #: σ used where the reference scores do not vary
 
 
@@ -76,9 +76,9 @@ def offline_lira_log_probability(target: Tensor, reference: Tensor, global_varia
 
 
 def offline_lira_float32_lambda(target: Tensor, reference: Tensor, answered: Tensor | None = None) -> Tensor:
-    """λ = Φ((φ_t − μ_out) / σ_out) (Eq. 6) as the authors compute it, for parity with the paper's tables (A15).
+    """λ = Φ((φ_t − μ_out) / σ_out) (Eq. 6) as the authors compute it, for parity with the paper's tables.
 
-    float32 ``Normal(μ_out, σ_out).cdf`` with the per-sample unbiased std, σ = 0 replaced by 1e-8 ([C]). It is exactly
+    float32 ``Normal(μ_out, σ_out).cdf`` with the per-sample unbiased std, σ = 0 replaced by 1e-8 (the authors' code). It is exactly
     1.0 from s ≈ 5.3 on, so it ties there; rank by :func:`offline_lira` or :func:`offline_lira_log_probability`.
 
     Args:

@@ -8,22 +8,24 @@ from torch import Tensor
 
 
 def l1_to_logits(logits: Tensor, target_logits: Tensor) -> Tensor:
-    """Mean absolute difference to target logits (``nn.L1Loss``): FedMD's digest to the consensus (pli.md §5.1,
-    pdafd.md Eq. 1) and the distillation of LiRA's shadow students from a client's uploads (pdafd.md §6.4)."""
+    """Mean absolute difference to target logits (``nn.L1Loss``): FedMD's digest to the consensus (Takahashi et al., CVPR 2023, §4.1;
+    Shi et al., PoPETs 2025, Eq. 1) and the distillation of LiRA's shadow students from a client's uploads (Shi et al.,
+    §3.3.2)."""
     return F.l1_loss(logits, target_logits)
 
 
 def soft_cross_entropy(logits: Tensor, target_probs: Tensor) -> Tensor:
-    """−Σ_u q_u log softmax(z)_u averaged over rows: distillation to soft labels (DS-FL, pli.md §5.3)."""
+    """−Σ_u q_u log softmax(z)_u averaged over rows: distillation to soft labels (DS-FL, Takahashi et al., CVPR 2023, §4.1)."""
     return -(target_probs * F.log_softmax(logits, dim=-1)).sum(dim=-1).mean()
 
 
-#: δ of the L-Attack's −log(q_c* + δ) on probability or label vectors (lattack.md §2.6)
+#: δ of the L-Attack's −log(q_c* + δ) on probability or label vectors (a choice: Xiao et al., DSN 2024 give none)
 LOG_DELTA = 1e-8
 
 
 def target_class_loss(outputs: Tensor, target: int, loss: str, kind: str, delta: float = LOG_DELTA) -> Tensor:
-    """Per-row loss toward class c* = ``target`` (lattack.md §2.4): what a generator lowers to make images of c*.
+    """Per-row loss toward class c* = ``target``: what a generator lowers to make images of c* (Xiao et al., DSN 2024,
+    §IV-C, leave it open: "the loss function of the local model").
 
     On logits f: ``ce`` −log softmax(f)_c*, ``neg_logit`` −f_c*, ``neg_prob`` −softmax(f)_c*. On probabilities or label
     vectors q (``kind="probs"``, e.g. LabelAvg's w ⊙ v or v_smooth): ``ce`` −log(q_c* + δ), ``neg_prob`` −q_c*; they carry

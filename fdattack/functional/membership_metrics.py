@@ -1,4 +1,4 @@
-"""Membership-inference metrics from scores (pdafd.md §8.2): ROC, TPR at a low FPR, AUC, balanced accuracy.
+"""Membership-inference metrics from scores (Shi et al., PoPETs 2025, §4.1.4): ROC, TPR at a low FPR, AUC, balanced accuracy.
 
 Scores are ranked, not thresholded at a fixed value: any monotone transform gives the same metrics. They are
 mapped to dense ranks in [0, 1] before torchmetrics sees them (equal scores stay tied), so that its ROC neither
@@ -28,13 +28,13 @@ def roc(is_member: Tensor, scores: Tensor) -> tuple[Tensor, Tensor]:
 
 
 def tpr_at_fpr(fpr: Tensor, tpr: Tensor, level: float) -> float:
-    """The largest TPR at an ROC point whose FPR is at most ``level`` (the authors' definition, §8.2)."""
+    """The largest TPR at an ROC point whose FPR is at most ``level`` (the PDA-FD authors' code)."""
     allowed = fpr <= level
     return float(tpr[allowed].max()) if bool(allowed.any()) else 0.0
 
 
 def membership_metrics(is_member: Tensor, scores: Tensor) -> dict[str, float]:
-    """TPR at 1 % and 0.1 % FPR, AUC, and balanced accuracy max_τ ½(TPR_τ + 1 − FPR_τ) (A24) of one target's scores.
+    """TPR at 1 % and 0.1 % FPR, AUC, and balanced accuracy max_τ ½(TPR_τ + 1 − FPR_τ) of one target's scores.
 
     Args:
         is_member: (N,) bool, True for members.

@@ -1,4 +1,4 @@
-"""The zeroth-order gradient estimator of the L-Attack (lattack.md §2.3, Eq. 6; forward differences as MAZE)."""
+"""The zeroth-order gradient estimator of the L-Attack (Xiao et al., DSN 2024, §IV-C, Eq. 6; forward differences as MAZE)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The GANs of GMI and KED-MI as LightningModules (fedinverse.md §4.1 stage 1, §4.2 stage 1), and their losses.
+"""The GANs of GMI and KED-MI as LightningModules (Wu et al., ICLR 2024, §3.1: GMI's Eq. 4, KED-MI's Eqs. 6-7), and their losses.
 
 - :class:`WGANGP`: GMI's target-agnostic prior, a :class:`~fdattack.models.gan.Generator` and a
   :class:`~fdattack.models.gan.DGWGAN` critic trained with the WGAN-GP loss (gradient penalty 10).
@@ -9,7 +9,7 @@ Both use manual optimisation as the authors' loops do: every batch is one discri
 ``n_critic``-th one is also a generator step; Adam with β = (0.5, 0.999) for both networks. They train under a
 ``lightning.Trainer`` or fdattack's Fabric engine (:meth:`fdattack.engine.trainer.LocalTrainer.fit_module`). Batches hold
 real images in [-1, 1] (fdattack's range) under ``"x"``; the discriminators see them, like the generators' output, in
-[0, 1] (§9 A30).
+[0, 1] (as in the FedInverse authors' code).
 """
 
 from __future__ import annotations
@@ -70,7 +70,8 @@ def entropy_sum(logits: Tensor) -> Tensor:
 
 
 def feature_matching_loss(real_features: Tensor, fake_features: Tensor, fake_logits: Tensor, entropy_weight: float = 1e-4) -> Tensor:
-    """KED-MI's generator loss (A19, the code form): mean_j |mean_batch f_j(x″) − mean_batch f_j(G(z))| + λ_ent · H."""
+    """KED-MI's generator loss (Eq. 7 in the FedInverse authors' code's form):
+    mean_j |mean_batch f_j(x″) − mean_batch f_j(G(z))| + λ_ent · H."""
     return (real_features.mean(dim=0) - fake_features.mean(dim=0)).abs().mean() + entropy_weight * entropy_sum(fake_logits)
 
 
@@ -157,7 +158,7 @@ class ManualGAN(L.LightningModule):
 
 
 class WGANGP(ManualGAN):
-    """GMI's prior GAN (§4.1 stage 1): WGAN-GP with n_critic critic steps per generator step.
+    """GMI's prior GAN (Wu et al., ICLR 2024, Eq. 4): WGAN-GP with n_critic critic steps per generator step.
 
     Args:
         channels, image_size: C and S of the images (S a power of two >= 8).
@@ -207,7 +208,7 @@ class WGANGP(ManualGAN):
 
 
 class KPlusOneGAN(ManualGAN):
-    """KED-MI's inversion-specific GAN (§4.2 stage 1): a K+1-class discriminator taught by a frozen target model.
+    """KED-MI's inversion-specific GAN (Wu et al., ICLR 2024, Eqs. 6-7): a K+1-class discriminator taught by a frozen target model.
 
     Discriminator step: L_sup on x (soft labels softmax(T(x))) + L_unsup on x′ and G(z). Generator step (every
     ``n_critic``-th): feature matching (L1) between x″ and G(z) + 1e-4 · entropy of D's class posterior on G(z). x, x′,

@@ -12,7 +12,7 @@ from fdattack.models.inversion import InversionDecoder
 
 
 class InversionLitModule(L.LightningModule):
-    """Trains an inversion network G (pli.md §7.2, §7.5; TBI §8.1 with ``gamma = 0``).
+    """Trains an inversion network G (Takahashi et al., CVPR 2023, §3.1 Eqs. 2-3, §3.4 Eq. 10; TBI with ``gamma = 0``).
 
     Batches are dicts:
 
@@ -77,7 +77,7 @@ class InversionLitModule(L.LightningModule):
 
     @torch.no_grad()
     def reconstruct(self, inputs: Tensor) -> Tensor:
-        """G in eval mode (BatchNorm running statistics), as the paper reconstructs (§4.2)."""
+        """G in eval mode (BatchNorm running statistics), as the PLI authors' code reconstructs."""
         with eval_mode(self):
             return self(inputs.to(self.device))
 

@@ -1,4 +1,5 @@
-"""The L-Attack's server-side generator as a LightningModule, trained on zeroth-order gradient estimates (lattack.md §2.2)."""
+"""The L-Attack's server-side generator as a LightningModule, trained on zeroth-order gradient estimates
+(Xiao et al., DSN 2024, §IV-C, Eqs. 4-6)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from fdattack.lit.modes import eval_mode
 from fdattack.models.gan import to_signed
 from fdattack.models.lattack import UpsamplingGenerator
 
-BETAS = (0.5, 0.999)  #: Adam's β of the generator (lattack.md §2.5)
+BETAS = (0.5, 0.999)  #: Adam's β of the generator (a choice: Xiao et al., DSN 2024 give none)
 
 
 class LAttackGenerator(L.LightningModule):

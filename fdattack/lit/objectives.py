@@ -17,19 +17,20 @@ from fdattack.lit.classifier import cross_entropy, vmappable
 
 @vmappable
 def l1_to_logits(logits: Tensor, batch: IndexedBatch) -> Tensor:
-    """FedMD digest: mean absolute error to the consensus logits (``nn.L1Loss``; pli.md §5.1, pdafd.md Eq. 1)."""
+    """FedMD digest: mean absolute error to the consensus logits (``nn.L1Loss``; Takahashi et al., CVPR 2023, §4.1;
+    Shi et al., PoPETs 2025, Eq. 1)."""
     return functional.l1_to_logits(logits, batch["target"])  # type: ignore[typeddict-item]
 
 
 @vmappable
 def soft_cross_entropy(logits: Tensor, batch: IndexedBatch) -> Tensor:
-    """DS-FL distillation: -sum_u q_u log softmax(z)_u averaged over the batch (pli.md §5.3)."""
+    """DS-FL distillation: -sum_u q_u log softmax(z)_u averaged over the batch (Takahashi et al., CVPR 2023, §4.1)."""
     return functional.soft_cross_entropy(logits, batch["target"])  # type: ignore[typeddict-item]
 
 
 @vmappable
 def kl_to_probs(logits: Tensor, batch: IndexedBatch) -> Tensor:
-    """Cronus distillation: KL(p_teacher || softmax(z)), batchmean (pdafd.md §3, A19)."""
+    """Cronus distillation: KL(p_teacher || softmax(z)), batchmean (Shi et al., PoPETs 2025, Eq. 2)."""
     return functional.kl_divergence_from_logits(batch["target"], logits, reduction="batchmean")  # type: ignore[typeddict-item]
 
 

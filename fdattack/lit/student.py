@@ -1,5 +1,5 @@
 """A student distilled from a teacher's outputs on public samples: Distillation-based LiRA's reference model
-(pdafd.md §6.4), usable on its own in any Lightning project."""
+(Shi et al., PoPETs 2025, §3.3.2), usable on its own in any Lightning project."""
 
 from __future__ import annotations
 
@@ -17,9 +17,9 @@ StudentLoss = Literal["l1", "kl"]
 class DistillationStudent(ClassifierLitModule):
     """A classifier trained to match a teacher's outputs: batches ``{"x": images, "target": teacher outputs}``.
 
-    With ``loss="l1"`` the targets are the teacher's logits (FedMD and DS-FL uploads, [C]); with ``loss="kl"`` they
-    are its probabilities (Cronus uploads, A19). Adam with learning rate ``lr`` (the authors' 1e-3). Under a plain
-    ``lightning.Trainer`` it logs ``train/loss``; ``predict_step`` returns logits.
+    With ``loss="l1"`` the targets are the teacher's logits (FedMD and DS-FL uploads, the authors' code); with ``loss="kl"`` they
+    are its probabilities (Cronus uploads, a choice: the paper does not say). Adam with learning rate ``lr`` (the
+    authors' 1e-3). Under a plain ``lightning.Trainer`` it logs ``train/loss``; ``predict_step`` returns logits.
 
     Args:
         net: a classifier registry name (built with ``in_channels`` and ``image_size``) or an ``nn.Module``.

@@ -1,14 +1,14 @@
-"""Translation models A_phi (insensitive look -> sensitive look) for PLI's learned prior (pli.md §4.3, Eq. 9).
+"""Translation models A_phi (insensitive look -> sensitive look) for PLI's learned prior (Takahashi et al., CVPR 2023, §3.3, Eq. 9).
 
 Two LightningModules, trained on public data only:
 
 - :class:`CycleGANLitModule` for unpaired looks (masked -> unmasked LFW, young -> adult LAG): two ResNet
   generators, two PatchGAN discriminators, LSGAN + cycle (lambda 3) + identity (lambda 0.5) losses, Adam
-  2e-4 with beta1 0.5, an image pool of 50 (§13.10).
+  2e-4 with beta1 0.5, an image pool of 50 (the authors' code).
 - :class:`RestorerLitModule` for blur, the authors' simplified DeblurGAN-v2: the same generator trained on
   synthetic (degraded, clean) pairs with 0.5 * pixel MSE + 0.001 * LSGAN adversarial loss, Adam 1e-4. The
-  VGG19 perceptual term of the original is left out: it needs ImageNet weights (§13.10 accepts any
-  reasonable restorer that raises prior SSIM).
+  VGG19 perceptual term of the original is left out: it needs ImageNet weights (any reasonable
+  restorer that raises prior SSIM serves the paper's purpose).
 
 Batches are dicts ``{"a": insensitive (B, C, H, W), "b": sensitive (B, C, H, W)}`` in [-1, 1]. Both use
 manual optimisation: ``training_step`` takes the generator and discriminator steps itself

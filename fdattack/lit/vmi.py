@@ -1,19 +1,19 @@
-"""VMI's miner (fedinverse.md §4.3, Eq. 10): per-layer normalising flows q_l over a frozen prior generator's latents,
+"""VMI's miner (Wu et al., ICLR 2024, §3.1, Eq. 10): per-layer normalising flows q_l over a frozen prior generator's latents,
 trained so that a frozen target model puts the generated images in one target class.
 
 One miner attacks one target label, as the code attacks identities one at a time: its batches hold 32 samples of
 that label, and the attack trains one miner per label (a label-conditional family would couple the labels' flows
 for no gain in the code's setting).
 
-The loss (minimised) is the code's form of Eq. 10 plus FedInverse's HSIC term (§5):
+The loss (minimised) is the code's form of Eq. 10 plus FedInverse's HSIC term (its Eq. 11):
 
     λ_attack · CE(T(x), y) + γ · (1/L) Σ_l E_{z~q_l}[log q_l(z) − log N(z; 0, I)] + sign · λ_H · HSIC(x1, x2)
 
-with x = G(z_1..z_L) clamped to [−1, 1] (the target sees the images in fdattack's [−1, 1] convention, §9 A13), each
+with x = G(z_1..z_L) clamped to [−1, 1] (the target sees the images in fdattack's [−1, 1] convention; the code feeds [0, 1]), each
 layer's KL a Monte-Carlo estimate on a fresh batch of flow samples, and HSIC on the images mapped to [0, 1], the
-raw output of the GMI/KED-MI generators (§9 A30), through :func:`fdattack.functional.hsic.hsic_loss_term`.
+raw output of the GMI/KED-MI generators (as the code), through :func:`fdattack.functional.hsic.hsic_loss_term`.
 
-Model selection (§9 A12): after every epoch :meth:`VMIMinerLitModule.end_epoch` scores fresh samples and keeps the
+Model selection (not in the paper): after every epoch :meth:`VMIMinerLitModule.end_epoch` scores fresh samples and keeps the
 best flows. The default score is the *target* model's accuracy on them, which the attacker has; the code's choice,
 an evaluation classifier's accuracy, is the evaluator's and leaks the metric into the attack, so it is only
 available by passing a ``scorer`` explicitly.
@@ -58,7 +58,7 @@ class VMIMinerLitModule(L.LightningModule):
     Args:
         generator: the prior G. With ``num_layers = 1`` it maps (N, latent_dim) latents to images in [−1, 1] (a
             DCGAN-style generator has one latent); with L > 1, (N, L, latent_dim) style latents (StyleGAN's mapping
-            of each layer's z_l, §4.3).
+            of each layer's z_l, Eq. 10).
         target: the target model, (N, C, H, W) images in [−1, 1] -> (N, classes) logits.
         label: y, the target label.
         latent_dim: d (100 for the GMI/KED-MI generators, 512 for StyleGAN).
@@ -71,8 +71,8 @@ class VMIMinerLitModule(L.LightningModule):
         eval_samples: fresh samples scored after each epoch (100). patience: epochs without a better score before
             the Trainer stops (the code's 15; None never stops).
         shared_noise: every layer's flow decodes the same ε in the CE batch, as the code's miner does (the
-            marginals q_l are the same either way; False draws independent ε_l as §4.3 writes).
-        scorer: the selection score; None is the target's accuracy on the label (leak-free, §9 A12).
+            marginals q_l are the same either way; False draws independent ε_l as Eq. 10 reads).
+        scorer: the selection score; None is the target's accuracy on the label (leak-free).
         seed: seeds the flows' weights, shuffles and ActNorm initialisation (on 100 N(0, I) latents, as the code).
         dtype: the flows' dtype (float64 as the code); latents are cast to the generator's dtype.
     """
@@ -159,7 +159,7 @@ class VMIMinerLitModule(L.LightningModule):
 
     # ------------------------------------------------------------------- loss
     def kl_divergence(self, n: int) -> Tensor:
-        """(1/L) Σ_l E_{z~q_l}[log q_l(z) − log N(z; 0, I)], each layer on n fresh samples (§4.3's KL term)."""
+        """(1/L) Σ_l E_{z~q_l}[log q_l(z) − log N(z; 0, I)], each layer on n fresh samples (Eq. 10's KL term)."""
         terms = []
         for flow in self.flows:
             z, log_q = flow.sample(n)

@@ -5,16 +5,16 @@ that sizes the network from the data; every network maps (B, C, H, H) images to 
 
 | name | source | smallest image |
 |---|---|---|
-| ``pli_cnn`` | PLI "Code 1" / ``OneCNN`` (pli.md §4.1) | 5 px |
-| ``fedinverse_cnn`` | MCNN (fedinverse.md §3.3) | any (inputs below 32 px are upsampled to 32) |
-| ``scnn`` | SCNN, FedInverse's MNIST evaluation classifier (fedinverse.md §3.5) | any (inputs are resized to 32) |
-| ``pdafd_cnn`` | 4-conv CNN (pdafd.md §7.3) | 8 px |
-| ``lattack_cnn`` | the L-Attack's 3-layer 5×5 CNN (lattack.md §4.3) | 8 px |
-| ``lattack_mlp`` | the L-Attack's MLP, one hidden layer of 200 (lattack.md §4.3) | any |
-| ``mlp`` | 3-layer MLP (pdafd.md §7.3) | any |
-| ``resnet18_gn`` | ResNet-18, 3×3 stem, GroupNorm(32) (pdafd.md §7.3) | any |
-| ``vgg16_bn`` | VGG16-BN features, 1×1 average pool, Linear(512, J) (fedinverse.md §3.3, A8) | any |
-| ``mobilenet_v2`` | MobileNetV2 with a stride-1 stem (pdafd.md §7.3) | any |
+| ``pli_cnn`` | PLI "Code 1" / ``OneCNN`` (Takahashi et al., CVPR 2023, App. B) | 5 px |
+| ``fedinverse_cnn`` | MCNN (Wu et al., ICLR 2024, §4.2) | any (inputs below 32 px are upsampled to 32) |
+| ``scnn`` | SCNN, FedInverse's MNIST evaluation classifier (Wu et al., ICLR 2024, §4.4; their code's) | any (inputs are resized to 32) |
+| ``pdafd_cnn`` | 4-conv CNN (Shi et al., PoPETs 2025, §4.1.2) | 8 px |
+| ``lattack_cnn`` | the L-Attack's 3-layer 5×5 CNN (Xiao et al., DSN 2024, §VI-B) | 8 px |
+| ``lattack_mlp`` | the L-Attack's MLP, one hidden layer of 200 (Xiao et al., DSN 2024, §VI-B) | any |
+| ``mlp`` | 3-layer MLP (Shi et al., PoPETs 2025, §4.1.2) | any |
+| ``resnet18_gn`` | ResNet-18, 3×3 stem, GroupNorm(32) (Shi et al., PoPETs 2025, §4.1.2; the norm from their code) | any |
+| ``vgg16_bn`` | VGG16-BN features, 1×1 average pool, Linear(512, J) (Wu et al., ICLR 2024, §4.2; for CIFAR-10 a choice) | any |
+| ``mobilenet_v2`` | MobileNetV2 with a stride-1 stem (Shi et al., PoPETs 2025, §4.1.2; the stem from their code) | any |
 
 Builders raise :class:`ValueError` naming the network and the smallest size when the image is too small.
 """
@@ -56,7 +56,8 @@ def _too_small(name: str, image_size: int, minimum: int, why: str) -> ValueError
 
 
 class PLICNN(nn.Module):
-    """PLI's ``OneCNN`` (pli.md §4.1): Conv2d(C, 32, 3) → ReLU → MaxPool2d(3, 3) → Flatten → Linear(32·s², J).
+    """PLI's ``OneCNN`` (Takahashi et al., CVPR 2023, App. B, Code 1): Conv2d(C, 32, 3) → ReLU → MaxPool2d(3, 3) →
+    Flatten → Linear(32·s², J).
 
     s = ⌊(H − 2) / 3⌋: 20 at 64 px (12,800 features), 2 at 8 px.
     """
@@ -74,7 +75,7 @@ class PLICNN(nn.Module):
 
 
 class MCNN(nn.Module):
-    """The GMI/KED-MI MCNN of FedInverse (fedinverse.md §3.3), designed for 1×32×32 inputs.
+    """The GMI/KED-MI MCNN of FedInverse (Wu et al., ICLR 2024, §4.2), designed for 1×32×32 inputs.
 
     Conv(C→64, k7, p1)+BN+LReLU(0.2)+MaxPool2 → Conv(64→128, k5)+BN+LReLU+MaxPool2 → Conv(128→256, k5)+BN+LReLU
     → Flatten → Linear(256·s², J). 32 px is the smallest input the valid convolutions accept (s = 1). Smaller
@@ -112,12 +113,13 @@ class MCNN(nn.Module):
 
 
 class SCNN(nn.Module):
-    """The SCNN that scores FedInverse's MNIST inversions (fedinverse.md §3.5), designed for 1×32×32 inputs.
+    """The SCNN that scores FedInverse's MNIST inversions (Wu et al., ICLR 2024, §4.4; the network from their code),
+    designed for 1×32×32 inputs.
 
     Conv(C→32, k7, p1)+BN+LReLU(0.2)+MaxPool2 → Conv(32→64, k5)+BN+LReLU+MaxPool2 → Conv(64→128, k5)+BN+LReLU
     → Conv(128→256, k3, p1)+BN+LReLU → Conv(256→512, k3, p1)+BN+LReLU → Flatten (512) → Linear(512, J).
     Images of any other size are bilinearly resized to 32×32 in ``forward`` (as FedInverse resizes 28-px MNIST),
-    so that the 512-d embedding, the feature space of FID (§6.2), keeps its size.
+    so that the 512-d embedding, the feature space of FID (Wu et al., ICLR 2024, §4.4), keeps its size.
     """
 
     size = 32
@@ -141,25 +143,26 @@ class SCNN(nn.Module):
 
 @CLASSIFIERS.register("pli_cnn")
 def pli_cnn(in_channels: int, image_size: int, num_classes: int) -> nn.Module:
-    """PLI "Code 1" (pli.md §4.1); 12.8M parameters at 3×64×64 with J = 1000."""
+    """PLI "Code 1" (Takahashi et al., CVPR 2023, App. B); 12.8M parameters at 3×64×64 with J = 1000."""
     return PLICNN(in_channels, image_size, num_classes)
 
 
 @CLASSIFIERS.register("fedinverse_cnn")
 def fedinverse_cnn(in_channels: int, image_size: int, num_classes: int) -> nn.Module:
-    """FedInverse MNIST target model, MCNN (fedinverse.md §3.3)."""
+    """FedInverse MNIST target model, MCNN (Wu et al., ICLR 2024, §4.2)."""
     return MCNN(in_channels, image_size, num_classes)
 
 
 @CLASSIFIERS.register("scnn")
 def scnn(in_channels: int, image_size: int, num_classes: int) -> nn.Module:
-    """FedInverse MNIST evaluation classifier, SCNN (fedinverse.md §3.5); 512-d embedding at any image size."""
+    """FedInverse MNIST evaluation classifier, SCNN (Wu et al., ICLR 2024, §4.4; the network from their code); 512-d
+    embedding at any image size."""
     return SCNN(in_channels, num_classes)
 
 
 @CLASSIFIERS.register("pdafd_cnn")
 def pdafd_cnn(in_channels: int, image_size: int, num_classes: int) -> nn.Module:
-    """PDA-FD Fashion-MNIST CNN (pdafd.md §7.3): 4 padded 3×3 convs, three AvgPool2, global average pool."""
+    """PDA-FD Fashion-MNIST CNN (Shi et al., PoPETs 2025, §4.1.2): 4 padded 3×3 convs, three AvgPool2, global average pool."""
     if image_size < 8:
         raise _too_small("pdafd_cnn", image_size, 8, "three 2x2 average pools")
     return nn.Sequential(
@@ -182,8 +185,9 @@ def pdafd_cnn(in_channels: int, image_size: int, num_classes: int) -> nn.Module:
 
 @CLASSIFIERS.register("lattack_cnn")
 def lattack_cnn(in_channels: int, image_size: int, num_classes: int) -> nn.Module:
-    """The L-Attack's "3-layer CNN" with 5×5 filters (lattack.md §4.3, §8 item 25): three [Conv5×5 (32, 64, 128 channels,
-    padding 2), BN, ReLU, MaxPool2], Flatten, Linear (128·3·3 inputs at 28 px, 128·4·4 at 32 px)."""
+    """The L-Attack's "3-layer CNN" with 5×5 filters (Xiao et al., DSN 2024, §VI-B; the channel widths are not given
+    there): three [Conv5×5 (32, 64, 128 channels, padding 2), BN, ReLU, MaxPool2], Flatten, Linear (128·3·3 inputs at
+    28 px, 128·4·4 at 32 px)."""
     if image_size < 8:
         raise _too_small("lattack_cnn", image_size, 8, "three 2x2 max pools")
     layers: list[nn.Module] = []
@@ -195,13 +199,14 @@ def lattack_cnn(in_channels: int, image_size: int, num_classes: int) -> nn.Modul
 
 @CLASSIFIERS.register("lattack_mlp")
 def lattack_mlp(in_channels: int, image_size: int, num_classes: int) -> nn.Module:
-    """The L-Attack paper's MLP of hidden size 200 (lattack.md §4.3): Flatten → Linear(C·H·W, 200) → ReLU → Linear(200, J)."""
+    """The L-Attack paper's MLP of hidden size 200 (Xiao et al., DSN 2024, §VI-B): Flatten → Linear(C·H·W, 200) → ReLU → Linear(200, J)."""
     return nn.Sequential(nn.Flatten(), nn.Linear(in_channels * image_size * image_size, 200), nn.ReLU(), nn.Linear(200, num_classes))
 
 
 @CLASSIFIERS.register("mlp")
 def mlp(in_channels: int, image_size: int, num_classes: int) -> nn.Module:
-    """PDA-FD Purchase MLP (pdafd.md §7.3): Flatten → Linear(C·H·W, 128) → ReLU → Linear(128, 64) → ReLU → Linear(64, J)."""
+    """PDA-FD Purchase MLP (Shi et al., PoPETs 2025, §4.1.2): Flatten → Linear(C·H·W, 128) → ReLU → Linear(128, 64) →
+    ReLU → Linear(64, J)."""
     return nn.Sequential(
         nn.Flatten(),
         nn.Linear(in_channels * image_size * image_size, 128),
@@ -214,7 +219,7 @@ def mlp(in_channels: int, image_size: int, num_classes: int) -> nn.Module:
 
 @CLASSIFIERS.register("resnet18_gn")
 def resnet18_gn(in_channels: int, image_size: int, num_classes: int) -> nn.Module:
-    """torchvision ResNet-18 (weights=None) as in PDA-FD (pdafd.md §7.3).
+    """torchvision ResNet-18 (weights=None) as in PDA-FD (Shi et al., PoPETs 2025, §4.1.2; the stem and GroupNorm from their code).
 
     conv1 = Conv2d(C, 64, 3, 1, 1, bias=False), maxpool = Identity, every BatchNorm2d (stem, blocks,
     downsample) is GroupNorm(32, channels), fc = Linear(512, J). The adaptive average pool accepts any size.
@@ -232,7 +237,7 @@ class VGG16BN(nn.Module):
     The first conv takes C channels. The five max-pools use ``ceil_mode=True`` so that images that are not a
     multiple of 32 px (28, 8) keep a non-empty map; for multiples of 32 this equals torchvision's pools. The
     ImageNet head is replaced by one linear layer on the pooled 512 features, a simplification of the
-    authors' 2048-d BN head (fedinverse.md §3.3). Initialisation follows torchvision's ``VGG``.
+    authors' 2048-d BN head (the FedInverse code; Wu et al., ICLR 2024, §4.2). Initialisation follows torchvision's ``VGG``.
     """
 
     def __init__(self, in_channels: int, num_classes: int) -> None:
@@ -260,13 +265,13 @@ class VGG16BN(nn.Module):
 
 @CLASSIFIERS.register("vgg16_bn")
 def vgg16_bn(in_channels: int, image_size: int, num_classes: int) -> nn.Module:
-    """VGG16-BN with a 1×1 pooled 512-d head (fedinverse.md §3.3; CIFAR-10 per A8)."""
+    """VGG16-BN with a 1×1 pooled 512-d head (Wu et al., ICLR 2024, §4.2; the paper gives no CIFAR-10 model, this one is a choice)."""
     return VGG16BN(in_channels, num_classes)
 
 
 @CLASSIFIERS.register("mobilenet_v2")
 def mobilenet_v2(in_channels: int, image_size: int, num_classes: int) -> nn.Module:
-    """torchvision MobileNetV2 (weights=None) as in PDA-FD (pdafd.md §7.3).
+    """torchvision MobileNetV2 (weights=None) as in PDA-FD (Shi et al., PoPETs 2025, §4.1.2; the stem from their code).
 
     features[0][0] = Conv2d(C, 32, 3, 1, 1, bias=False); classifier = [Dropout(0.2), Linear(1280, J)];
     BatchNorm is kept.

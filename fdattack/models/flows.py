@@ -1,4 +1,4 @@
-"""A Glow-style normalising flow over a flat latent vector: VMI's variational family (fedinverse.md §4.3).
+"""A Glow-style normalising flow over a flat latent vector: VMI's variational family (Wu et al., ICLR 2024, §3.1, Eq. 10).
 
 Direction, as in Glow: the flow *encodes* a sample z (here a GAN latent, dimension d) into base noise ε ~ N(0, I_d)
 and *decodes* ε into z, so that log q(z) = log N(encode(z); 0, I) + log |det ∂ε/∂z| exactly.
@@ -10,7 +10,7 @@ The code's "layeredflow" flows (K steps per level, L levels, additive coupling, 
 - level i runs its K steps on the first n_i coordinates, n_0 = d and n_{i+1} = ⌊n_i / 2⌋: after every level but the
   last, the trailing half is factored out to the base and left alone (Glow's Split2d, RealNVP's multi-scale). The
   factored-out coordinates get the N(0, I) base itself rather than Glow's learned conditional prior, so that the
-  base is N(0, I_d) as §4.3 states (d = 512, L = 3: 512, 256, 128 coordinates; d = 100: 100, 50, 25);
+  base is N(0, I_d), VMI's prior p_aux of Eq. 10 (d = 512, L = 3: 512, 256, 128 coordinates; d = 100: 100, 50, 25);
 - the coupling network is Glow's block on a 1×1 input, i.e. Linear → ReLU → Linear → ReLU → Linear with the last
   layer zero-initialised (every step starts as the identity), hidden width 100 as the code;
 - the log-determinant is exact: ActNorm adds its log-scales, shuffles and additive couplings add 0.
@@ -130,7 +130,7 @@ class FlowStep(nn.Module):
 
 
 class Glow(nn.Module):
-    """A Glow-style flow over R^d with an N(0, I_d) base (module docstring; fedinverse.md §4.3).
+    """A Glow-style flow over R^d with an N(0, I_d) base (module docstring; Wu et al., ICLR 2024, Eq. 10).
 
     Args:
         dim: d, the latent dimension (100 for the GMI/KED-MI generators, 512 for StyleGAN).

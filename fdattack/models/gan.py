@@ -1,4 +1,4 @@
-"""GMI's and KED-MI's GAN networks (fedinverse.md §4.1, §4.2), for square images of any power-of-two size >= 8.
+"""GMI's and KED-MI's GAN networks (Wu et al., ICLR 2024, §3.1: Eqs. 4 and 6), for square images of any power-of-two size >= 8.
 
 At 32 px (1 channel) they are the authors' MNIST networks, at 64 px (3 channels) their CelebA ones, layer for layer:
 
@@ -12,7 +12,8 @@ Other sizes keep the pattern with fewer (or more) up- and down-sampling blocks: 
 4×4 map, one stride-2 block per doubling, so 8 px has one block and 16 px two (fast digits in tests).
 
 The generators end in a sigmoid: images in [0, 1], the range the discriminators are trained on. fdattack's data and
-target models use [-1, 1]; :func:`to_signed` (2x − 1) and :func:`to_unit` ((x + 1) / 2) convert (§9 A30).
+target models use [-1, 1]; :func:`to_signed` (2x − 1) and :func:`to_unit` ((x + 1) / 2) convert (the ranges of the
+FedInverse authors' code).
 """
 
 from __future__ import annotations
@@ -132,7 +133,7 @@ class MinibatchDiscriminator(nn.Module):
     Down to 4×4 with [Conv(s2) + InstanceNorm(affine) + LReLU(0.2)] blocks: the first three k5 (p2) with w, 2w, 4w
     channels, any further ones k3 (p1) with 4w (the CelebA network's fourth block); f = the flattened last map (4096
     at 32 and 64 px); minibatch discrimination appends 64 features; Linear(F + 64 → K). The (K+1)-th, fake class is
-    implicit in the logits (§4.2).
+    implicit in the logits (Wu et al., ICLR 2024, Eq. 6).
     """
 
     def __init__(self, channels: int, image_size: int, num_classes: int, width: int = 64) -> None:

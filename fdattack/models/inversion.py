@@ -1,4 +1,4 @@
-"""The inversion network G of TBI / PLI ("Code 2", pli.md §4.2), sized for any image."""
+"""The inversion network G of TBI / PLI ("Code 2", Takahashi et al., CVPR 2023, App. B), sized for any image."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""The L-Attack's generator network (lattack.md §2.5): DCGAN-style, upsampling from a quarter-size map."""
+"""The L-Attack's generator network (Xiao et al., DSN 2024, §VI-A, which does not give its architecture): DCGAN-style,
+upsampling from a quarter-size map."""
 
 from __future__ import annotations
 

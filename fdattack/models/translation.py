@@ -1,4 +1,5 @@
-"""Networks of the translation model A_phi behind PLI's learned prior (pli.md §4.3, §13.10).
+"""Networks of the translation model A_phi behind PLI's learned prior (Takahashi et al., CVPR 2023, §3.3, §4.1; the
+networks of the authors' code).
 
 The authors use CycleGAN's ResNet generator with 3 residual blocks for both CycleGAN (unpaired looks)
 and their simplified DeblurGAN-v2 (blur), and a PatchGAN discriminator. Both are sized here for any
