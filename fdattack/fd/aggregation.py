@@ -2,13 +2,13 @@
 
 Shapes: K clients, N public samples, J classes, B rows of a minibatch.
 
-| rule | protocol | spec |
+| rule | protocol | source |
 |---|---|---|
-| :func:`mean_logits` | FedMD consensus | pli.md §5.1, pdafd.md §4.1 |
-| :func:`era` | DS-FL entropy-reduction aggregation | pli.md §5.3, pdafd.md §4.2 |
-| :func:`fedgems_ensemble`, :func:`fedgems_fusion_loss` | FedGEMS selective knowledge fusion | pli.md §5.2, §13.8 |
-| :func:`diakonikolas_filter`, :func:`robust_mean` | Cronus robust mean | pdafd.md §4.3 |
-| :func:`fedavg` | FedAvg weighted state mean | fedinverse.md §3.1, §9 A24 |
+| :func:`mean_logits` | FedMD consensus | Takahashi et al., CVPR 2023, App. B; Shi et al., PoPETs 2025, §2.1 |
+| :func:`era` | DS-FL entropy-reduction aggregation | Takahashi et al., CVPR 2023, App. B; Shi et al., PoPETs 2025, §2.1 |
+| :func:`fedgems_ensemble`, :func:`fedgems_fusion_loss` | FedGEMS knowledge fusion | Takahashi et al., CVPR 2023, App. B; their code |
+| :func:`diakonikolas_filter`, :func:`robust_mean` | Cronus robust mean | Shi et al., PoPETs 2025, §2.1 |
+| :func:`fedavg` | FedAvg weighted state mean | Wu et al., ICLR 2024, §2.1, Algorithm 1 |
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ def _check_uploads(uploads: Tensor) -> None:
 
 # ---------------------------------------------------------------------------------------------- FedMD, DS-FL
 def mean_logits(uploads: Tensor) -> Tensor:
-    """FedMD consensus l^p_i = (1/K) Σ_k l^k_i (pli.md §5.1).
+    """FedMD consensus l^p_i = (1/K) Σ_k l^k_i (Takahashi et al., CVPR 2023, App. B).
 
     Args:
         uploads: (K, N, J) raw logits of the K clients on N public samples.
@@ -49,7 +49,8 @@ def softmax_uploads(logits: Tensor) -> Tensor:
 
 
 def era(probs: Tensor, temperature: float) -> Tensor:
-    """Entropy-reduction aggregation q^p_i = softmax(q̄_i / T), q̄_i = (1/K) Σ_k q^k_i (pli.md §5.3, pdafd.md §4.2).
+    """Entropy-reduction aggregation q^p_i = softmax(q̄_i / T), q̄_i = (1/K) Σ_k q^k_i (Takahashi et al., CVPR 2023,
+    App. B; Shi et al., PoPETs 2025, §2.1).
 
     Args:
         probs: (K, N, J) client probabilities (apply :func:`softmax_uploads` to uploaded logits first).
@@ -66,10 +67,10 @@ def era(probs: Tensor, temperature: float) -> Tensor:
 
 # ---------------------------------------------------------------------------------------------- FedGEMS
 def fedgems_ensemble(client_logits: Tensor, labels: Tensor) -> Tensor:
-    """FedGEMS client-knowledge ensemble for samples the server gets wrong (pli.md §5.2, case S3).
+    """FedGEMS client-knowledge ensemble for samples the server gets wrong (case S3 of the PLI authors' FedGEMS code).
 
     w_{k,i} = 1 / H(softmax(l^k_i)) if argmax l^k_i = y_i else 0;  ω_{·,i} = softmax_k(w_{·,i});
-    ẑ_i = Σ_k ω_{k,i} l^k_i. As in the authors' code (§13.8), wrong clients keep weight 0 *before* the
+    ẑ_i = Σ_k ω_{k,i} l^k_i. As in the authors' code, wrong clients keep weight 0 *before* the
     softmax, so they still receive a share e^0 / Σ_k e^{w_k}. Entropies are floored at the dtype's
     smallest normal number so that a one-hot prediction gets a large finite weight instead of 1/0.
 
@@ -90,7 +91,7 @@ def fedgems_ensemble(client_logits: Tensor, labels: Tensor) -> Tensor:
 
 
 def fedgems_kl(student_logits: Tensor, teacher_logits: Tensor, kl_mode: str) -> Tensor:
-    """FedGEMS distillation term between a student's and a teacher's logits (pli.md §5.2, §13.8).
+    """FedGEMS distillation term between a student's and a teacher's logits (the PLI authors' FedGEMS code).
 
     ``kl_mode="code"``: the authors' ``nn.KLDivLoss()(log_softmax(teacher), softmax(student))``, i.e.
     mean over all B·J elements of q (ln q − ln p_t) with q = softmax(student): KL(student ‖ teacher)/J
@@ -115,7 +116,7 @@ def fedgems_kl(student_logits: Tensor, teacher_logits: Tensor, kl_mode: str) -> 
 
 
 def fedgems_subsets(server_logits: Tensor, labels: Tensor, has_pool: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-    """Split a batch for selective knowledge fusion (pli.md §5.2(b)).
+    """Split a batch for selective knowledge fusion (the PLI authors' FedGEMS code).
 
     Returns:
         (B,) bool masks S1 (server correct), S2 (wrong, pool entry exists), S3 (wrong, no pool entry).
@@ -133,7 +134,7 @@ def fedgems_fusion_loss(
     epsilon: float,
     kl_mode: str,
 ) -> tuple[Tensor, Tensor]:
-    """FedGEMS server loss on one labeled public batch (pli.md §5.2(b)).
+    """FedGEMS server loss on one labeled public batch (the PLI authors' FedGEMS code).
 
     loss = CE̅(S1) + [ε CE̅(S2) + (1−ε) KL(S2; pool)] + [ε CE̅(S3) + (1−ε) KL(S3; ensemble)],
 
@@ -235,7 +236,7 @@ def _filter_batch(X: Tensor, eps: float, tau: float, cher: float) -> tuple[Tenso
 
 
 def diakonikolas_filter(X: Tensor, eps: float, tau: float, cher: float = 2.5) -> tuple[Tensor, Tensor]:
-    """Iterative filter for robust mean estimation (Diakonikolas et al.; pdafd.md §4.3).
+    """Iterative filter for robust mean estimation (Diakonikolas et al.; Cronus's aggregation, Shi et al., PoPETs 2025, §2.1).
 
     Repeat on the points still kept (n of them, dimension M):
     μ = mean; (λ, v) = top eigenpair of Σ = (X−μ)ᵀ(X−μ)/n; stop and return μ if λ < 1 + 3ε ln(1/ε);
@@ -253,7 +254,7 @@ def diakonikolas_filter(X: Tensor, eps: float, tau: float, cher: float = 2.5) ->
 
     Args:
         X: (n, M) points.
-        eps: assumed corrupted fraction ε in (0, 1) (0.1 by default in pdafd.md A2).
+        eps: assumed corrupted fraction ε in (0, 1) (0.1 by default: PDA-FD gives no value).
         tau: confidence τ > 0 (0.1).
         cher: the Chernoff constant of the stopping rule (2.5 in the reference code).
 
@@ -275,7 +276,7 @@ def _check_filter_args(eps: float, tau: float) -> None:
 
 
 def robust_mean(uploads: Tensor, eps: float, tau: float, cher: float = 2.5) -> tuple[Tensor, Tensor]:
-    """Cronus aggregation: :func:`diakonikolas_filter` on each public sample's K uploads (pdafd.md §4.3).
+    """Cronus aggregation: :func:`diakonikolas_filter` on each public sample's K uploads (Shi et al., PoPETs 2025, §2.1).
 
     Samples are filtered together in batched float64 linear algebra, in chunks of about 2^22 elements;
     each iteration only touches the samples whose eigenvalue test still fires.
@@ -299,7 +300,7 @@ def robust_mean(uploads: Tensor, eps: float, tau: float, cher: float = 2.5) -> t
 
 # ---------------------------------------------------------------------------------------------- FedAvg
 def fedavg(states: list[dict[str, Tensor]], weights: list[float]) -> dict[str, Tensor]:
-    """FedAvg aggregation ω = Σ_k (n_k / n) ω^k over every state-dict entry (fedinverse.md §3.1, §9 A24).
+    """FedAvg aggregation ω = Σ_k (n_k / n) ω^k over every state-dict entry (Wu et al., ICLR 2024, §2.1; buffers as below).
 
     Floating tensors (parameters, BatchNorm running statistics) take the weighted mean, computed in float64
     and cast back; other tensors (``num_batches_tracked``) take the element-wise max. A leading ``module.``

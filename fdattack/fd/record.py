@@ -160,8 +160,8 @@ class PublicQuery:
 
     The handle answers only while its phase is open: the orchestrator closes it once every observer
     has seen the record, and a later call raises :class:`StaleQueryError` naming the phase. So an
-    attack gets the clients' outputs *at its attack point* (pli.md §5, §13.9) and must collect them
-    when the record arrives. The handle holds only a token of the protocol's answerer
+    attack gets the clients' outputs *at its attack point* (PLI's: after the round's local training, as in the PLI
+    authors' code) and must collect them when the record arrives. The handle holds only a token of the protocol's answerer
     (:mod:`fdattack.fd.answering`), never the answerer or its models; closing the phase drops the answerer.
 
     Client answers are what the client would upload on those rows (``kind``, ``temperature``), through
@@ -249,7 +249,7 @@ class RoundRecord:
         aggregate_kind: ``"logits"``, ``"probs"`` or ``"weights"``.
         global_state: FedAvg's aggregated weights, or None.
         server_outputs: (N + M, J) server-model logits on ``batch`` where a server model exists.
-        attack_point: True on the phase after which the protocol's passive attacks run (pli.md §5).
+        attack_point: True on the phase after which the protocol's passive attacks run (PLI's, Takahashi et al., CVPR 2023, Algorithm 1).
         query: black-box :class:`PublicQuery` on public samples, open during this phase only (None without public data).
     """
 

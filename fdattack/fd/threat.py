@@ -142,8 +142,8 @@ class ThreatModel:
         public_labels_known: whether the attacker knows the public set's labels (FedMD/FedGEMS yes, DS-FL no).
         public_domains_known: whether it knows which public images are in the sensitive look (PLI's
             ``is_sensitive_flag``: the server curated the public set).
-        query_rows: the public rows a query may ask for: ``public`` (any, as PLI runs FedMD/FedGEMS,
-            pli.md §13.9), ``round`` (the round's rows: what the clients were asked for) or ``none``.
+        query_rows: the public rows a query may ask for: ``public`` (any, as the PLI authors' code
+            runs FedMD/FedGEMS), ``round`` (the round's rows: what the clients were asked for) or ``none``.
         white_box_global: whether the attacker holds the global model's weights (FedAvg's participating client).
         adversary: the active powers the server has in this protocol (granted to attacks that declare them).
         sees_uploads: whether the records carry the clients' uploads: the server receives them; a participating client
@@ -188,8 +188,8 @@ class ThreatModel:
 @dataclass(frozen=True)
 class ServerAggregation:
     """The server's own aggregation rule (it runs it), which an active server may apply to uploads of its choosing:
-    the L-Attack's paper view of a victim's answers and the aggregate made of the victim's own upload (lattack.md
-    §2.1, §2.6). A function of the protocol's settings alone: it holds no model, no data and no protocol.
+    the L-Attack's paper view of a victim's answers and the aggregate made of the victim's own upload (Xiao et al., DSN 2024,
+    §IV-B, Algorithm 1). A function of the protocol's settings alone: it holds no model, no data and no protocol.
 
     Attributes:
         rule: the aggregate of uploads (:data:`ServerRule`), the one the protocol's aggregate phase applies.
@@ -220,9 +220,9 @@ class AttackerView:
         prior_data: the attacker's own labeled data (FedInverse, L-Attack), or None.
         degradation: the known transform that made the insensitive public look (blur), or None.
         candidates: the samples whose membership the attacker tests (images and labels, in an order that says
-            nothing of whose they are; pdafd.md §6.6), or None when no membership attack runs.
+            nothing of whose they are; the candidates of Shi et al., PoPETs 2025, §3.3), or None when no membership attack runs.
         architecture: the clients' network name where all clients share one: PDA-FD's attacker copies it for its
-            students (pdafd.md §6.4 [P]); None for heterogeneous clients.
+            students (Shi et al., PoPETs 2025, §3.3.2); None for heterogeneous clients.
         num_clients: N, how many clients the federation has (the server knows whom it talks to).
         network_changes: the training defenses' changes of the clients' architecture (MID's VIB head), in order: a
             participant knows the model it trains; functions of the defenses' settings alone.

@@ -1,4 +1,4 @@
-"""Cronus (Chang et al. 2019): probability uploads, Diakonikolas robust mean (pdafd.md §4.3)."""
+"""Cronus (Chang et al. 2019): probability uploads, Diakonikolas robust mean (Shi et al., PoPETs 2025, §2.1)."""
 
 from __future__ import annotations
 

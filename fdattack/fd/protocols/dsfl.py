@@ -1,4 +1,4 @@
-"""DS-FL (Itahara et al. 2021) with entropy-reduction aggregation (pli.md §5.3; pdafd.md §4.2)."""
+"""DS-FL (Itahara et al. 2021) with entropy-reduction aggregation (Takahashi et al., CVPR 2023, App. B; Shi et al., PoPETs 2025, §2.1)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""FedAvg with client sampling (fedinverse.md §3.1, Algorithm 1)."""
+"""FedAvg with client sampling (Wu et al., ICLR 2024, §2.1, Algorithm 1)."""
 
 from __future__ import annotations
 

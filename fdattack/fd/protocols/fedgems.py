@@ -1,4 +1,4 @@
-"""FedGEMS (Cheng et al. 2021) with selective knowledge fusion, as PLI runs it (pli.md §5.2, §13.8)."""
+"""FedGEMS (Cheng et al. 2021) with selective knowledge fusion, as PLI runs it (Takahashi et al., CVPR 2023, App. B, C, and their code)."""
 
 from __future__ import annotations
 
@@ -22,10 +22,10 @@ class KLMode(Choice):
 
 
 def fedgems_client(epsilon: float, kl_mode: str) -> Objective:
-    """FedGEMS client public phase: eps*CE(z, y) + (1 - eps)*KL(server logits, z) (pli.md §5.2 step c).
+    """FedGEMS client public phase: eps*CE(z, y) + (1 - eps)*KL(server logits, z) (the PLI authors' code).
 
     ``kl_mode="code"`` reproduces the authors' ``nn.KLDivLoss()(log_softmax(teacher), softmax(z))``
-    (element-wise mean, teacher in the log slot, §13.8); ``"standard"`` is batchmean KL(teacher || student).
+    (element-wise mean, teacher in the log slot); ``"standard"`` is batchmean KL(teacher || student).
     """
 
     @vmappable
@@ -65,7 +65,7 @@ class FedGEMSProtocol(Protocol):
         attacker="server, honest-but-curious (may request logits on any public sample)",
         sees="client logits on requested public samples; its own server model",
         public_labels_known=True,
-        query_rows="public",  # the server requests logits; PLI requests all of D_0 (pli.md §13.9)
+        query_rows="public",  # the server requests logits; PLI requests all of D_0 (the PLI authors' code)
         # no added samples: the fusion needs a label and a knowledge-pool row for every public sample
         adversary=frozenset({Capability.choose_public_batch, Capability.send_aggregate, Capability.query_chosen_batch}),
     )
@@ -91,7 +91,7 @@ class FedGEMSProtocol(Protocol):
         self.upload_outputs(ctx)
 
     def _fusion_objective(self, ctx: RoundContext, ensemble: Tensor) -> Objective:
-        """Server loss of §5.2(b); S1 rows update the pool with the server's detached logits."""
+        """Server loss of the PLI authors' FedGEMS code; S1 rows update the pool with the server's detached logits."""
         assert ctx.batch is not None
         rows_of = ctx.batch.rows
 

@@ -1,4 +1,4 @@
-"""FedMD (Li & Wang 2019) as PLI runs it (pli.md §5.1, §9; pdafd.md §4.1)."""
+"""FedMD (Li & Wang 2019) as PLI runs it (Takahashi et al., CVPR 2023, App. B, C; Shi et al., PoPETs 2025, §2.1)."""
 
 from __future__ import annotations
 
@@ -36,7 +36,7 @@ class FedMDSettings(ProtocolSettings):
     private_with_public: bool = knob(
         False,
         "transfer_private and revisit train on the private set together with the labeled public set, so a client keeps "
-        "the public classes (the L-Attack's clients, lattack.md §1.2, §2.6); FedMD's own revisit is private only",
+        "the public classes (the L-Attack's clients, Xiao et al., DSN 2024, Fig. 1, §VI-A); FedMD's own revisit is private only",
     )
     server_model: bool = knob(True, "train the attacker-added server model f_0 on the labeled public set (PLI Eq. 1)")
     server_epochs: int = knob(1, "per round: epochs of the server model on the public set", ge=0)
@@ -59,7 +59,7 @@ class FedMDProtocol(Protocol):
         attacker="server, honest-but-curious",
         sees="raw logits of every client on every public sample of the round",
         public_labels_known=True,
-        query_rows="public",  # PLI's attack point is a "6th upload" on any public row (pli.md §13.9)
+        query_rows="public",  # PLI's attack point is an extra upload on any public row (the PLI authors' code)
         adversary=SERVER_POWERS,
     )
 
@@ -78,7 +78,7 @@ class FedMDProtocol(Protocol):
 
     def round_phases(self, round: int) -> list[Phase]:
         phases = [Phase("upload", self._upload), Phase("aggregate", self._aggregate)]
-        if self.num_clients > 1:  # with K = 1 the digest step is skipped (§13.11)
+        if self.num_clients > 1:  # with K = 1 the digest step is skipped (as the PLI authors' code)
             phases.append(Phase("digest", self._digest))
         phases.append(Phase("revisit", self._revisit, attack_point=self.server is None))
         if self.server is not None:
@@ -86,7 +86,7 @@ class FedMDProtocol(Protocol):
         return phases
 
     def _transfer_public(self, ctx: RoundContext) -> None:
-        """CE on the labeled public set; skipped where it has no labels (a foreign public set, pdafd.md A20)."""
+        """CE on the labeled public set; skipped where it has no labels (a foreign public set; PDA-FD does not say how FedMD handles it)."""
         public = self.split.public
         if self.cfg.transfer_public_epochs and not bool((public.labels != UNLABELED).any()):
             log.info("fedmd: the public set has no labels, so the %d transfer_public epochs are skipped", self.cfg.transfer_public_epochs)

@@ -1,4 +1,4 @@
-"""LabelAvg (Xiao et al., lattack.md §3): FedMD whose clients upload top-K labels and the server smooths them."""
+"""LabelAvg (Xiao et al., DSN 2024, §V): FedMD whose clients upload top-K labels and the server smooths them."""
 
 from __future__ import annotations
 
