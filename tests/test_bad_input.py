@@ -378,6 +378,14 @@ def test_membership_attacks_without_a_test_set_are_refused_once_the_split_is_cut
     assert not (tmp_path / "run").exists()
 
 
+def test_a_learned_prior_with_no_public_look_is_one_line_before_any_round(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    """data.aux_domain=none leaves no identity in both looks: the CycleGAN prior raised a ValueError traceback after the
+    first round; now the attack's construction refuses it, naming the keys, and nothing is written."""
+    overrides = ("data.aux_domain=none", "attacks=[pli]")
+    _one_line(capsys, ["run", *tiny(tmp_path, *overrides)], "attack.pli.prior.kind=learned", "data.aux_domain=none")
+    assert not (tmp_path / "run").exists()
+
+
 @pytest.mark.parametrize(
     "overrides",
     [

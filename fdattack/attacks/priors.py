@@ -90,7 +90,21 @@ class PriorSettings:
             translator = TranslatorKind.restorer if view.degradation is not None else TranslatorKind.cyclegan
         if translator == TranslatorKind.restorer and view.degradation is None:
             raise ConfigError("attack.pli.prior.translator=restorer needs a known degradation (data.aux_domain=blur); use cyclegan")
+        if translator == TranslatorKind.cyclegan and not _has_both_looks(view.public, list(view.target_labels)):
+            raise ConfigError(
+                "attack.pli.prior.kind=learned: no non-target public identity has both looks (data.aux_domain=none gives none), so "
+                "its CycleGAN has nothing to learn from; use attack.pli.prior.kind=naive or a data.aux_domain that makes a look"
+            )
         return dataclasses.replace(self, kind=PriorKind.learned, translator=translator)
+
+
+def _has_both_looks(public: ImageSet, target_labels: list[int]) -> bool:
+    """Whether some non-target public identity has images in both looks (the CycleGAN's unpaired training data)."""
+    sensitive, auxiliary = public.domain == SENSITIVE, public.domain == AUXILIARY
+    return any(
+        bool((sensitive & (public.labels == label)).any() and (auxiliary & (public.labels == label)).any())
+        for label in set(public.labels[sensitive].tolist()) - set(target_labels)
+    )
 
 
 def build_prior(view: AttackerView, settings: PriorSettings, seed: int, engine: LocalTrainer, progress: str = "never") -> Tensor:
