@@ -64,7 +64,7 @@ class RoundContext:
 
 @dataclass(frozen=True)
 class Phase:
-    """A named step of a round. ``attack_point`` marks where passive attacks run (pli.md §5)."""
+    """A named step of a round. ``attack_point`` marks where passive attacks run (PLI's: Takahashi et al., CVPR 2023, Algorithm 1)."""
 
     name: str
     run: Callable[[RoundContext], None]
@@ -137,7 +137,7 @@ class Protocol(ABC):
         if self.server_model_enabled(cfg):
             self.server = self._make_model("server", model_cfg.server or model_cfg.name)
         evasive = evasive_clients(cfg.evasive_clients, self.num_clients, self.uploads_outputs)
-        #: what the evasive clients withhold (pdafd.md §6.7), or None where every client answers everything
+        #: what the evasive clients withhold (Shi et al., PoPETs 2025, §5.5), or None where every client answers everything
         self.evasion = Evasion({k: split.private[k].images for k in sorted(evasive)}, derive_seed(seed, "evasion")) if evasive else None
         #: the public images' digests, read by the evasive clients (protocol-side, computed on first use)
         self._public_digests = PublicDigests(split.public.images)
@@ -239,7 +239,7 @@ class Protocol(ABC):
 
     def public_rows(self, round: int) -> Tensor:
         """Public rows drawn for ``round`` (S_t): all, or ``public_per_round`` without replacement, evenly over the
-        labels with ``public_stratified`` where the server's public set is labeled (pdafd.md §5.2, A8); sorted."""
+        labels with ``public_stratified`` where the server's public set is labeled (Shi et al., PoPETs 2025, §3.2); sorted."""
         public = self.split.public
         n, m = len(public), self.cfg.public_per_round
         if m is None or m >= n:

@@ -50,6 +50,6 @@ class ProtocolSettings:
     evasive_clients: Any = knob(
         "none",
         "clients that refuse to return outputs on public or queried samples of their own training set, and withhold as many seeded decoys "
-        "(pdafd.md 6.7): none | all | a list of client indices",
+        "(Shi et al., PoPETs 2025, §5.5): none | all | a list of client indices",
     )
     optim: OptimSettings = knob(OptimSettings(), "optimizer of clients and server")
