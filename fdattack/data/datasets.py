@@ -11,7 +11,7 @@ Folder layouts under ``data.root``:
   ``data.root=.../lfw-align-128`` and ``data.second_look_root=.../lfw-align-128-masked``).
 - ``cifar10``, ``cifar100``, ``fashion_mnist``, ``celeba``: torchvision's layouts (``data.download=true`` to fetch).
 - ``cinic10``: the official CINIC-10 release unpacked, ``root/{train,valid,test}/<class>/*.png`` (32x32 RGB, 90,000
-  images per split). ``train`` is the pool, ``test`` the test set; ``valid`` is not read (pdafd.md §7.1).
+  images per split). ``train`` is the pool, ``test`` the test set; ``valid`` is not read (Shi et al., PoPETs 2025, Table 10).
 - ``purchase``: Shokri et al.'s ``root/dataset_purchase`` (tabular; see :mod:`fdattack.data.purchase`).
 """
 
@@ -254,9 +254,10 @@ def load_image_folder(cfg: DictConfig) -> RawDataset:
 
 @DATASETS.register("cinic10")
 def load_cinic10(cfg: DictConfig) -> RawDataset:
-    """CINIC-10 (pdafd.md §7.1): ``root/train/<class>/*.png`` is the pool (90,000), ``root/test/<class>/*.png`` the
-    test set (90,000); both RGB, ``ToTensor`` + ``Normalize(0.5, 0.5)`` (A22). Labels follow the sorted class folders of
-    ``train``, which ``test`` must repeat; ``valid`` is not read."""
+    """CINIC-10 (Shi et al., PoPETs 2025, Table 10): ``root/train/<class>/*.png`` is the pool (90,000),
+    ``root/test/<class>/*.png`` the test set (90,000); both RGB, ``ToTensor`` + ``Normalize(0.5, 0.5)`` (as the PDA-FD
+    code does for CIFAR). Labels follow the sorted class folders of ``train``, which ``test`` must repeat; ``valid`` is
+    not read."""
     root = _root(cfg)
     layout = "root/{train,valid,test}/<class>/*.png"
     train = root / "train"

@@ -1,4 +1,4 @@
-"""Auxiliary-domain transforms: how the insensitive public look of an image is made (pli.md §3)."""
+"""Auxiliary-domain transforms: how the insensitive public look of an image is made (Takahashi et al., CVPR 2023, §4.1)."""
 
 from __future__ import annotations
 
@@ -15,7 +15,8 @@ DOMAIN_TRANSFORMS: Registry[DomainTransform] = Registry("domain transform", "dat
 
 @DOMAIN_TRANSFORMS.register("blur")
 def box_blur(images: Tensor, k: int) -> Tensor:
-    """Normalized k x k box blur with reflected borders, like ``cv2.blur`` (pli.md §3.2, FaceScrub).
+    """Normalized k x k box blur with reflected borders, like ``cv2.blur`` (Takahashi et al., CVPR 2023, §4.1,
+    FaceScrub; the authors' code).
 
     Args:
         images: (N, C, H, W) float images.

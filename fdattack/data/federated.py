@@ -73,7 +73,8 @@ def _aux_look(cfg: DictConfig, raw: RawDataset, rows: np.ndarray) -> Tensor:
 
 
 def _split_pli(cfg: DictConfig, raw: RawDataset, num_clients: int, rng: np.random.Generator) -> FederatedSplit:
-    """pli.md §3.2: target labels private (2nd half, sensitive), auxiliary look public for every label."""
+    """Takahashi et al., CVPR 2023, §4.1, as their code splits: target labels private (2nd half, sensitive), auxiliary
+    look public for every label."""
     if cfg.partition != "disjoint_identities":
         raise ConfigError(f"data.split=pli needs data.partition=disjoint_identities, got {cfg.partition}")
     labels = raw.labels.numpy()
@@ -125,7 +126,8 @@ def _split_pli(cfg: DictConfig, raw: RawDataset, num_clients: int, rng: np.rando
 
 
 def _label_map(cfg: DictConfig, targets: np.ndarray, all_labels: np.ndarray):  # type: ignore[no-untyped-def]
-    """``label_space=targets``: targets → 0..n-1 by original id, other labels → -1 (pli.md §3.2 DS-FL)."""
+    """``label_space=targets``: targets → 0..n-1 by original id, other labels → -1 (DS-FL's 200 outputs, Takahashi et
+    al., CVPR 2023, §4.1)."""
     if cfg.label_space == "all":
         return lambda y: y.long()
     lut = torch.full((int(all_labels.max()) + 1,), UNLABELED, dtype=torch.long)
@@ -194,7 +196,7 @@ def _split_pool(cfg: DictConfig, raw: RawDataset, num_clients: int, rng: np.rand
 
 def _private_classes_only(cfg: DictConfig, private_labels: np.ndarray) -> int:
     """J for split=classes with label_space=targets: the models output the private classes only (FedInverse's 5-way
-    MNIST model, fedinverse.md §3.2), which must be the lowest labels so that no label is renumbered."""
+    MNIST model, Wu et al., ICLR 2024, §4.1), which must be the lowest labels so that no label is renumbered."""
     highest = int(private_labels.max())
     if highest >= min(cfg.public_classes):
         raise ConfigError(

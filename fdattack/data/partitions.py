@@ -42,7 +42,7 @@ def require_identities(num_targets: int, num_clients: int) -> None:
 
 
 def disjoint_identities(target_labels: np.ndarray, num_clients: int) -> list[np.ndarray]:
-    """Target labels split into K contiguous chunks (``np.array_split``; pli.md §3.2).
+    """Target labels split into K contiguous chunks (``np.array_split``; the PLI authors' code).
 
     Returns label chunks (not rows): client k owns the labels of chunk k.
     """
@@ -59,7 +59,8 @@ def iid(n: int, num_clients: int, rng: np.random.Generator) -> list[np.ndarray]:
 def dirichlet(
     labels: np.ndarray, num_clients: int, alpha: float, min_size: int, rng: np.random.Generator, max_tries: int = 1000
 ) -> list[np.ndarray]:
-    """Per-class Dirichlet(alpha) split with balancing, redrawn until every client has ``min_size`` rows (pdafd.md §7.2).
+    """Per-class Dirichlet(alpha) split with balancing, redrawn until every client has ``min_size`` rows (Shi et al.,
+    PoPETs 2025, §4.1.1; the balancing of their code).
 
     Each class's rows are cut among the clients by a Dirichlet(alpha) draw, zeroed for the clients already holding
     n/K rows. A draw costs O(classes x K) array operations (no per-client Python loop), so ``max_tries`` draws stay
@@ -124,8 +125,8 @@ def shards(labels: np.ndarray, num_clients: int, shards_per_client: int, rng: np
 
 
 def two_classes(labels: np.ndarray, num_clients: int, rng: np.random.Generator) -> list[np.ndarray]:
-    """L-Attack style (lattack.md §2): client k holds classes c_k and c_{k+1} (cyclically); each class's samples
-    are split equally between the two clients holding it."""
+    """L-Attack style (Xiao et al., DSN 2024, §VI-A: two classes a client; the pairing is a choice): client k holds
+    classes c_k and c_{k+1} (cyclically); each class's samples are split equally between the two clients holding it."""
     classes = np.unique(labels)
     require(
         num_clients, "two_classes", num_clients, "private classes", "client k holds classes k and k+1", len(classes), POOL, "more classes"
@@ -152,7 +153,7 @@ def assert_disjoint(parts: list[np.ndarray]) -> None:
 
 
 def balanced_sample(labels: np.ndarray, size: int, rng: np.random.Generator) -> np.ndarray:
-    """``size`` rows without replacement, as evenly spread over the labels as the label counts allow (pdafd.md §5.2, A8):
+    """``size`` rows without replacement, as evenly spread over the labels as the label counts allow (Shi et al., PoPETs 2025, §3.2):
     each label gets ``size // L`` rows (the remainder to random labels); a label short of rows gives all it has and
     the others make up the difference. Sorted."""
     classes = [rng.permutation(np.flatnonzero(labels == c)) for c in np.unique(labels)]

@@ -1,16 +1,16 @@
-"""A public set taken from another dataset than the private data (``data.public_dataset``; pdafd.md §7.1
-CIFAR-10 private / CIFAR-100 public, and Table 8's shifted public sets).
+"""A public set taken from another dataset than the private data (``data.public_dataset``; Shi et al., PoPETs 2025, §4.1.1:
+CIFAR-10 private / CIFAR-100 public, and their Table 8's shifted public sets).
 
 The main dataset is still cut as without it (``data.public_fraction`` of its pool set aside, so the private pool
 and its partition are those of the same run with an in-distribution public set, Table 10's 40,000), and that
-fifth is dropped; the public set is ``size`` random samples of the other dataset's training split ([D] in §7.1).
+fifth is dropped; the public set is ``size`` random samples of the other dataset's training split (a choice: the paper does not say which).
 Its labels live in another label space, so every public sample is unlabeled (``UNLABELED``): stratified draws
-(``protocol.public_stratified``, LDIA's class-balanced D_inf) fall back to uniform ones (A8), training steps that
+(``protocol.public_stratified``, LDIA's class-balanced D_inf) fall back to uniform ones, training steps that
 use public labels skip them, and the attacker sees none.
 
 ``data.public_dataset.name=noise`` is no dataset: ``size`` dummy images of uniform noise in [-1, 1] with the private
 data's shape, the public set of a server that holds no data like the clients' (the L-Attack's CelebA setting,
-lattack.md §1.3 (a) and §2.6).
+Xiao et al., DSN 2024, §VI-A).
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from fdattack.data.imageset import SENSITIVE, UNLABELED, ImageSet
 from fdattack.errors import ConfigError, FdattackError
 
 KEY = "data.public_dataset"
-#: ``data.public_dataset.name`` of the dummy public set: uniform noise images (lattack.md §2.6)
+#: ``data.public_dataset.name`` of the dummy public set: uniform noise images (Xiao et al., DSN 2024, §VI-A)
 NOISE = "noise"
 
 
@@ -107,7 +107,7 @@ def foreign_public_set(cfg: DictConfig, image_shape: tuple[int, ...], rng: np.ra
 
 
 def noise_public_set(size: int, image_shape: tuple[int, ...], rng: np.random.Generator) -> ImageSet:
-    """``size`` unlabeled images of uniform noise in [-1, 1], drawn from ``rng``: the dummy public set (lattack.md §2.6)."""
+    """``size`` unlabeled images of uniform noise in [-1, 1], drawn from ``rng``: the dummy public set (Xiao et al., DSN 2024, §VI-A)."""
     stream = torch.Generator().manual_seed(int(rng.integers(2**62)))
     images = torch.rand(size, *image_shape, generator=stream) * 2 - 1
     return ImageSet(

@@ -1,4 +1,5 @@
-"""Purchase as PDA-FD builds it (pdafd.md §7.1, A21): Shokri et al.'s 600 binary purchase features, 10 k-means labels.
+"""Purchase for PDA-FD's setting (Shi et al., PoPETs 2025, Table 10: 10 classes, whose making the paper does not
+describe; the construction below is a choice): Shokri et al.'s 600 binary purchase features, 10 k-means labels.
 
 File: ``data.root/dataset_purchase``, the file of Shokri et al.'s membership-inference release (197,324 lines, one
 record a line, comma-separated): the original label 1..100 first, then 600 features in {0, 1}.
@@ -12,7 +13,7 @@ Construction (fixed, like an official test split; the run seed only cuts public 
    the private pool (21,589) and the public set (5,397).
 
 A record is a 600-channel 1x1 "image", (N, 600, 1, 1), so the pipeline's (N, C, H, W) contract holds and the ``mlp``
-classifier sees C·H·W = 600 inputs. The features stay 0 / 1 as pdafd.md §7.1 asks ("as they are", not mapped to
+classifier sees C·H·W = 600 inputs. The features stay 0 / 1 (as they are, not mapped to
 ±1): a subset of [-1, 1], the range every loader promises.
 """
 
@@ -33,10 +34,10 @@ log = logging.getLogger(__name__)
 
 FILE_NAME = "dataset_purchase"
 NUM_FEATURES = 600
-NUM_CLUSTERS = 10  # A21: k-means labels
-NUM_RECORDS = 38_551  # A21: 26,986 train + 11,565 test
+NUM_CLUSTERS = 10  # k-means labels: the paper's 10 classes
+NUM_RECORDS = 38_551  # the paper's Table 10: 26,986 train + 11,565 test
 TEST_FRACTION = 0.3
-SEED = 0  # A21: k-means seed; also the seed of the record sample and the test split
+SEED = 0  # k-means seed; also the seed of the record sample and the test split
 
 
 def read_purchase(path: Path) -> np.ndarray:
@@ -60,7 +61,7 @@ def read_purchase(path: Path) -> np.ndarray:
 
 
 def kmeans_labels(features: np.ndarray) -> np.ndarray:
-    """A21's labels: k-means (k = 10, seed 0) cluster of each row of ``features`` (N, 600); (N,) int64 in [0, 10)."""
+    """The labels: k-means (k = 10, seed 0) cluster of each row of ``features`` (N, 600); (N,) int64 in [0, 10)."""
     from sklearn.cluster import KMeans
 
     if len(features) < NUM_CLUSTERS:
@@ -76,7 +77,7 @@ def as_records(features: np.ndarray) -> Tensor:
 
 @DATASETS.register("purchase")
 def load_purchase(cfg: DictConfig) -> RawDataset:
-    """Purchase (A21): k-means labels, 38,551 random records, 30 % test; records as (N, 600, 1, 1) features in {0, 1}."""
+    """Purchase as built above: k-means labels, 38,551 random records, 30 % test; records as (N, 600, 1, 1) features in {0, 1}."""
     if cfg.image_size is not None:
         raise ConfigError(f"data.image_size={cfg.image_size}: data.name=purchase is tabular (600 features); leave data.image_size null")
     if cfg.root is None:
