@@ -1,12 +1,12 @@
-"""What the GAN model-inversion attacks share (fedinverse.md §2, §4, §5.2): the FedAvg client's view, the HSIC knobs.
+"""What the GAN model-inversion attacks share (Wu et al., ICLR 2024, §3.1, §3.2, Algorithm 1): the FedAvg client's view, the HSIC knobs.
 
-The attacker is a participating FedAvg client (white-box): after every aggregation it reads the global model's
-weights from ``RoundRecord.global_state`` (the model after the t-th aggregation, A3), rebuilds the network from the
-clients' shared architecture (``view.architecture``) and attacks it at the round's end. Its GANs train on its own
-prior data (``view.prior_data``, disjoint classes) through the attacks' engine, seeded, and are cached in the attack's
-state directory, so a resumed run reuses them. Generated images are in [0, 1] (sigmoid); the target model sees 2x − 1,
-the range it was trained on, and HSIC is taken on the raw [0, 1] images, pixel space, as the code does (§9 A15, A30).
-The results are :class:`~fdattack.attacks.results.Inversions` in [-1, 1]; the evaluation side scores them.
+The attacker is a participating FedAvg client (white-box): after every aggregation it reads the global model's weights
+from ``RoundRecord.global_state`` (the model after the t-th aggregation, as the FedInverse code attacks it), rebuilds
+the network from the clients' shared architecture (``view.architecture``) and attacks it at the round's end. Its GANs
+train on its own prior data (``view.prior_data``, disjoint classes) through the attacks' engine, seeded, and are cached
+in the attack's state directory, so a resumed run reuses them. Generated images are in [0, 1] (sigmoid); the target
+model sees 2x − 1, the range it was trained on, and HSIC is taken on the raw [0, 1] images, pixel space, as the code
+does. The results are :class:`~fdattack.attacks.results.Inversions` in [-1, 1]; the evaluation side scores them.
 """
 
 from __future__ import annotations
@@ -61,7 +61,7 @@ class MedianRule(Choice):
 
 @dataclass
 class GANInversionSettings:
-    """Knobs GMI and KED-MI share: the latent search, the label batches, the GAN's training and the HSIC term (§5.6)."""
+    """Knobs GMI and KED-MI share: the latent search, the label batches, the GAN's training and the HSIC term."""
 
     iterations: int = knob(3000, "latent-search iterations per batch of target labels and round", ge=1)
     lr: float = knob(0.02, "learning rate of the latent search", gt=0)
@@ -76,17 +76,19 @@ class GANInversionSettings:
     gan_width: int = knob(64, "base width of the GAN networks (the code's dim)", ge=1)
     gan_epochs: int = knob(100, "GAN training epochs over the prior data", ge=0)
     gan_batch_size: int = knob(64, "GAN mini-batch size (the last, incomplete batch of an epoch is left out)", ge=2)
-    gan_lr: float = knob(2e-4, "Adam learning rate of the GAN's networks, β = (0.5, 0.999) (the spec: 2e-4; GMI's MNIST prior 4e-3)", gt=0)
+    gan_lr: float = knob(
+        2e-4, "Adam learning rate of the GAN's networks, β = (0.5, 0.999) (the FedInverse code: 2e-4; GMI's MNIST prior 4e-3)", gt=0
+    )
     n_critic: int = knob(5, "discriminator steps per generator step", ge=1)
     hsic_lambda: float = knob(
         0.0,
-        "λ_H, weight of HSIC(x1, x2) between the halves of every latent batch (§5): 0 = the baseline attack, 0.05 the code's HSIC runs "
-        "(A17)",
+        "λ_H, weight of HSIC(x1, x2) between the halves of every latent batch (FedInverse's Eq. 11): 0 = the baseline attack, "
+        "0.05 the code's HSIC runs (the paper gives no value)",
         ge=0,
     )
     hsic_sign: int = knob(
         1,
-        "+1 adds λ_H·HSIC, the released code | -1 subtracts it, the paper's Eq. 11 as reconstructed, the diversity form (A14)",
+        "+1 adds λ_H·HSIC, the released code | -1 subtracts it, the paper's Eq. 11 as reconstructed, the diversity form",
         among=(1, -1),
     )
     hsic_estimator: HSICEstimator = knob(
@@ -218,7 +220,7 @@ class GANInversionAttack(Attack):
 
     # ------------------------------------------------------------------ rounds
     def on_record(self, record: RoundRecord) -> None:
-        """Keep the global model's weights after the round's aggregation (A3)."""
+        """Keep the global model's weights after the round's aggregation (as the FedInverse code)."""
         if record.attack_point and record.global_state is not None:
             self.global_state = dict(record.global_state)
 
@@ -269,7 +271,7 @@ class GANInversionAttack(Attack):
 
     # ------------------------------------------------------------------ the GANs
     def wgan_prior(self) -> WGANGP:
-        """GMI's target-agnostic WGAN-GP prior on the prior data (§4.1 stage 1): trained on the first call (or restored
+        """GMI's target-agnostic WGAN-GP prior on the prior data (Wu et al., ICLR 2024, Eq. 4): trained on the first call (or restored
         from the shared GAN folder), then kept. Seeded as GMI's, so that GMI and VMI share one cached network."""
         if self._wgan_prior is None:
             s, (c, h, _) = self.settings, self.view.image_shape

@@ -1,8 +1,8 @@
-"""GMI (Zhang et al., CVPR 2020) against FedAvg, with FedInverse's HSIC term (fedinverse.md §4.1, §5).
+"""GMI (Zhang et al., CVPR 2020) against FedAvg, with FedInverse's HSIC term (Wu et al., ICLR 2024, §3.1, Eqs. 4-5, and §3.2).
 
 Stage 1: a WGAN-GP prior (:class:`~fdattack.lit.gan.WGANGP`) trained once on the attacker's prior data, target-agnostic,
 and cached in the attack's state directory (reused by every round and on resume). Stage 2, every round against the
-global model T after the round's aggregation (A3): for each of ``seeds`` restarts, one latent per target label,
+global model T after the round's aggregation (as the FedInverse code): for each of ``seeds`` restarts, one latent per target label,
 
     z* = argmin_z  −mean D(G(z)) + λ_id · CE(T(2G(z) − 1), y) [± λ_H · HSIC(x1, x2)]
 
@@ -31,20 +31,21 @@ from fdattack.randomness import derive_seed
 
 @dataclass
 class GMISettings(GANInversionSettings):
-    """GMI's knobs (§4.1, §11, A9)."""
+    """GMI's knobs (defaults from the FedInverse code; the paper gives none)."""
 
     iterations: int = knob(
-        3000, "latent-optimisation iterations per batch of target labels and round (A9: 3000; the code's script 2000)", ge=1
+        3000, "latent-optimisation iterations per batch of target labels and round (the code's config 3000, its script 2000)", ge=1
     )
     lr: float = knob(0.02, "learning rate η of the momentum update of z (the code: 0.02 CelebA, 0.01 MNIST)", gt=0)
-    gan_epochs: int = knob(300, "WGAN-GP prior training epochs over the prior data, once per run (the spec: 300)", ge=0)
-    seeds: int = knob(10, "independent restarts, one latent per target label each: the samples per label (A9: 10)", ge=1)
+    gan_epochs: int = knob(300, "WGAN-GP prior training epochs over the prior data, once per run (the FedInverse code: 300)", ge=0)
+    seeds: int = knob(10, "independent restarts, one latent per target label each: the samples per label (the code: 10)", ge=1)
     momentum: float = knob(0.9, "momentum μ of the Nesterov update of z", ge=0, lt=1)
     clip: float = knob(1.0, "z is clipped to [-clip, clip] after every step", gt=0)
 
 
 def nesterov_step(z: Tensor, v: Tensor, grad: Tensor, lr: float, momentum: float, clip: float) -> tuple[Tensor, Tensor]:
-    """One step of §4.1's update as the code writes it: v' = μv − ηg; z' = clip(z − μv + (1 + μ)v', −c, c). Returns (z', v')."""
+    """One step of GMI's latent update (Eq. 5) as the code writes it: v' = μv − ηg; z' = clip(z − μv + (1 + μ)v', −c,
+    c). Returns (z', v')."""
     velocity = momentum * v - lr * grad
     return (z - momentum * v + (1 + momentum) * velocity).clamp(-clip, clip), velocity
 
@@ -63,7 +64,7 @@ def gmi_search(
     lambda_id: float = 100.0,
     hsic: HSICTerm = None,
 ) -> tuple[Tensor, dict[str, float]]:
-    """§4.1's latent optimisation of S restarts at once (frozen networks in eval mode; G's images in [0, 1]).
+    """GMI's latent optimisation (Eq. 5) of S restarts at once (frozen networks in eval mode; G's images in [0, 1]).
 
     Args:
         labels: (T,) the target label of each column.

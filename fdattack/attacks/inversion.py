@@ -22,7 +22,7 @@ from fdattack.models.inversion import InversionDecoder
 
 @dataclass
 class InversionSettings:
-    """Knobs of the inversion networks (pli.md §7.8): temperature of their inputs, Adam, batches, epochs, width."""
+    """Knobs of the inversion networks (Takahashi et al., CVPR 2023, App. C): temperature of their inputs, Adam, batches, epochs, width."""
 
     tau: float = knob(3.0, "softmax temperature of the inversion inputs", gt=0)
     lr: float = knob(3e-5, "inversion-network Adam learning rate", gt=0)

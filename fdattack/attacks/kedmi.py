@@ -1,13 +1,14 @@
-"""KED-MI (Chen et al., ICCV 2021) against FedAvg, with FedInverse's HSIC term (fedinverse.md §4.2, §5).
+"""KED-MI (Chen et al., ICCV 2021) against FedAvg, with FedInverse's HSIC term (Wu et al., ICLR 2024, §3.1, Eqs. 6-9, and §3.2).
 
-Stage 1, every round (A18): a K+1-class GAN (:class:`~fdattack.lit.gan.KPlusOneGAN`) trained from scratch on the
-attacker's prior data with the soft labels of the round's global model T, cached per round in the attack's state
-directory (reused on resume). Stage 2: one Gaussian N(μ_k, diag σ_k²) per target label k, μ and log σ² from 0, Adam,
+Stage 1, every round (Algorithm 1's "pretrain G and D with ω_t"): a K+1-class GAN
+(:class:`~fdattack.lit.gan.KPlusOneGAN`) trained from scratch on the attacker's prior data with the soft labels of the
+round's global model T, cached per round in the attack's state directory (reused on resume). Stage 2: one Gaussian
+N(μ_k, diag σ_k²) per target label k, μ and log σ² from 0, Adam,
 
     L(μ, σ) = mean(softplus(lse(l(x))) − lse(l(x))) + λ_id · CE(T(2x − 1), y) [± λ_H · HSIC(x1, x2)],
     x = G(μ + σ ⊙ ε),  ε ~ N(0, I) drawn afresh every iteration,
 
-with no clamp on z (A20). The result is ``samples`` draws z ~ N(μ, σ²) per label, (samples, T, C, H, W).
+with no clamp on z. The result is ``samples`` draws z ~ N(μ, σ²) per label, (samples, T, C, H, W).
 """
 
 from __future__ import annotations
@@ -29,11 +30,11 @@ from fdattack.randomness import derive_seed, seeded
 
 @dataclass
 class KEDMISettings(GANInversionSettings):
-    """KED-MI's knobs (§4.2, §11, A10)."""
+    """KED-MI's knobs (defaults from the FedInverse code; the paper gives none)."""
 
-    iterations: int = knob(5000, "latent-search iterations per batch of target labels and round (A10: 5000, the README commands)", ge=1)
+    iterations: int = knob(5000, "latent-search iterations per batch of target labels and round (the code's README commands: 5000)", ge=1)
     lr: float = knob(0.02, "Adam learning rate of μ and log σ²", gt=0)
-    gan_epochs: int = knob(100, "K+1 GAN training epochs over the prior data, every round (the spec: 100)", ge=0)
+    gan_epochs: int = knob(100, "K+1 GAN training epochs over the prior data, every round (the FedInverse code: 100)", ge=0)
     samples: int = knob(5, "draws z ~ N(μ, σ²) per target label in the result (the code: 5 CelebA, 500 MNIST)", ge=1)
     teacher_batch_stats: bool = knob(
         False,
@@ -81,7 +82,7 @@ def kedmi_search(
     hsic: HSICTerm = None,
     noise: torch.Generator,
 ) -> tuple[Tensor, Tensor, dict[str, float]]:
-    """§4.2's distributional latent search (frozen networks in eval mode; G's images in [0, 1]).
+    """KED-MI's distributional latent search (Eqs. 8-9) (frozen networks in eval mode; G's images in [0, 1]).
 
     Args:
         labels: (T,) the target label of each Gaussian.

@@ -1,35 +1,36 @@
-"""The L-Attack (Xiao et al., lattack.md §2): a covert active server trains a generator against one client's model.
+"""The L-Attack (Xiao et al., DSN 2024, §IV): a covert active server trains a generator against one client's model.
 
-Threat model (§1.3, §8 item 34): FedMD's server, protocol-compliant in appearance, which knows the label space, the
-target class c* and the victim, and nothing of the clients' data or models. Its victim's model is the discriminator of
-a GAN it reaches only through answers: :meth:`Adversary.query <fdattack.fd.adversary.Adversary.query>` gives the
-victim's outputs on chosen images *as it would send them* (its upload kind and upload defenses: Laplace noise gives
-noisy logits, LabelAvg the top-K label vector w ⊙ v). Per step, B images x = G(z) and m moved copies x + εu_i each
-(B(m + 1) query images, one query) give the forward-difference estimate ĝ of ∂L/∂x (Eq. 6), and the generator steps
-on ĝ · ∂x/∂θ_g (Eqs. 4-5).
+Threat model (§IV-A; "semi-honest" there, though the server injects images and answers with chosen logits): FedMD's
+server, protocol-compliant in appearance, which knows the label space, the target class c* and the victim, and nothing
+of the clients' data or models. Its victim's model is the discriminator of a GAN it reaches only through answers:
+:meth:`Adversary.query <fdattack.fd.adversary.Adversary.query>` gives the victim's outputs on chosen images *as it would
+send them* (its upload kind and upload defenses: Laplace noise gives noisy logits, LabelAvg the top-K label vector w ⊙
+v). Per step, B images x = G(z) and m moved copies x + εu_i each (B(m + 1) query images, one query) give the
+forward-difference estimate ĝ of ∂L/∂x (Eq. 6), and the generator steps on ĝ · ∂x/∂θ_g (Eqs. 4-5).
 
-Schedule (Algorithm 1 in FedMD's phase order: upload, aggregate, digest, revisit): in an attack round the victim
-digests the server's aggregate of its own upload alone (``return_own_outputs``, §2.1: its own logits under FedMD), so
-it learns nothing from the others; after its private training (the round's attack point, the model it uploads with
-next round) the server takes ``steps_per_round`` generator steps on its answers. The query images never enter the
-public batch, so the other clients distil on the real public rows only (§8 item 8). In the rounds between attack rounds
-(``every`` > 1, Algorithm 1's "else: return f̄") the victim digests the real aggregate, so it learns from the federation
-the classes it does not hold and "c*" comes to mean c* rather than "none of my other classes": on MNIST that is what
-turns the generator's textures into images an independent classifier calls c* (docs/attacks.md). With
-``inject_samples`` the server also adds generated images to the next round's batch (Algorithm 1's D_pub ∪ x_fake),
-whose real aggregate in those rounds tells the victim what the federation makes of them.
+Schedule (Algorithm 1 in FedMD's phase order: upload, aggregate, digest, revisit): in an attack round the victim digests
+the server's aggregate of its own upload alone (``return_own_outputs``, Algorithm 1: its own logits under FedMD), so it
+learns nothing from the others; after its private training (the round's attack point, the model it uploads with next
+round) the server takes ``steps_per_round`` generator steps on its answers. The query images never enter the public
+batch, so the other clients distil on the real public rows only (the paper does not say what they receive). In the
+rounds between attack rounds (``every`` > 1, Algorithm 1's "else: return f̄") the victim digests the real aggregate, so
+it learns from the federation the classes it does not hold and "c*" comes to mean c* rather than "none of my other
+classes": on MNIST that is what turns the generator's textures into images an independent classifier calls c*
+(docs/attacks.md). With ``inject_samples`` the server also adds generated images to the next round's batch (Algorithm
+1's D_pub ∪ x_fake), whose real aggregate in those rounds tells the victim what the federation makes of them.
 
-Decoy (§2.1's optional Hitaj-style extension, ``decoy_class``, off by default): after its steps the server adds
+Decoy (an optional Hitaj-style extension, not in the paper, ``decoy_class``, off by default): after its steps the server adds
 ``decoy_samples`` generated images to the next round's batch and tells the victim alone, in its own aggregate, that they
 are the decoy class (in attack rounds: with ``every`` > 1 the images added before a round without steps get the real
 aggregate). The victim, revisiting its real c*, learns to tell the generator's images from them, and the
 generator must move toward real ones to keep fooling it (the discriminator's half of a GAN game). The other clients
 digest the added images with the real aggregate.
 
-Loss views (§2.6): ``paper`` reads each answer through the server's own aggregation rule on the victim alone
-(:attr:`AttackerView.aggregation <fdattack.fd.threat.AttackerView.aggregation>`; FedMD's mean of one = the answer,
-LabelAvg's v_smooth of Eqs. 11-12 with N = 1 and v_main the max vote, the images having no label); ``strong`` takes
-the answer as sent (w ⊙ v under LabelAvg: c* top-1 or outside the top K gives exactly zero differences).
+Loss views (§VI-A attacks LabelAvg through its smoothed labels): ``paper`` reads each answer through the server's own
+aggregation rule on the victim alone (:attr:`AttackerView.aggregation <fdattack.fd.threat.AttackerView.aggregation>`;
+FedMD's mean of one = the answer, LabelAvg's v_smooth of Eqs. 11-12 with N = 1 and v_main the max vote, the images
+having no label); ``strong`` takes the answer as sent (w ⊙ v under LabelAvg: c* top-1 or outside the top K gives exactly
+zero differences).
 
 Results each attack round: :class:`~fdattack.attacks.results.Inversions` of ``samples`` images of c* (fixed noise,
 eval mode) with the attack's own counts as details, and a :class:`~fdattack.attacks.results.GradientProbe` of the
@@ -74,12 +75,12 @@ class LAttackView(Choice):
 
 @dataclass
 class LAttackSettings:
-    """The L-Attack's knobs (lattack.md §2.3-2.6, §8 items 1-8, 13)."""
+    """The L-Attack's knobs (Xiao et al., DSN 2024, §IV-C, §VI-A; what they leave open is marked)."""
 
     target_class: int = knob(0, "c*, the class to reveal: one the victim holds and the public set lacks", ge=0)
     victim: int = knob(
         0,
-        "the target client (the server knows whom it attacks, §1.3); with data.partition=two_classes client k holds "
+        "the target client (the server knows whom it attacks, Xiao et al., §IV-A); with data.partition=two_classes client k holds "
         "classes k and k+1, so client c* holds c*",
         ge=0,
     )
@@ -90,19 +91,21 @@ class LAttackSettings:
     batch_size: int = knob(100, "B, generated images per step (the paper: 100); a step queries the victim on B(m + 1) images", ge=2)
     steps_per_round: int = knob(
         20,
-        "generator steps per attack round: Algorithm 1 takes 1 (§8 item 5); more reach the thousands of steps "
+        "generator steps per attack round: Algorithm 1 takes 1; more reach the thousands of steps "
         "the attack needs in fewer rounds (a CPU-scale default)",
         ge=1,
     )
     lr: float = knob(1e-3, "η, the generator's Adam learning rate, β = (0.5, 0.999) (the paper: 1e-3)", gt=0)
     z_dim: int = knob(100, "size of the generator's noise z ~ N(0, I) (the paper: 100)", ge=1)
-    width: int = knob(128, "channels of the generator's first feature map (the spec's DCGAN: 128; smaller for CPU runs)", ge=2)
+    width: int = knob(128, "channels of the generator's first feature map (a choice: the paper gives no architecture)", ge=2)
     loss: LAttackLoss = knob(
-        LAttackLoss.ce, "L(x) on the victim's answers (§2.4): ce (−log p_c*) | neg_logit (−f_c*, logit answers only) | neg_prob (−p_c*)"
+        LAttackLoss.ce,
+        "L(x) on the victim's answers (left open in Xiao et al., §IV-C): ce (−log p_c*) | neg_logit (−f_c*, logit answers only) "
+        "| neg_prob (−p_c*)",
     )
     view: LAttackView = knob(
         LAttackView.paper,
-        "what the loss reads under LabelAvg (§2.6): paper (the server's own vote smoothing of the victim's "
+        "what the loss reads under LabelAvg (Xiao et al., §VI-A): paper (the server's own vote smoothing of the victim's "
         "answer alone, Eqs. 11-12) | strong (the raw top-K label vector w⊙v); under FedMD both read the logits",
     )
     start_round: int = knob(1, "the first attack round", ge=1)
@@ -115,12 +118,12 @@ class LAttackSettings:
     return_own_outputs: bool = knob(
         True,
         "in attack rounds the victim receives the server's aggregate of its own upload alone in place of the "
-        "real one (§2.1; under FedMD its own logits), so it distils toward itself",
+        "real one (Algorithm 1; under FedMD its own logits), so it distils toward itself",
     )
     samples: int = knob(64, "generated images returned each attack round for scoring (fixed noise, so rounds compare)", ge=1)
     decoy_class: Optional[int] = knob(
         None,
-        "Hitaj-style decoy, not in the paper (§2.1, off by default): after each attack round's steps the "
+        "Hitaj-style decoy, not in the paper (off by default): after each attack round's steps the "
         "server adds decoy_samples generated images to the next public batch and, with return_own_outputs, "
         "sends the victim this class as their consensus, so the victim learns the generator's images are "
         "not c* and the generator must move toward real ones (the GAN game); a class other than c*",
@@ -141,14 +144,15 @@ DECOY_LOGIT = 10.0
 
 
 def decoy_target(decoy: int, num_classes: int, kind: str) -> Tensor:
-    """(num_classes,) what the victim is told its added images are (§2.1's optional Hitaj decoy): one-hot probabilities,
+    """(num_classes,) what the victim is told its added images are (the optional Hitaj-style decoy): one-hot probabilities,
     or logits ``DECOY_LOGIT`` at the decoy class and 0 elsewhere."""
     return F.one_hot(torch.tensor(decoy), num_classes).float() * (DECOY_LOGIT if kind == "logits" else 1.0)
 
 
 def answer_loss(answers: Tensor, target: int, loss: str, view: str, server: ServerAggregation) -> Tensor:
-    """Per-image L(x) (§2.4) from the victim's answers (P, J): read through the server's rule on the victim's answer alone
-    (``paper``; the images are unlabeled, so LabelAvg's v_main is the max vote) or as sent (``strong``)."""
+    """Per-image L(x) (left open in Xiao et al., §IV-C) from the victim's answers (P, J): read through the server's rule
+    on the victim's answer alone (``paper``; the images are unlabeled, so LabelAvg's v_main is the max vote) or as sent
+    (``strong``)."""
     scores = answers
     if view == LAttackView.paper:
         scores = server.rule(answers.unsqueeze(0), torch.full((len(answers),), UNLABELED, dtype=torch.long))
@@ -248,7 +252,7 @@ class LAttack(Attack):
             self.train(record.round)
 
     def return_own_outputs(self, record: RoundRecord) -> None:
-        """Send the victim the server's aggregate of its own upload alone (§2.1), in the shape of the round's aggregate."""
+        """Send the victim the server's aggregate of its own upload alone (Algorithm 1), in the shape of the round's aggregate."""
         upload = record.uploads.get(self.settings.victim)
         if upload is None or upload.outputs is None or record.batch is None:  # its upload was dropped
             return

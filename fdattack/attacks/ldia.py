@@ -1,9 +1,9 @@
-"""Label distribution inference (LDIA, pdafd.md §5): the server averages each client's softmax outputs on the
+"""Label distribution inference (LDIA, Shi et al., PoPETs 2025, §3.2): the server averages each client's softmax outputs on the
 round's public samples (Eq. 4), then averages the per-round estimates over the rounds.
 
 The honest-but-curious server reads only what crosses the wire: every client's upload on the round's public
-rows S_t (= D_inf; make it class-balanced with ``protocol.public_stratified=true``, §5.2 step 1). Images the
-server added to the batch are left out. Probability uploads (Cronus) are averaged as they are (A11).
+rows S_t (= D_inf; make it class-balanced with ``protocol.public_stratified=true``, as §3.2 asks). Images the
+server added to the batch are left out. Probability uploads (Cronus) are averaged as they are (the paper does not say).
 """
 
 from __future__ import annotations

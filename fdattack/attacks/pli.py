@@ -1,6 +1,6 @@
-"""Paired-logits inversion (PLI, pli.md §7) as a passive observer of the round records.
+"""Paired-logits inversion (PLI, Takahashi et al., CVPR 2023, §3) as a passive observer of the round records.
 
-Threat model: the honest-but-curious server (pli.md §2). Its :class:`~fdattack.fd.threat.AttackerView`
+Threat model: the honest-but-curious server (§2 there). Its :class:`~fdattack.fd.threat.AttackerView`
 holds the public set (labels only where the protocol gives them, domain flags), the target labels
 and J; at the protocol's attack point it collects f_0's and every client's outputs on D_0 through the
 record's phase-bound query, and trains later, at the round's end. It never sees private data and
@@ -38,17 +38,17 @@ class PLIVariant(Choice):
 
 @dataclass
 class PLISettings(InversionSettings):
-    """PLI's knobs (pli.md §7.8): gamma (prior weight), alpha (entropy weight), beta (TV weight), the ablations, the prior."""
+    """PLI's knobs (App. C): gamma (prior weight), alpha (entropy weight), beta (TV weight), the ablations, the prior."""
 
     gamma: float = knob(0.03, "prior weight (Eqs. 3 and 10)", ge=0)
     alpha: float = knob(5.0, "entropy weight in Q (Eq. 4)", gt=0)
     beta: float = knob(0.1, "TV weight in the client selection (Eq. 11)", ge=0)
     variant: PLIVariant = knob(
         PLIVariant.full,
-        "ablation (pli.md §8.2, Table 3): full | client_only (G sees client probabilities only, reconstructs from one-hot(j))",
+        "ablation (Takahashi et al., §4.5, Table 3): full | client_only (G sees client probabilities only, reconstructs from one-hot(j))",
     )
     finetune: bool = knob(True, "Eq. 10 fine-tuning on the optimal inputs after every Eq. 3 epoch (skipped anyway when gamma = 0)")
-    prior: PriorSettings = knob(PriorSettings(), "the prior images x̄_j (pli.md §7.4)")
+    prior: PriorSettings = knob(PriorSettings(), "the prior images x̄_j (Takahashi et al., §3.3)")
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,4 @@
-"""PLI's confidence-gap optimal inputs of the inversion network (pli.md §7.3, Eqs. 4-6)."""
+"""PLI's confidence-gap optimal inputs of the inversion network (Takahashi et al., CVPR 2023, §3.2, Eqs. 4-6)."""
 
 from __future__ import annotations
 
@@ -49,7 +49,7 @@ def tempered_softmax(outputs: Tensor, kind: str, temperature: float, tau: float)
     """softmax(l / tau) from what a client sent: logits l, or probabilities q = softmax(l / T).
 
     For probabilities, T·log q equals l up to a per-row constant, so softmax(T·log q / tau) is exactly the
-    tempered softmax the attack wants (pli.md §5.3: "nothing is lost").
+    tempered softmax the attack wants: nothing is lost.
 
     Args:
         outputs: (N, J) logits or probabilities.

@@ -1,7 +1,7 @@
-"""PLI's prior images x̄_j (pli.md §7.4): the naive mean prior (Eq. 8) and the learned prior (Eq. 9).
+"""PLI's prior images x̄_j (Takahashi et al., CVPR 2023, §3.3): the naive mean prior (Eq. 8) and the learned prior (Eq. 9).
 
 The learned prior translates every public image of the insensitive look (D_a) into the sensitive look
-with a translation model A_phi trained on public data only, then averages per label (§13.1). A_phi is
+with a translation model A_phi trained on public data only, then averages per label (Eq. 9 as printed averages over all of D_a). A_phi is
 a paired restorer when the insensitive look is a known degradation of the sensitive one (blur: pairs
 (degrade(x), x) for up to ``pairs_per_label`` images x of each label in D_0, as the authors' DeblurGAN-v2)
 and a CycleGAN otherwise (unpaired looks: up to ``pairs_per_label`` (D_a, D_0) pairs of each non-target
@@ -41,7 +41,7 @@ class TranslatorKind(Choice):
 
 @dataclass
 class PriorSettings:
-    """Which prior (pli.md §7.4) and, for the learned one, how its translation model A_phi is trained."""
+    """Which prior (§3.3) and, for the learned one, how its translation model A_phi is trained."""
 
     kind: PriorKind = knob(
         PriorKind.auto,
@@ -57,7 +57,7 @@ class PriorSettings:
     lr: Optional[float] = knob(
         1e-3,
         "translation-model Adam learning rate, set for batch 8 and short CPU runs; null = the paper's 1e-4 (restorer) / 2e-4 (cyclegan), "
-        "pli.md §13.10",
+        "Takahashi et al., App. C (the authors' code swaps them)",
         gt=0,
     )
     batch_size: int = knob(8, "translation-model batch size (1 in the paper)", ge=1)
@@ -178,7 +178,7 @@ def fit_translator(
 
 
 def learned_prior(translator: TranslationLitModule, public: ImageSet, num_classes: int) -> Tensor:
-    """Eq. 9 per label (§13.1): x̄_j = mean of A_phi(x) over the D_a images of label j; zero where
+    """Eq. 9 per label (as printed it averages over all of D_a): x̄_j = mean of A_phi(x) over the D_a images of label j; zero where
     label j has none. Returns (J, C, H, W)."""
     auxiliary = public.domain == AUXILIARY
     translated = translator.translate(public.images[auxiliary])

@@ -15,7 +15,7 @@ from torch import Tensor
 
 @dataclass(frozen=True)
 class Reconstructions:
-    """One class representation per target label (pli.md §2 "Goal").
+    """One class representation per target label (Takahashi et al., CVPR 2023, §2).
 
     Attributes:
         images: (T, C, H, W) in [-1, 1].
@@ -31,7 +31,7 @@ class Reconstructions:
 
 @dataclass(frozen=True)
 class LabelDistributions:
-    """Each client's estimated label distribution p̂ (pdafd.md §5.2).
+    """Each client's estimated label distribution p̂ (Shi et al., PoPETs 2025, §3.2).
 
     Attributes:
         clients: the clients estimated, in row order.
@@ -44,7 +44,7 @@ class LabelDistributions:
 
 @dataclass(frozen=True)
 class MembershipScores:
-    """Per target client, a membership score for every candidate sample the attacker holds (pdafd.md §6).
+    """Per target client, a membership score for every candidate sample the attacker holds (Shi et al., PoPETs 2025, §3.3).
 
     Columns follow the attacker's candidate set (:attr:`AttackerView.candidates <fdattack.fd.threat.AttackerView.candidates>`);
     the attacker never learns which candidates are whose members, so it scores all of them for every client
@@ -68,7 +68,7 @@ class MembershipScores:
 @dataclass(frozen=True)
 class Inversions:
     """Class-representative images a model-inversion attack made for each target label, several per label
-    (fedinverse.md §4: GMI's restarts, KED-MI's draws from its learned Gaussians, VMI's miner samples).
+    (Wu et al., ICLR 2024, §3.1: GMI's restarts, KED-MI's draws from its learned Gaussians, VMI's miner samples).
 
     Attributes:
         images: (S, T, C, H, W) in [-1, 1]: S samples (seeds, draws) for each of the T target labels.
@@ -86,7 +86,7 @@ class Inversions:
 @dataclass(frozen=True)
 class GradientProbe:
     """Zeroth-order estimates of ∂L/∂x and the points they were taken at, for the evaluation side to compare with the
-    true gradient through the victim's network, which the attack never holds (lattack.md §2.6 and Fig. 4, §5.1).
+    true gradient through the victim's network, which the attack never holds (Xiao et al., DSN 2024, §VI-A, Fig. 4).
 
     Attributes:
         points: (P, C, H, W) the images the victim was queried at, in [-1, 1].

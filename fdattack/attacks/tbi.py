@@ -1,4 +1,4 @@
-"""Training-based inversion (TBI, Yang et al. CCS'19) as PLI's baseline (pli.md §8.1, §13.20).
+"""Training-based inversion (TBI, Yang et al. CCS'19) as PLI's baseline (Takahashi et al., CVPR 2023, §4.2, App. C).
 
 One inversion network on every client's tempered outputs on all the public rows the query grants
 (D_0 and D_a), pooled; reconstruction from one-hot(j). ``last_client_only`` reproduces the authors'

@@ -1,14 +1,15 @@
-"""VMI (Wang et al., NeurIPS 2021) against FedAvg, with FedInverse's HSIC term (fedinverse.md §4.3, §5).
+"""VMI (Wang et al., NeurIPS 2021) against FedAvg, with FedInverse's HSIC term (Wu et al., ICLR 2024, §3.1, Eq. 10, and §3.2).
 
 The paper's prior is a StyleGAN2 of 10 style layers; here it is GMI's WGAN-GP generator trained on the attacker's prior
 data (one latent, so L = 1 flow), the same cached network GMI uses: the miner, the KL to the prior's N(0, I), the CE
-on the target and the HSIC term are §4.3's, only the prior is smaller (no StyleGAN weights can be downloaded here).
+on the target and the HSIC term are the paper's, only the prior is smaller (no StyleGAN weights can be downloaded here).
 
-Every round, against the global model after the aggregation (A3), one :class:`~fdattack.lit.vmi.VMIMinerLitModule`
-per target label trains through the attacks' engine: each "epoch" is ``steps_per_epoch`` SGD steps on fresh batches
-of ``batch_size`` samples, after which the miner scores fresh samples with the *target* model and keeps the best flows
-(A12, leak-free); a label's miner stops after ``patience`` epochs without improvement, the search after ``iterations``
-epochs. The result holds ``samples`` draws of each label's best miner.
+Every round, against the global model after the aggregation (as the FedInverse code), one
+:class:`~fdattack.lit.vmi.VMIMinerLitModule` per target label trains through the attacks' engine: each "epoch" is
+``steps_per_epoch`` SGD steps on fresh batches of ``batch_size`` samples, after which the miner scores fresh samples
+with the *target* model and keeps the best flows (leak-free; the code selects by the evaluation classifier); a label's
+miner stops after ``patience`` epochs without improvement, the search after ``iterations`` epochs. The result holds
+``samples`` draws of each label's best miner.
 """
 
 from __future__ import annotations
@@ -33,9 +34,9 @@ from fdattack.randomness import derive_seed, seeded
 
 @dataclass
 class VMISettings(GANInversionSettings):
-    """VMI's knobs (§4.3, §11, A12); the GAN keys train the GMI prior it mines."""
+    """VMI's knobs (defaults from the FedInverse code); the GAN keys train the GMI prior it mines."""
 
-    iterations: int = knob(100, "most miner epochs per target label and round (the code's command-line maximum; A12: 100)", ge=1)
+    iterations: int = knob(100, "most miner epochs per target label and round (the code's command-line maximum: 100)", ge=1)
     lr: float = knob(1e-4, "SGD learning rate of the flows (the code: 1e-4, momentum 0.9)", gt=0)
     momentum: float = knob(0.9, "SGD momentum of the flows", ge=0, lt=1)
     lambda_kl: float = knob(1e-3, "γ = λ_kl, weight of the KL of each flow to the prior's N(0, I) (Eq. 10; the code: 1e-3)", ge=0)

@@ -1,11 +1,11 @@
-"""BiDO (Peng et al., KDD 2022), bilateral dependency optimisation against model inversion (fedinverse.md §7, §9 A22, A23).
+"""BiDO (Peng et al., KDD 2022), bilateral dependency optimisation against model inversion (tested by Wu et al., ICLR 2024, App. A.7).
 
 Every client trains each phase on L = loss + Σ_l [λ_x·d(X, Z_l) − λ_y·d(Z_l, Y)]: the hidden representations Z_l
 are pushed to depend little on the input X and much on the label Y. As the BiDO/FedInverse code (``multilayer_hsic``):
 d is the normalised HSIC (``measure=nhsic``, BiDO-HSIC) or kernel COCO (``coco``); X and every Z_l are flattened
 and compared with a Gaussian kernel of width σ = 5 scaled by their dimension; Y is one-hot over the J classes, with
-a linear kernel (``kernel_y``, the code's ``--ktype``). (λ_x, λ_y) = (2, 20) is the code's MNIST setting (A22);
-the optimizer stays the protocol's (A23). X is the batch as the network receives it (fdattack's [−1, 1]).
+a linear kernel (``kernel_y``, the code's ``--ktype``). (λ_x, λ_y) = (2, 20) is the code's MNIST setting;
+the optimizer stays the protocol's. X is the batch as the network receives it (fdattack's [−1, 1]).
 
 The hidden layers are read with forward hooks (:func:`hidden_layers`): by default the output of every
 ``MaxPool2d``/``AvgPool2d`` that the network convolves after (the ends of its convolutional blocks), then the input
@@ -87,8 +87,8 @@ class Capture:
 
 @dataclass
 class BiDOSettings:
-    lambda_x: float = knob(2.0, "λ_x, weight of d(X, Z_l), minimised (the code's MNIST value, A22; CelebA: 0.05)", ge=0)
-    lambda_y: float = knob(20.0, "λ_y, weight of d(Z_l, Y), maximised (the code's MNIST value, A22; CelebA: 0.5)", ge=0)
+    lambda_x: float = knob(2.0, "λ_x, weight of d(X, Z_l), minimised (the code's MNIST value; CelebA: 0.05)", ge=0)
+    lambda_y: float = knob(20.0, "λ_y, weight of d(Z_l, Y), maximised (the code's MNIST value; CelebA: 0.5)", ge=0)
     measure: Measure = knob(
         Measure.nhsic, "d: nhsic (BiDO-HSIC, the code's normalised HSIC) | coco (BiDO-COCO; the code pairs it with λ = (1, 50))"
     )

@@ -1,7 +1,7 @@
-"""DP-SGD (Abadi et al. 2016) through opacus: PDA-FD's training defense (pdafd.md §12 "Defences", A26, A27).
+"""DP-SGD (Abadi et al. 2016) through opacus: PDA-FD's training defense (Shi et al., PoPETs 2025, §5.4).
 
 In every phase listed in ``phases`` (by default the local updates on the client's private set; distillation
-on public data stays non-private, A26) each client trains with DP-SGD: every step draws a Poisson batch (each
+on public data stays non-private, a choice: the paper does not say) each client trains with DP-SGD: every step draws a Poisson batch (each
 of the n rows with probability q = B/n), clips each sample's gradient to L2 norm C, adds N(0, σ²C²) to their
 sum and divides by the expected batch size B, then takes the client's optimizer step (Adam or SGD). Opacus'
 RDP accountant, one per client, composes the steps; after every round the defense reports the ε each client
@@ -75,7 +75,7 @@ class DPSGDSettings:
     )
     phases: list[DPPhase] = knob(
         PRIVATE_PHASES,
-        "client phases trained with DP-SGD; default: the local updates on private data (A26), "
+        "client phases trained with DP-SGD; default: the local updates on private data, "
         "distillation on public data stays non-private; cronus with protocol.mixed_kd=true trains on "
         f"private data in distill [any of: {' | '.join(DPPhase)}]",
     )

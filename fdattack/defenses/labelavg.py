@@ -1,4 +1,5 @@
-"""LabelAvg's client side as an upload transform: a client sends its top-K labels and their weights (lattack.md §3.2).
+"""LabelAvg's client side as an upload transform: a client sends its top-K labels and their weights (Xiao et al., DSN
+2024, §V-B, Eqs. 7-10).
 
 Not a user-selectable defense: ``protocol=labelavg`` builds it from its own config and puts it first among the
 upload defenses, so that the round's uploads and every answer to a query alike are top-K label uploads.

@@ -1,4 +1,4 @@
-"""Laplace noise on uploaded logits (lattack.md §3; the noise defense the FD papers compare against)."""
+"""Laplace noise on uploaded logits (Xiao et al., DSN 2024, §VI-A, Fig. 8; the noise defense the FD papers compare against)."""
 
 from __future__ import annotations
 

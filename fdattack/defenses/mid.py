@@ -1,9 +1,9 @@
-"""MID (Wang, Zhang & Jia, AAAI 2021), the first model-inversion defense FedInverse tests (fedinverse.md §7, §9 A21).
+"""MID (Wang, Zhang & Jia, AAAI 2021), the first model-inversion defense FedInverse tests (Wu et al., ICLR 2024, App. A.7).
 
 Every client trains with it in each of its phases; the protocol and the attacks are unchanged. Two variants,
 ``defense.mid.variant``:
 
-* ``vib`` (A21 (i), the default): the standard variational information bottleneck in the target model. The
+* ``vib`` (the default): the standard variational information bottleneck in the target model. The
   network's output layer, its last ``nn.Linear(F, J)``, becomes a :class:`VIBHead` (the MID/BiDO code's
   ``MCNN_vib``): an encoder Linear(F, 2K) gives μ and σ = softplus(s − 5) of a stochastic representation Z of
   dimension K = ⌊F/2⌋; training draws z = μ + σ·ε (ε ~ N(0, I)), evaluation takes z = μ; then a classifier
@@ -11,7 +11,7 @@ Every client trains with it in each of its phases; the protocol and the attacks 
   the K dimensions and averaged over the batch, in nats, as the BiDO/FedInverse ``train_vib``. Every client's
   network and the FedAvg server's carry the head (:meth:`MIDDefense.network_change`), so the aggregate averages it
   and the global model the white-box attacker inverts is the VIB model, deterministic in evaluation mode.
-* ``dependency`` (A21 (ii)), what the FedInverse code runs as "MID" (``measure=COCO, hsic_training=False``):
+* ``dependency``, what the FedInverse code runs as "MID" (``measure=COCO, hsic_training=False``):
   the phase's loss + λ_x·d(X, logits), with d the code's kernel COCO (or nHSIC) between the flattened inputs
   (Gaussian kernel, width σ = 5 scaled by the dimension) and the logits (``kernel_y``: the code's ``--ktype``,
   linear by default). The network is unchanged.
@@ -160,8 +160,7 @@ def with_vib_head(net: nn.Module) -> nn.Module:
 class MIDSettings:
     variant: MIDVariant = knob(
         MIDVariant.vib,
-        "vib: a VIB output layer, loss + β·KL (A21 (i)) | dependency: the FedInverse code's "
-        "loss + λ_x·d(X, logits), network unchanged (A21 (ii))",
+        "vib: a VIB output layer, loss + β·KL | dependency: the FedInverse code's loss + λ_x·d(X, logits), network unchanged",
     )
     beta: float = knob(
         0.01, "variant=vib: β of the KL term (nats); the MID/BiDO code uses 0.003, 0.01, 0.02, and 0.01 is its train_vib default", ge=0

@@ -242,9 +242,9 @@ def diakonikolas_filter(X: Tensor, eps: float, tau: float, cher: float = 2.5) ->
     μ = mean; (λ, v) = top eigenpair of Σ = (X−μ)ᵀ(X−μ)/n; stop and return μ if λ < 1 + 3ε ln(1/ε);
     s = sorted |X v − median(X v)| ascending; δ = 2ε; find the first 1-based i with
     n − i > cher·n·(erfc((s_(i) − δ)/√2)/2 + ε/(M ln(M ε/τ))); keep the i points with the smallest
-    scores. Deviations from the pseudo-code in the spec, which follow the reference MATLAB
+    scores. Deviations from the textbook pseudo-code, which follow the reference MATLAB
     ``filterGaussianMean.m`` (hoonose/robust-filter): the filter also stops (returning μ) when no i
-    qualifies or when i = 1 or i = n (the spec's loop would not terminate when nothing is removed);
+    qualifies or when i = 1 or i = n (that loop would not terminate when nothing is removed);
     exactly i points are kept (ties broken by index, not by the ``proj <= s_(i)`` test); the median of
     an even count is the mean of the two middle values (MATLAB ``median``). The eigenvalue test assumes
     identity covariance; points on the probability simplex have trace(Σ) < 1, so it never fires on them and

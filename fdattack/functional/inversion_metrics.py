@@ -106,7 +106,7 @@ def feature_cosine(generated: Tensor, real: Tensor, noise: Tensor) -> dict[str, 
     images, the baseline (negative in the paper: -0.62 on MNIST against 0.96 for its generated digits).
 
     Centred on μ, the mean of the three groups' means: the mean over the union of equally many generated, real and
-    noise images (the spec's n = 100 of each), whatever the number of real images, so that μ sits between the three
+    noise images (100 of each by default), whatever the number of real images, so that μ sits between the three
     groups and a generated image like the real ones points towards their centroid while noise points away (with
     far more real images than generated ones a plain union mean would sit on the real centroid and make the score
     the cosine of a sample's deviation from it with a tiny vector). Uncentred (``_raw``), every cosine of

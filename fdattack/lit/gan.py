@@ -164,7 +164,7 @@ class WGANGP(ManualGAN):
         channels, image_size: C and S of the images (S a power of two >= 8).
         z_dim: latent size (100).
         width: the networks' base width (the code's ``dim``, 64).
-        lr: Adam learning rate of both networks (the spec: 2e-4 CelebA, 4e-3 MNIST).
+        lr: Adam learning rate of both networks (the FedInverse code: 2e-4 CelebA, 4e-3 MNIST).
         n_critic: critic steps per generator step (5).
         gp_weight: λ_gp (10).
     """

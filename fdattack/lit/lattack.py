@@ -25,7 +25,7 @@ class LAttackGenerator(L.LightningModule):
     Args:
         image_shape: (C, H, W), sides multiples of 4.
         z_dim: noise size (100).
-        width: channels of the first feature map (:class:`~fdattack.models.lattack.UpsamplingGenerator`; 128 in the spec).
+        width: channels of the first feature map (:class:`~fdattack.models.lattack.UpsamplingGenerator`; 128 by default, a choice).
         lr: η, Adam's learning rate (1e-3), β = (0.5, 0.999).
     """
 

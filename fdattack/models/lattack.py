@@ -16,13 +16,13 @@ class UpsamplingGenerator(nn.Module):
 
     Linear(z_dim → w·(H/4)·(W/4)) + BN1d + ReLU (no biases before BN), reshaped to a (w, H/4, W/4) map; Upsample×2 + Conv3×3(w → w) + BN +
     ReLU;
-    Upsample×2 + Conv3×3(w → w/2) + BN + ReLU; Conv3×3(w/2 → C) + Sigmoid. At 28×28×1 with w = 128 this is the spec's
-    suggested MNIST generator layer for layer.
+    Upsample×2 + Conv3×3(w → w/2) + BN + ReLU; Conv3×3(w/2 → C) + Sigmoid. The paper gives no architecture; this is a DCGAN-style
+    choice.
 
     Args:
         image_shape: (C, H, W), H and W multiples of 4.
         z_dim: noise size (100 in the paper).
-        width: w, the channels of the first map (128 in the spec; smaller for CPU runs).
+        width: w, the channels of the first map (128 by default; smaller for CPU runs).
     """
 
     def __init__(self, image_shape: tuple[int, int, int], z_dim: int = 100, width: int = 128) -> None:
