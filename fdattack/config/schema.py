@@ -39,12 +39,13 @@ class LabelSpace(Choice):
 
 @dataclass
 class PublicDatasetConfig:
-    """A public set taken from another dataset (pdafd.md §7.1, CIFAR-10 private / CIFAR-100 public; Table 8)."""
+    """A public set taken from another dataset (Shi et al., PoPETs 2025, §4.1.1: CIFAR-10 private / CIFAR-100 public; Table 8)."""
 
     name: Optional[str] = knob(
         None,
         "dataset registry name of the public set, different from data.name; its samples are unlabeled for the run; noise = size dummy "
-        "images of uniform noise (the L-Attack's CelebA server, lattack.md §2.6). null = the public set is cut from data.name's pool",
+        "images of uniform noise (the L-Attack's CelebA server, Xiao et al., DSN 2024, §VI-A). null = the public set is cut from "
+        "data.name's pool",
     )
     root: Optional[str] = knob(None, "its folder (as data.root)")
     download: bool = knob(False, "let torchvision download it into its root (needs internet)")
@@ -90,7 +91,7 @@ class DataConfig:
     private_classes: Optional[int] = knob(
         None,
         "split=classes with public_classes empty: the N labels with the most images are private and renumbered 0..N-1, every other label "
-        "public and numbered from N; an official test split joins the pool (CelebA's 1000 identities, fedinverse.md §3.2)",
+        "public and numbered from N; an official test split joins the pool (CelebA's 1000 identities, Wu et al., ICLR 2024, §4.1)",
         ge=1,
     )
     max_public: Optional[int] = knob(
