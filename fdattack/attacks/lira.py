@@ -1,11 +1,11 @@
-"""Offline LiRA against PDA-FD (pdafd.md §6): the honest-but-curious server tests, for every target client, every
+"""Offline LiRA against PDA-FD (Shi et al., PoPETs 2025, §3.3): the honest-but-curious server tests, for every target client, every
 candidate sample it holds, with reference ("OUT") models it gets without the clients' private data.
 
 Both variants attack the communication phase of one round (``round``; the paper: the first collaborative round).
 The target client's outputs on the candidates reach the server through its :class:`~fdattack.fd.adversary.Adversary`,
 never through a back door:
 
-- ``insert=query`` (default, the authors' code, A16): the server asks each client for its outputs on the candidates
+- ``insert=query`` (default, the authors' code): the server asks each client for its outputs on the candidates
   while the upload phase is open (``query_chosen_batch``); the candidates are never trained on.
 - ``insert=batch``: the server appends the candidates to that round's public batch (``add_public_samples``), so the
   clients upload their outputs on them, and then distil on them, as the paper describes the insertion.
@@ -216,12 +216,12 @@ def neighbours_of(images: Tensor, count: int, std: float, clip: float, generator
 
 @ATTACKS.register("lira_coop")
 class CoopLiRAAttack(LiRAAttack):
-    """Co-op LiRA (§6.3): the other clients whose LDIA estimate is within KL β of the target's are its references.
+    """Co-op LiRA (§3.3.1): the other clients whose LDIA estimate is within KL β of the target's are its references.
 
-    Reports ``lira_coop`` (β references, A13's fallback to the ``min_references`` nearest) and ``lira_coop_all``
+    Reports ``lira_coop`` (β references, with a fallback not in the paper to the ``min_references`` nearest) and ``lira_coop_all``
     (every other client, as the authors' code and Table 4). LDIA reads only the public rows each client answered.
 
-    Against evasive clients (§6.7, ``countermeasure``):
+    Against evasive clients (§5.5, ``countermeasure``):
 
     - ``shadow_target`` (countermeasure 1): one student per target, distilled (as Distillation-based LiRA's, all in
       one ``fit_many``) from the target's outputs on the round's public rows it answered, never on a candidate, scores
@@ -346,8 +346,8 @@ class CoopLiRAAttack(LiRAAttack):
 
 
 def student_targets(kind: PayloadKind, logprob_matching: bool, teacher: Tensor) -> tuple[str, Tensor]:
-    """A student's loss and soft targets for a teacher's uploads (§6.4, A19): L1 to logits, KL to probabilities, or
-    with ``logprob_matching`` L1 to log-probabilities as logits."""
+    """A student's loss and soft targets for a teacher's uploads (§3.3.2, which gives no loss for probabilities): L1 to
+    logits, KL to probabilities, or with ``logprob_matching`` L1 to log-probabilities as logits."""
     if kind != "probs":
         return "l1", teacher
     return ("l1", teacher.clamp_min(1e-12).log()) if logprob_matching else ("kl", teacher)
@@ -364,13 +364,13 @@ class DistillSettings(LiRASettings):
         None, "students' classifier registry name; null = the clients' shared architecture (the paper's assumption)"
     )
     logprob_matching: bool = knob(
-        False, "probability uploads (Cronus): distil L1 to log p as logits instead of KL (stronger than the paper, A19)"
+        False, "probability uploads (Cronus): distil L1 to log p as logits instead of KL (an option beyond the paper)"
     )
 
 
 @ATTACKS.register("lira_distill")
 class DistillLiRAAttack(LiRAAttack):
-    """Distillation-based LiRA (§6.4): K students distilled from each target's uploads on a random ``fraction`` of
+    """Distillation-based LiRA (§3.3.2): K students distilled from each target's uploads on a random ``fraction`` of
     the round's public rows are its references.
 
     Every student of every target trains in one :meth:`~fdattack.engine.trainer.LocalTrainer.fit_many` call, so the
