@@ -1,4 +1,4 @@
-"""The confidence gap of PLI §3.2 / Fig. 3 (pli.md §6): entropy of client and server outputs.
+"""The confidence gap of PLI (Takahashi et al., CVPR 2023, §3.2, Fig. 3): entropy of client and server outputs.
 
 A client trained on private sensitive-domain images is confident (low entropy) on them; the server
 model, which never saw that domain, is not. This diagnostic measures H(softmax(f(x))) (natural log,

@@ -1,11 +1,11 @@
-"""The L-Attack's gradient check (lattack.md §2.6, Fig. 4; §5.1): its zeroth-order estimates against the true ∂L/∂x.
+"""The L-Attack's gradient check (Xiao et al., DSN 2024, §VI-A, Fig. 4): its zeroth-order estimates against the true ∂L/∂x.
 
 The truth needs the victim's network, white-box, which only the evaluation side holds: autograd through it in eval
 mode on its undefended logits, with the attack's loss kind. Metrics under ``attack/<name>/``: ``grad_cosine`` (mean
 over the probe's points of cos(ĝ, ∇L)), its bootstrap interval over the points (``grad_cosine_ci_low``, ``_ci_high``) and
 ``grad_cosine_std``; histograms ``grad_true`` and ``grad_estimate`` of the
 first point's element values (Fig. 4 compares such histograms). At the paper's m ≪ d expect small cosines,
-E cos ≈ sqrt(m / (m + d)) for an exactly answered loss (§2.3).
+E cos ≈ sqrt(m / (m + d)) for an exactly answered loss (Eq. 6).
 """
 
 from __future__ import annotations

@@ -23,7 +23,7 @@ private means 5/5, TBI 0.00-0.20, PLI 0.00-0.40 (its SSIM attack accuracy 0.40),
 targets one identity is 0.20: read these scores with their interval. ``eval_classifier_accuracy`` is the top-1 of
 the targets' held-out test images over all the classes. Beside the scores, ``eval_top1_public_look`` scores the
 per-target public means (every public image carrying the label, both looks, the public means of the attack
-accuracy, pli.md §10.1) with the same classifier: what copying the public look earns (about 0 when the public look
+accuracy, Takahashi et al., CVPR 2023, §4.1) with the same classifier: what copying the public look earns (about 0 when the public look
 differs from the private one; high under ``data.split=random``, where it does not).
 """
 
@@ -50,7 +50,7 @@ NOISE_MAX = 0.6
 
 class IdentityScorer:
     """Top-1 / top-5 of reconstructions under an evaluation classifier whose first T outputs are the targets: the
-    top-k identity accuracy of the GMI / KED-MI convention. PLI itself scores with SSIM only (pli.md §10.3); this second
+    top-k identity accuracy of the GMI / KED-MI convention. PLI itself scores with SSIM only (Takahashi et al., §4.1); this second
     figure makes PLI comparable with later model-inversion attacks.
 
     A reconstruction of target j is a hit when j's output ranks first (top-5: among the first five) over *all* the

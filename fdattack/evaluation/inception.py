@@ -1,5 +1,5 @@
 """Inception-v3 features from weights on disk, for an FID of inversions in the usual Inception space beside the
-evaluation classifier's (fedinverse.md §6.2 uses the latter; nothing is downloaded).
+evaluation classifier's (Wu et al., ICLR 2024, §4.4, use the latter; nothing is downloaded).
 
 The weights are torchvision's Inception-v3 ``state_dict`` (the file ``torchvision.models.inception_v3`` fetches,
 ``inception_v3_google-0cc3c7bd.pth``, copied to the machine). Its 2048-d average-pool features are those of the

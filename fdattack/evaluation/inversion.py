@@ -1,32 +1,33 @@
-"""Scoring of :class:`~fdattack.attacks.results.Inversions` (fedinverse.md §6, lattack.md §5.1) with the all-class evaluation classifier.
+"""Scoring of :class:`~fdattack.attacks.results.Inversions` (Wu et al., ICLR 2024, §4.4; Xiao et al., DSN 2024, §VI-A)
+with the all-class evaluation classifier.
 
 Metrics, under ``attack/<name>/``:
 
 * ``top1``, ``top1_std``, ``top5``, ``top5_std``: for every sample index s, acc_s = hits over the T target labels / T;
-  the mean over s and the sample std (n − 1) of §6.1.
+  the mean over s and the sample std (n − 1), as FedInverse reports them.
 * ``chance``: 1/T, the top-1 of a guess among the T attacked labels (the issue's "chance (1/5)"); with one attacked
   label (the L-Attack's c*) 1/J, the top-1 of images the classifier names at random among its J classes; ``chance_top5``:
   min(5, J)/J, the top-5 of images the classifier ranks at random among its J classes (top-5 of 10 digits is 0.5,
-  which is why FedInverse's MNIST Acc5 is near 100 %, §6.1).
+  which is why FedInverse's MNIST Acc5 is near 100 %).
 * ``diversity``: :func:`~fdattack.functional.inversion_metrics.feature_diversity` of each label's S samples;
   ``diversity_real``: the same figure over the labels' private images, its scale.
 * ``fid``: the Fréchet distance in the classifier's penultimate features (torchmetrics'
   ``FrechetInceptionDistance`` with the classifier as feature extractor; no Inception network) between all S·T
-  inversions and the private training images of the attacked labels (§6.2). With fewer images than feature
-  dimensions the covariance of the inversions is rank-deficient and FID depends on their number (A11), logged
+  inversions and the private training images of the attacked labels (FedInverse's §4.4). With fewer images than feature
+  dimensions the covariance of the inversions is rank-deficient and FID depends on their number, logged
   beside it as ``fid_images``: compare FIDs of equal ``fid_images`` only, never across attacks of different S·T.
 * ``fid_inception``: the same Fréchet distance in Inception-v3's pool features, only where
   ``evaluation.inversion.inception_weights`` names the weights on disk (see :mod:`fdattack.evaluation.inception`).
-* ``knn_dist``: mean squared feature distance of each inversion to the nearest private image of its label (§6.3).
+* ``knn_dist``: mean squared feature distance of each inversion to the nearest private image of its label (the GMI literature's KNN-dist).
 * ``feature_cosine``, ``feature_cosine_noise``, ``feature_cosine_raw``, ``feature_cosine_noise_raw``: the L-Attack's
-  similarity (lattack.md §5.1, Table II; :func:`~fdattack.functional.inversion_metrics.feature_cosine`): per target label, the
+  similarity (Xiao et al., §VI-A, Table II; :func:`~fdattack.functional.inversion_metrics.feature_cosine`): per target label, the
   mean over its inversions of cos(f(x) − μ, mean f(real) − μ) to the centroid of the label's private images, μ the
   mean of three means: the inversions', the real images' and as many seeded uniform-noise images' features; the same
   for the noise images (the baseline, negative in the paper); both uncentred (``_raw``); averaged over the labels. f
   is the classifier's pre-activation features (:meth:`~fdattack.evaluation.inversion_classifier.EvaluationClassifier.embed`),
   not the paper's ImageNet-pretrained VGG16 (pre-ReLU conv5_3): no pretrained network is downloaded, so the absolute
   values differ from the paper's and only generated ≫ noise is comparable.
-* ``eval_classifier_accuracy``: the classifier's own held-out top-1 (A26); and the attack's ``details`` as they are.
+* ``eval_classifier_accuracy``: the classifier's own held-out top-1 (FedInverse's are about 98 %); and the attack's ``details`` as they are.
 * 95 % intervals (``<metric>_ci_low`` / ``_ci_high``, :mod:`fdattack.functional.intervals`): Wilson over the S·T
   inversions for ``top1`` and ``top5``; the percentile bootstrap over the inversions for ``knn_dist``, ``fid`` (the
   private images fixed; each replicate by :class:`~fdattack.functional.frechet.FrechetToReference`) and the centred feature cosines (the

@@ -1,4 +1,4 @@
-"""The evaluation classifier of model-inversion attacks (fedinverse.md §3.5, A26): trained apart from every federated
+"""The evaluation classifier of model-inversion attacks (Wu et al., ICLR 2024, §4.4): trained apart from every federated
 model on every class of the dataset, so that an inversion that reproduces one of the attacker's own (auxiliary)
 classes is classified as that class, a miss.
 
@@ -75,7 +75,7 @@ class EvaluationClassifier:
     Attributes:
         net: the network (on ``device``); its last linear layer is the head.
         device: where it runs.
-        test_accuracy: top-1 on its held-out images (A26).
+        test_accuracy: top-1 on its held-out images (FedInverse's are about 98 %).
         test_images: how many images that accuracy is over.
         batch_size: rows per inference pass.
     """
@@ -110,7 +110,7 @@ class EvaluationClassifier:
         The pre-activation features are the input of the last activation module (ReLU, LeakyReLU, ...) run before
         the head, averaged over its spatial positions: for SCNN the 512 channels of its last convolution before the
         LeakyReLU, for ``pdafd_cnn`` its last 128 before the ReLU and the pool (the L-Attack's pre-ReLU,
-        global-average-pooled conv5_3 of VGG16, lattack.md §5.1). Unlike post-ReLU features they can point
+        global-average-pooled conv5_3 of VGG16, Xiao et al., DSN 2024, §VI-A). Unlike post-ReLU features they can point
         anywhere, so a cosine can be negative. A network without activation modules gives the head's input.
 
         Returns:

@@ -1,5 +1,5 @@
 """Scoring of :class:`~fdattack.attacks.results.LabelDistributions` against the clients' true label proportions
-(pdafd.md §8.1), with the Random and uniform-guess baselines.
+(Shi et al., PoPETs 2025, §4.1.3), with the Random and uniform-guess baselines.
 
 Each distance is computed per client and averaged over the clients. The baselines score guesses made without
 any attack: the Random baseline one normalised-uniform draw per client from a fixed seed (and the mean over

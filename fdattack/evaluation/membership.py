@@ -1,12 +1,12 @@
 """Membership ground truth: the candidate samples the attacker holds, whose members they are, and the scoring of
-:class:`~fdattack.attacks.results.MembershipScores` (pdafd.md §6.6, §8.2).
+:class:`~fdattack.attacks.results.MembershipScores` (Shi et al., PoPETs 2025, §4.1.4).
 
 The attacker holds one candidate set (images and labels, :meth:`CandidatePool.as_known`): every client's
 private samples and the test samples, or a seeded random part of them, in a shuffled order. It never learns
 whose members they are, so membership attacks score every candidate for every target client. For client n the
 evaluator takes its members (its private samples among the candidates) and as many label-matched non-members,
-drawn with replacement from the test candidates (the authors' protocol, §6.6, A18), computes the metrics of
-:func:`~fdattack.functional.membership_metrics.membership_metrics`, and averages them over the clients (§8.2).
+drawn with replacement from the test candidates (the authors' protocol), computes the metrics of
+:func:`~fdattack.functional.membership_metrics.membership_metrics`, and averages them over the clients (as the paper reports them).
 """
 
 from __future__ import annotations

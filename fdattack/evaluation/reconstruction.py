@@ -1,4 +1,4 @@
-"""Ground-truth scoring of :class:`~fdattack.attacks.results.Reconstructions` (pli.md §10): it reads private data, so
+"""Ground-truth scoring of :class:`~fdattack.attacks.results.Reconstructions` (Takahashi et al., CVPR 2023, §4.1): it reads private data, so
 attacks never hold it. The attack's reconstructions and the prior it starts from (``role="prior"``) are scored alike."""
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ class ReconstructionScorer:
     eval_top5 (Wilson over the T targets) and both SSIMs (the percentile bootstrap over the targets). The grid (C, T*H, 3W) in [0, 1] has
     one row per target: the
     reconstruction, the private mean and the public mean of its label. Private means pool every client's
-    private images (pli.md §13.14); public means mix both looks, with the true public labels.
+    private images (as the authors' code takes them); public means mix both looks, with the true public labels.
 
     The attack's reconstructions give ``attack/<attack>/<metric>`` for every metric, the grid
     ``attack/<attack>/reconstructions`` and the artifact ``<attack>_reconstructions``; its prior (``role="prior"``) gives
