@@ -41,7 +41,7 @@ class TranslatorKind(Choice):
 
 @dataclass
 class PriorSettings:
-    """Which prior (§3.3) and, for the learned one, how its translation model A_phi is trained."""
+    """Which prior (Takahashi et al., CVPR 2023, §3.3) and, for the learned one, how its translation model A_phi is trained."""
 
     kind: PriorKind = knob(
         PriorKind.auto,
