@@ -12,7 +12,7 @@ import pytest
 from omegaconf import OmegaConf
 
 from fdattack.cli import main
-from fdattack.functional.intervals import t_interval
+from fdattack.functional.intervals import rate_interval, t_interval
 from fdattack.tracking.report_runs import load_runs
 from tests.conftest import error_of, tiny
 from tests.report_runs import fake_run
@@ -48,6 +48,7 @@ def test_each_seed_is_a_replica_in_its_own_folder(seeded: Path) -> None:
 
 
 def test_the_aggregate_is_mean_std_and_t_interval_across_the_seeds(seeded: Path) -> None:
+    """SSIM is signed: Student's t across the seeds (rates and distances take their own scales: tests/test_intervals.py)."""
     replicas = [_metrics(seeded / f"seed_{seed}") for seed in (0, 1)]
     aggregate = _metrics(seeded)
     values = np.array([r[SSIM] for r in replicas])
@@ -117,11 +118,11 @@ def test_the_report_groups_runs_that_differ_only_by_seed(tmp_path: Path) -> None
     assert len(runs) == 2 and runs[0].replicas == paths and runs[0].label.endswith("(3 seeds)")
     assert runs[0].final["attack/pli/accuracy"] == pytest.approx(0.3)
     assert (runs[0].final["attack/pli/accuracy_ci_low"], runs[0].final["attack/pli/accuracy_ci_high"]) == pytest.approx(
-        t_interval([0.2, 0.3, 0.4])
+        rate_interval([0.2, 0.3, 0.4])  # a rate: Wilson's with the effective number of trials, inside [0, 1]
     )
     assert main(["report", *map(str, [*paths, other]), "--out", str(tmp_path / "report")]) == 0
     page = (tmp_path / "report" / "index.html").read_text()
-    low, high = t_interval([0.2, 0.3, 0.4])
+    low, high = rate_interval([0.2, 0.3, 0.4])
     assert f"[{low:.3g}, {high:.3g}]" in page and "(3 seeds)" in page
     assert 'id="band0"' in (tmp_path / "report" / "plots" / "attack_pli__accuracy.svg").read_text()
     assert not math.isnan(low)

@@ -12,6 +12,7 @@ from typing import Any, Optional, Union
 
 from fdattack.evaluation.confidence_gap import ConfidenceGapSettings
 from fdattack.evaluation.inversion_classifier import InversionEvaluationSettings
+from fdattack.functional.intervals import BOOTSTRAP_RESAMPLES_MAX
 from fdattack.knobs import Choice, knob
 
 SEED_MAX = 2**32 - 1  # numpy (and Lightning's seed_everything) take seeds in [0, 2**32 - 1]
@@ -217,6 +218,7 @@ class EvaluationConfig:
         "membership attacks: bootstrap resamples of their metrics' 95 % intervals (each resample re-ranks every client's scores; the "
         "other intervals are closed forms or cheap)",
         ge=100,
+        le=BOOTSTRAP_RESAMPLES_MAX,
     )
     confidence_gap: ConfidenceGapSettings = knob(ConfidenceGapSettings(), "the confidence-gap diagnostic")
     inversion: InversionEvaluationSettings = knob(

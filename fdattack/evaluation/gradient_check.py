@@ -2,7 +2,8 @@
 
 The truth needs the victim's network, white-box, which only the evaluation side holds: autograd through it in eval
 mode on its undefended logits, with the attack's loss kind. Metrics under ``attack/<name>/``: ``grad_cosine`` (mean
-over the probe's points of cos(ĝ, ∇L)), its bootstrap interval over the points (``grad_cosine_ci_low``, ``_ci_high``) and
+over the probe's points of cos(ĝ, ∇L)), its Student-t interval over the points (``grad_cosine_ci_low``, ``_ci_high``:
+the points are the units, each a fresh generator draw with its own random directions) and
 ``grad_cosine_std``; histograms ``grad_true`` and ``grad_estimate`` of the
 first point's element values (Fig. 4 compares such histograms). At the paper's m ≪ d expect small cosines,
 E cos ≈ sqrt(m / (m + d)) for an exactly answered loss (Eq. 6).
@@ -18,7 +19,7 @@ from fdattack.attacks.results import GradientProbe
 from fdattack.evaluation.oracle import Oracle
 from fdattack.evaluation.report import Report
 from fdattack.evaluation.scoring import SCORERS, ScoringContext
-from fdattack.functional.intervals import bootstrap_mean_interval, interval_keys
+from fdattack.functional.intervals import interval_keys, mean_interval
 from fdattack.functional.losses import target_class_loss
 from fdattack.lit.modes import eval_mode
 
@@ -56,7 +57,7 @@ class GradientCheck:
         metrics = {
             f"attack/{name}/grad_cosine": float(cosines.mean()),
             f"attack/{name}/grad_cosine_std": std,
-            **interval_keys(f"attack/{name}/grad_cosine", bootstrap_mean_interval(cosines.double().numpy())),
+            **interval_keys(f"attack/{name}/grad_cosine", mean_interval("grad_cosine", cosines.double().numpy())),
         }
         return Report(
             metrics=metrics,

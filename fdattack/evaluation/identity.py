@@ -65,6 +65,7 @@ class IdentityScorer:
         public_look: ``(images (P, C, H, W), labels (P,))``: the targets' public means, scored as
             ``eval_top1_public_look`` (what a copy of the public look earns) over the labels scored; None = not logged.
         class_names: a name per output (for messages and readers), or None.
+        test_images: how many held-out images ``test_accuracy`` is over (0: not known).
     """
 
     def __init__(
@@ -74,8 +75,10 @@ class IdentityScorer:
         test_accuracy: float,
         public_look: Optional[tuple[Tensor, Tensor]] = None,
         class_names: Optional[Sequence[str]] = None,
+        test_images: int = 0,
     ) -> None:
         self.predict = predict
+        self.test_images = test_images
         self.index = {label: i for i, label in enumerate(target_labels)}
         self.test_accuracy = test_accuracy
         self.public_look = public_look
@@ -208,4 +211,5 @@ def train_identity_scorer(
         test_accuracy,
         public_look=public_look_means(split),
         class_names=classes.names,
+        test_images=len(test),
     )

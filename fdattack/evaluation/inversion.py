@@ -28,11 +28,21 @@ Metrics, under ``attack/<name>/``:
   not the paper's ImageNet-pretrained VGG16 (pre-ReLU conv5_3): no pretrained network is downloaded, so the absolute
   values differ from the paper's and only generated ≫ noise is comparable.
 * ``eval_classifier_accuracy``: the classifier's own held-out top-1 (FedInverse's are about 98 %); and the attack's ``details`` as they are.
-* 95 % intervals (``<metric>_ci_low`` / ``_ci_high``, :mod:`fdattack.functional.intervals`): Wilson over the S·T
-  inversions for ``top1`` and ``top5``; the percentile bootstrap over the inversions for ``knn_dist``, ``fid`` (the
-  private images fixed; each replicate by :class:`~fdattack.functional.frechet.FrechetToReference`) and the centred feature cosines (the
-  noise images for
-  ``feature_cosine_noise``), pooled over the labels.
+* 95 % intervals (``<metric>_ci_low`` / ``_ci_high``, :mod:`fdattack.functional.intervals`). The independent unit is the
+  target label: a label's S inversions share its latent search (GMI's restarts share the label's difficulty, KED-MI's
+  and VMI's S images are draws from the label's one learnt distribution), so they are no S independent trials. Each
+  of ``top1``, ``top5``, ``knn_dist``, ``diversity``, ``diversity_real`` and the four feature cosines is a mean over
+  the labels of a per-label value, and takes :func:`~fdattack.functional.intervals.mean_interval` over the labels on
+  its kind's scale; with one label (the L-Attack's c*, one generator) there is none (NaN): the seeds are its interval.
+  ``fid`` (and ``fid_inception``) compares the pooled inversions of the fixed set of labels with their private
+  images: its interval comes from the standard error of the stratified bootstrap of the draws, each label's S
+  inversions resampled apart, the private images fixed (each replicate by
+  :class:`~fdattack.functional.frechet.FrechetToReference`), on the log scale
+  (:func:`~fdattack.functional.intervals.positive_bootstrap_interval`): the Monte-Carlo error of S draws per label,
+  not the attack's run-to-run spread. ``eval_classifier_accuracy``: Wilson
+  over the classifier's held-out images. ``top1_std``, ``top5_std`` (a spread), ``chance``, ``chance_top5`` and
+  ``fid_images`` (fixed by the settings) carry none, nor do the attack's ``details`` (``target_top1``: the attack's
+  own convergence check, one number it computes; across seeds every metric has its interval).
 
 The grid (a row per target label, a column per sample) is logged as ``attack/<name>/inversions``; the images
 and labels are saved as the ``<name>_inversions`` artifact (images as uint8, as PNGs would hold them).
@@ -43,6 +53,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
+import numpy as np
 import torch
 from omegaconf import OmegaConf
 from torch import Tensor, nn
@@ -56,7 +67,7 @@ from fdattack.evaluation.inversion_classifier import EvaluationClassifier, Inver
 from fdattack.evaluation.report import Report
 from fdattack.evaluation.scoring import SCORERS, ScoringContext, check_labels
 from fdattack.functional.frechet import FrechetToReference
-from fdattack.functional.intervals import NO_INTERVAL, bootstrap_interval, bootstrap_mean_interval, interval_keys, wilson_interval
+from fdattack.functional.intervals import NO_INTERVAL, interval_keys, mean_interval, positive_bootstrap_interval, wilson_interval_of_rate
 from fdattack.functional.inversion_metrics import (
     feature_cosine_samples,
     feature_diversity,
@@ -75,6 +86,12 @@ NOISE_SEED = 0
 
 def _with_interval(key: str, value: float, interval: tuple[float, float]) -> dict[str, float]:
     return {key: value, **interval_keys(key, interval)}
+
+
+def _interval_over_labels(key: str, per_label: Tensor) -> dict[str, float]:
+    """The interval keys of ``key``, a mean over target labels of ``per_label`` (T,) values: the labels are the units
+    (:func:`~fdattack.functional.intervals.mean_interval`; NaN with one label)."""
+    return interval_keys(key, mean_interval(key, per_label.double().numpy()))
 
 
 class GivenFeatures(nn.Module):
@@ -148,18 +165,22 @@ class InversionScorer:
         return self._fid[key]
 
     def fid(self, images: Tensor, labels: Tensor, extractor: nn.Module) -> tuple[float, tuple[float, float]]:
-        """FID in ``extractor``'s features between ``images`` (N, C, H, W) and the private images of ``labels`` (torchmetrics),
-        and its percentile bootstrap interval over ``images`` resampled with replacement, the private images fixed
-        (:class:`~fdattack.functional.frechet.FrechetToReference`); NaN with fewer than two images on a side."""
+        """FID in ``extractor``'s features between ``images`` (S, T, C, H, W), the S inversions of each of the T ``labels``,
+        and the private images of ``labels`` (torchmetrics), and its interval from the stratified bootstrap's standard
+        error (:func:`~fdattack.functional.intervals.positive_bootstrap_interval`): each label's S inversions resampled
+        apart, the private images fixed (:class:`~fdattack.functional.frechet.FrechetToReference`); NaN with fewer than
+        two images on a side."""
         metric, reference = self._fid_metric(labels, extractor)
-        if images.shape[0] < 2 or reference is None:
+        s, t = images.shape[:2]
+        if s * t < 2 or reference is None:
             return float("nan"), NO_INTERVAL
-        features = extractor(images)
+        features = extractor(images.reshape(s * t, *images.shape[2:]))  # row i·T + j: sample i of label j
         metric.reset()
         metric.update(features, real=False)
         value = float(metric.compute())
         distance = reference.of_rows(features)
-        return value, bootstrap_interval(len(features), lambda rows: distance(torch.as_tensor(rows)))
+        strata = [np.arange(j, s * t, t) for j in range(t)]
+        return value, positive_bootstrap_interval(strata, lambda *rows: distance(torch.as_tensor(np.concatenate(rows))))
 
     def __call__(self, attack: str, result: Inversions) -> Report:
         """``attack/<name>/...`` metrics, the grid and the artifact of one attack's inversions this round; refuses labels
@@ -180,31 +201,35 @@ class InversionScorer:
         (real, real_pre), labels = self.real_features(), result.labels
         values = dict(result.details)  # the scores below win over a detail of the same name
         for k in (1, 5):
-            per_sample = topk_per_sample(logits, labels, k)
-            values[f"top{k}"], values[f"top{k}_std"] = mean_and_std(per_sample)
-            values.update(interval_keys(f"top{k}", wilson_interval(round(float(per_sample.sum()) * t), s * t)))
-        distances = knn_distances(features, labels, real, self.real_labels)
+            hits = torch.stack([topk_per_sample(logits[:, [j]], labels[[j]], k) for j in range(t)], dim=1)  # (S, T)
+            values[f"top{k}"], values[f"top{k}_std"] = mean_and_std(hits.mean(dim=1))
+            values.update(_interval_over_labels(f"top{k}", hits.mean(dim=0)))
+        distances = knn_distances(features, labels, real, self.real_labels)  # S per label with private images, label by label
         cosines = feature_cosine_samples(pre, labels, real_pre, self.real_labels, noise_pre)
         extractor = PenultimateFeatures(classifier)
+        spreads = torch.tensor([feature_diversity([features[:, j]]) for j in range(t)])
+        real_spreads = torch.tensor([feature_diversity([real[self.real_labels == y][:REAL_DIVERSITY_IMAGES]]) for y in labels.tolist()])
         values.update(
             {
                 "chance": 1.0 / (t if t > 1 else classifier.num_classes),
                 "chance_top5": min(5, classifier.num_classes) / classifier.num_classes,
-                "diversity": feature_diversity([features[:, i] for i in range(t)]),
-                "diversity_real": feature_diversity([real[self.real_labels == y][:REAL_DIVERSITY_IMAGES] for y in labels.tolist()]),
-                **_with_interval("fid", *self.fid(flat, labels, extractor)),
+                "diversity": float(spreads.nanmean()),
+                **_interval_over_labels("diversity", spreads),
+                "diversity_real": float(real_spreads.nanmean()),
+                **_interval_over_labels("diversity_real", real_spreads),
+                **_with_interval("fid", *self.fid(result.images, labels, extractor)),
                 "fid_images": float(s * t),
                 "knn_dist": float(distances.mean()) if len(distances) else float("nan"),
-                **interval_keys("knn_dist", bootstrap_mean_interval(distances.numpy())),
+                **_interval_over_labels("knn_dist", distances.view(-1, s).mean(dim=1)),
                 "eval_classifier_accuracy": classifier.test_accuracy,
+                **interval_keys("eval_classifier_accuracy", wilson_interval_of_rate(classifier.test_accuracy, classifier.test_images)),
             }
         )
         for key, per_image in cosines.items():
             values[key] = float(per_image.mean()) if len(per_image) else float("nan")
-            if not key.endswith("_raw"):
-                values.update(interval_keys(key, bootstrap_mean_interval(per_image.numpy())))
+            values.update(_interval_over_labels(key, per_image.view(-1, s).mean(dim=1)))
         if self.inception is not None:
-            values.update(_with_interval("fid_inception", *self.fid(flat, labels, self.inception)))
+            values.update(_with_interval("fid_inception", *self.fid(result.images, labels, self.inception)))
         as_bytes = ((result.images.float() * 0.5 + 0.5).clamp(0, 1) * 255).round().to(torch.uint8)
         return Report(
             metrics={f"attack/{name}/{key}": float(value) for key, value in values.items()},

@@ -1,9 +1,13 @@
 """Scoring of :class:`~fdattack.attacks.results.LabelDistributions` against the clients' true label proportions
 (Shi et al., PoPETs 2025, §4.1.3), with the Random and uniform-guess baselines.
 
-Each distance is computed per client and averaged over the clients. The baselines score guesses made without
+Each distance is computed per client and averaged over the clients, with the 95 % interval of that mean over the
+clients (the units) on the log scale of a non-negative quantity (:func:`~fdattack.functional.intervals.mean_interval`:
+the modified Cox interval, above 0, where Student's t would reach below 0). The baselines score guesses made without
 any attack: the Random baseline one normalised-uniform draw per client from a fixed seed (and the mean over
-1,000 such draws, steadier), the uniform guess p̂ = 1/M for every client (hard to beat for near-IID clients).
+1,000 such draws, steadier), the uniform guess p̂ = 1/M for every client (hard to beat for near-IID clients). They
+carry no interval: the uniform guess is exact, the mean over 1,000 draws has no Monte-Carlo error worth one, and
+the single draw is an illustration of one guess.
 """
 
 from __future__ import annotations
@@ -14,7 +18,7 @@ from fdattack.attacks.results import LabelDistributions
 from fdattack.data.federated import FederatedSplit
 from fdattack.evaluation.report import Report
 from fdattack.evaluation.scoring import SCORERS, ScoringContext
-from fdattack.functional.intervals import interval_keys, t_interval
+from fdattack.functional.intervals import interval_keys, mean_interval
 from fdattack.functional.label_distribution import distances, label_proportions, random_distributions
 
 #: draws averaged in the ``random_*_mean1000`` baselines
@@ -44,14 +48,14 @@ class LabelDistributionScorer:
             self.baselines[f"uniform_{key}"] = float(distances(self.truth, uniform)[key].mean())
 
     def __call__(self, attack: str, result: LabelDistributions) -> Report:
-        """``attack/<attack>/{kl,kl_eq7,chebyshev,l1,tv}`` (means over the estimated clients, each with the t interval of
+        """``attack/<attack>/{kl,kl_eq7,chebyshev,l1,tv}`` (means over the estimated clients, each with the interval of
         the mean over the clients: ``_ci_low``, ``_ci_high``) and the baselines."""
         truth = self.truth[list(result.clients)]
         scores = distances(truth, result.estimates.double())
         metrics = {}
         for key, value in scores.items():
             metrics[f"attack/{attack}/{key}"] = float(value.mean())
-            metrics.update(interval_keys(f"attack/{attack}/{key}", t_interval(value.numpy())))
+            metrics.update(interval_keys(f"attack/{attack}/{key}", mean_interval(key, value.numpy())))
         metrics.update({f"attack/{attack}/{key}": value for key, value in self.baselines.items()})
         return Report(metrics=metrics)
 

@@ -23,11 +23,14 @@ from fdattack.data.federated import FederatedSplit
 from fdattack.data.imageset import ImageSet
 from fdattack.evaluation.report import Report
 from fdattack.evaluation.scoring import SCORERS, ScoringContext
-from fdattack.functional.intervals import BOOTSTRAP_RESAMPLES, interval_keys, membership_bootstrap
+from fdattack.functional.intervals import BOOTSTRAP_RESAMPLES, interval_keys
+from fdattack.functional.membership_bootstrap import ClientScores, membership_bootstrap
 from fdattack.functional.membership_metrics import FPR_LEVELS, membership_metrics, roc
 
 #: origin of a candidate that is nobody's member (a test sample)
 NON_MEMBER = -1
+#: the metrics of each client, in the order of :func:`~fdattack.functional.membership_bootstrap.membership_points`
+METRICS = (*FPR_LEVELS, "auc", "balanced_accuracy")
 
 
 @dataclass(frozen=True)
@@ -64,9 +67,10 @@ def candidate_pool(split: FederatedSplit, max_candidates: int | None, seed: int)
 class MembershipScorer:
     """Scores membership results against the pool's ground truth, one evaluation set per target client.
 
-    Each metric comes with its 95 % interval (``_ci_low``, ``_ci_high``): the stratified percentile bootstrap of the
-    mean over clients, resampling each client's members and non-members apart
-    (:func:`~fdattack.functional.intervals.membership_bootstrap`).
+    Each metric (and each ``paper_`` one) comes with its 95 % interval (``_ci_low``, ``_ci_high``): the percentile
+    bootstrap of the mean over clients that resamples the candidates, the independent units: each client's members
+    apart, and the test candidates drawn as non-members once for all clients, within each label
+    (:func:`~fdattack.functional.membership_bootstrap.membership_bootstrap`).
 
     Args:
         pool: the candidates and their origin.
@@ -102,7 +106,8 @@ class MembershipScorer:
         per_client: list[dict[str, float]] = []
         paper: list[dict[str, float]] = []
         curves = []
-        samples: list[tuple[np.ndarray, np.ndarray]] = []
+        samples: list[ClientScores] = []
+        paper_samples: list[ClientScores] = []
         for row, client in enumerate(result.clients):
             columns, is_member = self.evaluation_set(client)
             if is_member.all() or not is_member.any():
@@ -110,19 +115,33 @@ class MembershipScorer:
             scores = result.scores[row, columns]
             per_client.append(membership_metrics(is_member, scores))
             curves.append(roc(is_member, scores))
-            samples.append((scores[is_member].double().numpy(), scores[~is_member].double().numpy()))
+            samples.append(client_scores(scores, is_member, columns))
             if result.paper_scores is not None:
                 paper.append(membership_metrics(is_member, result.paper_scores[row, columns]))
-        metrics = {f"attack/{name}/{key}": float(np.mean([m[key] for m in per_client])) for key in (per_client[0] if per_client else {})}
-        if per_client:
-            intervals = membership_bootstrap(samples, list(FPR_LEVELS.values()), resamples=self.resamples)
-            for key, interval in zip([*FPR_LEVELS, "auc", "balanced_accuracy"], intervals):
-                metrics.update(interval_keys(f"attack/{name}/{key}", interval))
-        metrics.update({f"attack/{name}/paper_{key}": float(np.mean([m[key] for m in paper])) for key in (paper[0] if paper else {})})
+                paper_samples.append(client_scores(result.paper_scores[row, columns], is_member, columns))
+        metrics: dict[str, float] = {}
+        for prefix, scored, sets in (("", per_client, samples), ("paper_", paper, paper_samples)):
+            if not scored:
+                continue
+            intervals = membership_bootstrap(sets, self.strata(sets), list(FPR_LEVELS.values()), resamples=self.resamples, seed=self.seed)
+            for key, interval in zip(METRICS, intervals):
+                metrics[f"attack/{name}/{prefix}{key}"] = float(np.mean([m[key] for m in scored]))
+                metrics.update(interval_keys(f"attack/{name}/{prefix}{key}", interval))
         metrics[f"attack/{name}/clients_scored"] = float(len(per_client))
         metrics.update({f"attack/{name}/{key}": float(value) for key, value in result.details.items()})
         images = {f"attack/{name}/roc": roc_figure(curves, name)} if curves else {}
         return Report(metrics=metrics, images=images)
+
+    def strata(self, sets: list[ClientScores]) -> list[np.ndarray]:
+        """The candidates drawn as non-members for any of ``sets``, one array per label."""
+        ids = np.unique(np.concatenate([c.non_member_ids for c in sets]))
+        labels = self.pool.labels[torch.as_tensor(ids)].numpy()
+        return [ids[labels == label] for label in np.unique(labels)]
+
+
+def client_scores(scores: Tensor, is_member: Tensor, columns: Tensor) -> ClientScores:
+    """One client's member and non-member scores (float64) and the candidate of each non-member draw."""
+    return ClientScores(scores[is_member].double().numpy(), scores[~is_member].double().numpy(), columns[~is_member].numpy())
 
 
 @SCORERS.register(MembershipScores)

@@ -15,7 +15,7 @@ from fdattack.evaluation.report import Report
 from fdattack.evaluation.scoring import SCORERS, ScoringContext, check_labels
 from fdattack.functional.attack_accuracy import attack_accuracy, class_means
 from fdattack.functional.image import standard_ssim
-from fdattack.functional.intervals import HIGH, LOW, bootstrap_mean_interval, interval_keys, wilson_interval
+from fdattack.functional.intervals import HIGH, LOW, interval_keys, mean_interval, wilson_interval, wilson_interval_of_rate
 from fdattack.randomness import derive_seed
 
 #: the prior's scores worth a line of their own (Table S-3 and what an inversion must beat)
@@ -26,9 +26,12 @@ class ReconstructionScorer:
     """Scores :class:`Reconstructions` against the private and public class means (:meth:`measure`).
 
     Metrics: accuracy, ssim, ssim_standard, too_close_to_public, chance, and with ``identity`` eval_top1,
-    eval_top5 and eval_classifier_accuracy; 95 % intervals (``_ci_low``, ``_ci_high``) beside accuracy, eval_top1 and
-    eval_top5 (Wilson over the T targets) and both SSIMs (the percentile bootstrap over the targets). The grid (C, T*H, 3W) in [0, 1] has
-    one row per target: the
+    eval_top5, eval_top1_public_look and eval_classifier_accuracy. The unit is the target (one reconstruction each), so
+    their 95 % intervals (``_ci_low``, ``_ci_high``) are: Wilson over the T targets for accuracy, eval_top1 and
+    eval_top5 (one trial each), over the targets with a public look for eval_top1_public_look, and T times it for
+    too_close_to_public (a count of targets); Student's t over the targets for both SSIMs (means of a handful of
+    units: a percentile bootstrap of 5 values is about a third too narrow); Wilson over the classifier's held-out images
+    for eval_classifier_accuracy. chance (1/T) is exact. The grid (C, T*H, 3W) in [0, 1] has one row per target: the
     reconstruction, the private mean and the public mean of its label. Private means pool every client's
     private images (as the authors' code takes them); public means mix both looks, with the true public labels.
 
@@ -75,22 +78,28 @@ class ReconstructionScorer:
         grid = torch.cat([torch.cat(list(column), dim=-2) for column in columns], dim=-1)
         targets = len(labels)
         standard = standard_ssim(recon, self.private_means[labels])
+        too_close = wilson_interval(int(result.too_close_to_public), targets)
         metrics = {
             "accuracy": result.accuracy,
             **interval_keys("accuracy", wilson_interval(int(result.success.sum()), targets)),
             "ssim": result.ssim_private_mean,
-            **interval_keys("ssim", bootstrap_mean_interval(result.ssim_per_target.numpy())),
+            **interval_keys("ssim", mean_interval("ssim", result.ssim_per_target.numpy())),
             "ssim_standard": float(standard.mean()),
-            **interval_keys("ssim_standard", bootstrap_mean_interval(standard.numpy())),
+            **interval_keys("ssim_standard", mean_interval("ssim_standard", standard.numpy())),
             "too_close_to_public": float(result.too_close_to_public),
+            **interval_keys("too_close_to_public", (too_close[0] * targets, too_close[1] * targets)),
             "chance": 1.0 / targets,
         }
         if self.identity is not None:
             identity = self.identity(recon, labels)
             metrics.update(identity)
             for key in ("eval_top1", "eval_top5"):
-                if key in identity:
-                    metrics.update(interval_keys(key, wilson_interval(round(identity[key] * targets), targets)))
+                metrics.update(interval_keys(key, wilson_interval_of_rate(identity[key], targets)))
+            if "eval_top1_public_look" in identity:
+                looks = sum(int(y) in self.identity.public_look_hits() for y in labels)
+                metrics.update(interval_keys("eval_top1_public_look", wilson_interval_of_rate(identity["eval_top1_public_look"], looks)))
+            accuracy = wilson_interval_of_rate(identity["eval_classifier_accuracy"], self.identity.test_images)
+            metrics.update(interval_keys("eval_classifier_accuracy", accuracy))
         return metrics, (grid * 0.5 + 0.5).clamp(0, 1)
 
 

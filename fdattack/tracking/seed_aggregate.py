@@ -2,9 +2,11 @@
 the seeds for every metric, per round and at the end.
 
 Across seeds a metric ``m`` becomes ``m`` (the mean over the seeds that recorded it), ``m_seed_std`` (their sample
-standard deviation, n − 1), ``m_ci_low`` / ``m_ci_high`` (Student's t interval of the mean over the seeds, the
-interval a reader compares) and, once per record, ``seeds/count``. The replicas' own within-run intervals are left
-out: across seeds, the seed-to-seed spread is the uncertainty that counts.
+standard deviation, n − 1), ``m_ci_low`` / ``m_ci_high`` (the 95 % interval of the mean over the seeds, the interval
+a reader compares, on the scale of the metric's kind: :func:`~fdattack.functional.intervals.mean_interval`, so a rate
+stays in [0, 1] and a distance above 0) and, once per record, ``seeds/count``. The replicas' own within-run intervals
+are left out: across seeds, the seed-to-seed spread is the uncertainty that counts. Two settings on the same seeds
+are compared by their paired difference (:func:`~fdattack.functional.comparisons.paired_difference`).
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from fdattack.functional.intervals import interval_keys, is_interval_key, t_interval
+from fdattack.functional.intervals import interval_keys, is_interval_key, mean_interval
 
 #: suffix of a metric's standard deviation across seeds
 SEED_STD = "_seed_std"
@@ -29,8 +31,9 @@ def _is_number(value: object) -> bool:
 
 
 def aggregate_metrics(replicas: Sequence[dict[str, object]]) -> dict[str, float]:
-    """Mean, ``_seed_std`` and 95 % interval across ``replicas`` (one flat metrics dict per seed) of every numeric
-    metric; NaN (recorded as None) and missing values are left out of a metric's seeds."""
+    """Mean, ``_seed_std`` and 95 % interval (:func:`~fdattack.functional.intervals.mean_interval`) across ``replicas``
+    (one flat metrics dict per seed) of every numeric metric; NaN (recorded as None) and missing values are left out of
+    a metric's seeds."""
     keys = list(dict.fromkeys(key for replica in replicas for key in replica if not is_interval_key(key) and key != SEEDS_KEY))
     out: dict[str, float] = {SEEDS_KEY: float(len(replicas))}
     for key in keys:
@@ -40,7 +43,7 @@ def aggregate_metrics(replicas: Sequence[dict[str, object]]) -> dict[str, float]
         values = np.array([float(v) for v in present if v is not None and math.isfinite(float(v))])  # type: ignore[arg-type]
         out[key] = float(values.mean()) if len(values) else math.nan
         out[key + SEED_STD] = float(values.std(ddof=1)) if len(values) > 1 else math.nan
-        out.update(interval_keys(key, t_interval(values)))
+        out.update(interval_keys(key, mean_interval(key, values)))
     return out
 
 
