@@ -13,10 +13,15 @@ never through a back door:
 Scores are the standardised s = (φ_t − μ_out) / σ_out in float64 (:func:`~fdattack.functional.lira.offline_lira`),
 which ranks as Eq. 6's λ without its float32 saturation; the authors' float32 λ is reported beside it (``paper_*``).
 
-Evasive clients (``protocol.evasive_clients``, §6.7) withhold some outputs; the server sees which (the answered masks
-of :class:`~fdattack.fd.record.Reply`), never the withheld values. A reference that withheld a candidate is left out
-of that candidate's μ_out and σ_out; a candidate the target withheld, or that no reference answered, scores lowest
-(−inf; λ = 0), a predicted non-member, unless Co-op LiRA's ``countermeasure`` gives it a score.
+Evasive clients (``protocol.evasive_clients``; Shi et al., PoPETs 2025, §5.5) withhold some outputs; the server sees
+which (the answered masks of :class:`~fdattack.fd.record.Reply`), never the withheld values. A reference that withheld
+a candidate is left out of that candidate's μ_out and σ_out. The server knows the evasion rule (Kerckhoffs): a client
+withholds every sample of its own it is asked about, plus ``protocol.evasion_decoys`` decoys per such sample, so an
+answered candidate is never its member and a withheld one is with odds 1 : decoys. A candidate the target withheld
+therefore scores above every candidate it answered, a predicted member (:func:`withheld_as_members`; λ = 1), ordered
+among the withheld by the score Co-op LiRA's ``countermeasure`` gives it, tied without one. A candidate the target
+answered that no reference answered scores lowest (−inf; λ = 0): it has no test, and its answer says it is not the
+target's.
 """
 
 from __future__ import annotations
@@ -163,20 +168,52 @@ class LiRAAttack(Attack, ABC):
         """The variant's membership scores, from every client's φ (C,) on the candidates and which it answered (C,)."""
 
     def lira(
-        self, target: Tensor, references: Tensor, answered: Optional[Tensor] = None, reference_answered: Optional[Tensor] = None
+        self,
+        target: Tensor,
+        references: Tensor,
+        answered: Optional[Tensor] = None,
+        reference_answered: Optional[Tensor] = None,
+        withheld: Optional[Tensor] = None,
     ) -> tuple[Tensor, Tensor]:
         """(s, float32 λ) of one target's φ (C,) against its references' φ (K, C).
 
         Args:
-            answered: (C,) the candidates the target answered (None = all); the others score −inf (λ = 0).
+            answered: (C,) the candidates ``target`` has a φ for (None = all); the others have no score of their own.
             reference_answered: (K, C) the references' answers; each candidate is tested against those that answered.
+            withheld: (C,) the candidates the target client refused to answer (None = those not ``answered``): predicted
+                members (:func:`withheld_as_members`), λ = 1. A candidate not withheld with no φ or no reference scores
+                −inf, λ = 0.
         """
         s = offline_lira(target, references, self.settings.global_variance, reference_answered)
         lam = offline_lira_float32_lambda(target, references, reference_answered)
         untestable = torch.zeros_like(s, dtype=torch.bool) if answered is None else ~answered
         if reference_answered is not None:
             untestable |= ~reference_answered.any(dim=0)
-        return s.masked_fill(untestable, float("-inf")), lam.masked_fill(untestable, 0.0)
+        if withheld is None:
+            withheld = torch.zeros_like(untestable) if answered is None else ~answered
+        s = withheld_as_members(s.masked_fill(untestable, float("-inf")), withheld)
+        return s, lam.masked_fill(untestable, 0.0).masked_fill(withheld, 1.0)
+
+
+def withheld_as_members(scores: Tensor, withheld: Tensor) -> Tensor:
+    """Membership scores (C,) in which every ``withheld`` (C,) candidate ranks above every other, a predicted member.
+
+    An evasive client withholds each of its samples it is asked about and decoys beside them, so to a server that
+    knows the rule an answered candidate is not the client's and a withheld one may be. Withheld candidates keep the
+    order of their finite ``scores`` (a countermeasure's) above the others' highest finite score; one without a finite
+    score ties at +inf. Only the ranks mean anything (the metrics rank), in float64.
+    """
+    s = scores.double().clone()
+    others = s[~withheld]
+    others = others[others.isfinite()]
+    floor = float(others.max()) if len(others) else 0.0
+    own = s[withheld]
+    scored = own.isfinite()
+    lifted = torch.full_like(own, float("inf"))
+    if scored.any():
+        lifted[scored] = own[scored] - own[scored].min() + floor + 1.0
+    s[withheld] = lifted
+    return s
 
 
 class Countermeasure(Choice):
@@ -193,9 +230,11 @@ class CoopSettings(LiRASettings):
     )
     countermeasure: Countermeasure = knob(
         Countermeasure.none,
-        "against evasive clients (pdafd.md 6.7): none (a candidate the target withheld scores lowest, a predicted "
-        "non-member) | shadow_target (a student distilled from the target's answered public rows scores every candidate in its "
-        "place) | neighbours (the target and the references are queried on noisy neighbours of every candidate; phi averaged over them)",
+        "against evasive clients (Shi et al., §5.5); under each, a candidate the target withheld ranks above every one it answered, a "
+        "predicted member (the server knows the evasion rule: answered rows are never the client's): none (the withheld tie) | "
+        "shadow_target (a student distilled from the target's answered public rows scores every candidate in its place; it orders "
+        "the withheld) | neighbours (the target and the references are queried on noisy neighbours of every candidate; phi averaged "
+        "over them orders the withheld)",
     )
     shadow_epochs: int = knob(20, "countermeasure=shadow_target: the shadow's training epochs (as the distillation students)", ge=1)
     shadow_lr: float = knob(1e-3, "countermeasure=shadow_target: the shadow's Adam learning rate", gt=0)
@@ -221,7 +260,8 @@ class CoopLiRAAttack(LiRAAttack):
     Reports ``lira_coop`` (β references, with a fallback not in the paper to the ``min_references`` nearest) and ``lira_coop_all``
     (every other client, as the authors' code and Table 4). LDIA reads only the public rows each client answered.
 
-    Against evasive clients (§5.5, ``countermeasure``):
+    Against evasive clients (§5.5, ``countermeasure``), a candidate the target withheld ranks above every one it
+    answered (:func:`withheld_as_members`); the countermeasure orders the withheld among themselves (``none`` ties them):
 
     - ``shadow_target`` (countermeasure 1): one student per target, distilled (as Distillation-based LiRA's, all in
       one ``fit_many``) from the target's outputs on the round's public rows it answered, never on a candidate, scores
@@ -273,7 +313,8 @@ class CoopLiRAAttack(LiRAAttack):
         s = self.settings
         clients = tuple(sorted(target))
         estimates = {k: estimate_from_outputs(r.outputs[r.answered], collected.kind) for k, r in collected.public.items()}
-        withheld = float(np.mean([float((~answered[k]).float().mean()) for k in clients]))
+        withheld = {k: ~answered[k] for k in clients}
+        fraction = float(np.mean([float(withheld[k].float().mean()) for k in clients]))
         if collected.neighbours is not None:
             target, answered = self._neighbour_confidences(collected)
         tested, tested_answered = target, answered
@@ -292,10 +333,14 @@ class CoopLiRAAttack(LiRAAttack):
             for scores, group in ((selected, references), (everyone, others)):
                 scores.append(
                     self.lira(
-                        tested[n], torch.stack([target[k] for k in group]), tested_answered[n], torch.stack([answered[k] for k in group])
+                        tested[n],
+                        torch.stack([target[k] for k in group]),
+                        tested_answered[n],
+                        torch.stack([answered[k] for k in group]),
+                        withheld[n],
                     )
                 )
-        details = {"references_mean": float(np.mean(counts)), "fallback_clients": float(fallbacks), "withheld_fraction": withheld}
+        details = {"references_mean": float(np.mean(counts)), "fallback_clients": float(fallbacks), "withheld_fraction": fraction}
         return [_scores(clients, selected, None, details), _scores(clients, everyone, f"{self.name}_all")]
 
     def _neighbour_confidences(self, collected: Collected) -> tuple[dict[int, Tensor], dict[int, Tensor]]:

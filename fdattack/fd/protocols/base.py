@@ -138,7 +138,11 @@ class Protocol(ABC):
             self.server = self._make_model("server", model_cfg.server or model_cfg.name)
         evasive = evasive_clients(cfg.evasive_clients, self.num_clients, self.uploads_outputs)
         #: what the evasive clients withhold (Shi et al., PoPETs 2025, §5.5), or None where every client answers everything
-        self.evasion = Evasion({k: split.private[k].images for k in sorted(evasive)}, derive_seed(seed, "evasion")) if evasive else None
+        self.evasion = (
+            Evasion({k: split.private[k].images for k in sorted(evasive)}, derive_seed(seed, "evasion"), float(cfg.evasion_decoys))
+            if evasive
+            else None
+        )
         #: the public images' digests, read by the evasive clients (protocol-side, computed on first use)
         self._public_digests = PublicDigests(split.public.images)
 
@@ -491,6 +495,7 @@ class Protocol(ABC):
             "client_architectures": sorted(set(self.client_archs)),
             "server_model": self.server is not None,
             "evasive_clients": sorted(self.evasion.clients) if self.evasion is not None else [],
+            **({"evasion_decoys": self.evasion.decoys} if self.evasion is not None else {}),
             "defenses": "; ".join(d.describe() for d in self.defenses) or "none",
             **self.threat_model.describe(),
         }

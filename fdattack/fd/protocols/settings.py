@@ -52,4 +52,12 @@ class ProtocolSettings:
         "clients that refuse to return outputs on public or queried samples of their own training set, and withhold as many seeded decoys "
         "(Shi et al., PoPETs 2025, §5.5): none | all | a list of client indices",
     )
+    evasion_decoys: float = knob(
+        1.0,
+        "decoys an evasive client withholds per own sample of a request, drawn by a seeded key among the request's other samples; "
+        "the server, knowing the rule, reads a withheld row as a member with odds 1 : evasion_decoys; inf withholds every row of a "
+        "request that holds one of its samples (the only rate that hides which)",
+        ge=0,
+        finite=False,
+    )
     optim: OptimSettings = knob(OptimSettings(), "optimizer of clients and server")
