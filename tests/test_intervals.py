@@ -200,7 +200,8 @@ def test_membership_bootstrap_is_scipys_on_distinct_non_members() -> None:
 def test_shared_and_repeated_non_members_widen_the_interval() -> None:
     """Five clients drew the same 100 non-members: their errors move together, and resampling the candidates once for
     all clients gives an AUC interval 1.5 times as wide as resampling each client's draws apart (measured: 1.51 at
-    seed 1), which took 500 shared draws for 500 independent ones."""
+    seed 1), which took 500 shared draws for 500 independent ones. One client whose 100 draws are 25 candidates drawn
+    4 times each: resampling the 25 candidates gives an interval 1.64 times as wide as resampling the 100 draws."""
     rng = np.random.default_rng(1)
     ids, non_members = np.arange(100), rng.normal(0, 1, 100)
     clients = [ClientScores(rng.normal(1, 1, 100), non_members, ids) for _ in range(5)]
@@ -218,6 +219,17 @@ def test_shared_and_repeated_non_members_widen_the_interval() -> None:
         rng=np.random.default_rng(0),
     ).confidence_interval
     assert shared[1] - shared[0] > 1.3 * (apart.high[2] - apart.low[2])
+    members, candidates, drawn = rng.normal(1, 1, 100), rng.normal(0, 1, 25), np.repeat(np.arange(25), 4)  # 25 drawn 4 times each
+    repeated = membership_bootstrap([ClientScores(members, candidates[drawn], drawn)], [np.arange(25)], LEVELS)[2]
+    as_distinct = stats.bootstrap(
+        (members, candidates[drawn]),
+        lambda m, n, axis=-1: membership_points(m, n, LEVELS).T,
+        n_resamples=1000,
+        method="percentile",
+        vectorized=True,
+        rng=np.random.default_rng(0),
+    ).confidence_interval
+    assert repeated[1] - repeated[0] > 1.3 * (as_distinct.high[2] - as_distinct.low[2])
 
 
 def test_membership_bootstrap_brackets_the_mean_over_clients_and_narrows_with_more_samples() -> None:
