@@ -74,7 +74,7 @@ class MembershipScorer:
 
     Args:
         pool: the candidates and their origin.
-        seed: seeds the draw of each client's non-members (fixed for the run, so rounds compare).
+        seed: seeds the draw of each client's non-members (fixed for the run, so rounds compare) and the bootstrap.
         resamples: bootstrap resamples of the intervals.
     """
 
