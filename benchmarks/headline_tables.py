@@ -1,20 +1,28 @@
-"""The README's headline tables, measured over seeds with 95 % intervals: each row is ``fdattack run ... seeds=[...]``
-(a replica per seed and their aggregate, :mod:`fdattack.seeds`), and the script prints each table in Markdown with
-every figure as ``mean [low, high]`` (the t interval across the seeds) and which differences survive. A seed fixes the
-partition, the targets and the public rounds, so two rows of a table are compared seed by seed: a difference survives
-when the t interval of the per-seed differences excludes 0 (and, more strictly, when the two rows' own intervals do
-not overlap).
+"""Every figure quoted in README.md and docs/, measured over seeds: one command regenerates them from runs.
+
+Each table's rows are ``fdattack run ... seeds=[...]`` (a replica per seed and their aggregate, :mod:`fdattack.seeds`);
+the script prints each table in Markdown, every cell as ``mean [95 % interval across the seeds]`` (the interval that
+fits the metric's kind, :mod:`fdattack.functional.metric_kinds`) followed by each seed's value, then every comparison
+the pages quote: each row against its baselines and the rows of one group against each other, seed by seed (a seed
+fixes the partition, the targets and the public rounds, so the rows' per-seed values are paired): the mean of the
+per-seed differences, its t interval, and whether it survives Holm's correction over all the comparisons the table
+makes (:mod:`fdattack.functional.comparisons`; the family's size is printed with it).
+
+Two figure sets come from their own scripts, which this one runs the same way: ``evasion`` (Co-op LiRA against
+evasive clients by decoy rate, ``benchmarks/evasion_decoys.py``) and ``matrix`` (the leakage matrix's small preset,
+``fdattack matrix conf/matrix/small.yaml --jobs 2``, whose end prints the defenses' surviving paired differences with
+each seed's values). The L-Attack's MNIST schedules are the ``lattack_mnist`` table (also printed by
+``benchmarks/peers/lattack/run.py`` with wall time and memory).
 
 Rows run one after the other, each replica with one thread; the output root keeps every run, so the script can be
-stopped and started again: finished replicas are read, a cut one resumes. A row takes 2 (the default run) to 12
-(PDA-FD's MNIST) minutes per seed on a 2-core CPU (AT&T faces: about 7). The defense table's undefended row is the
-PLI table's AT&T FedMD row, read from there (run last, so that two copies of the script, one per table, can share a
-root: ``--tables pli`` beside ``--tables defenses``).
+stopped and started again: finished replicas are read (and checked against their config), a cut one resumes. A row
+takes 1 (the first run) to 12 (PDA-FD's MNIST) minutes per seed on a 2-core CPU (AT&T faces: about 7). A row that
+another table runs too is read from there.
 
-Usage: ``python benchmarks/headline_tables.py [--tables default pli defenses pdafd] [--seeds 0 1 2] [--root runs/headline]
-[--override trainer.accelerator=gpu ...] [--read-only]`` (``pli``, ``defenses`` and ``pdafd`` read AT&T faces and MNIST
-where their experiment files say: ``../shared/data``). ``--override`` adds overrides to every run; ``--read-only``
-prints the tables of the runs already under ``--root`` (for instance ones measured on another machine) and runs nothing.
+Usage: ``python benchmarks/headline_tables.py [--tables first_run default pli blur defenses pdafd lattack_mnist evasion
+matrix] [--seeds 0 1 2] [--root runs/headline] [--override trainer.accelerator=gpu ...] [--read-only]`` (the real-data
+tables read AT&T faces and MNIST where their experiment files say: ``../shared/data``). ``--override`` adds overrides to
+every run; ``--read-only`` prints the tables of the runs already under ``--root`` and runs nothing.
 """
 
 from __future__ import annotations
@@ -30,7 +38,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from fdattack.functional.intervals import t_interval
+from fdattack.functional.comparisons import Difference, holm_adjusted, paired_difference
+from fdattack.matrix.comparisons import comparisons_summary
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -48,13 +57,33 @@ class Row:
     group: str = ""
 
 
+#: PLI on AT&T FedMD, the experiment of the blur table
+ATT_PLI = "conf/experiment/pli_fedmd_att_faces.yaml"
+#: PLI's best setting tried on the digits (README, "What the first run shows")
+DIGITS_PLI_BEST = ("data.blur_strength=8", "attack.pli.gamma=0", "attack.pli.lr=1e-3", "attack.pli.epochs_per_round=10")
+#: the L-Attack's schedules on MNIST (benchmarks/peers/lattack/run.py: the spec's default, normal rounds between, Algorithm 1)
+LATTACK_SCHEDULES = {
+    "isolated": ["attack.lattack.every=1", "attack.lattack.steps_per_round=200", "attack.lattack.inject_samples=0"],
+    "between": ["attack.lattack.every=2", "attack.lattack.steps_per_round=400", "attack.lattack.inject_samples=0"],
+    "algorithm1": ["attack.lattack.every=2", "attack.lattack.steps_per_round=400", "attack.lattack.inject_samples=200"],
+}
+
 #: per table: its rows and the metrics shown (metric key, column title)
 TABLES: dict[str, tuple[list[Row], list[tuple[str, str]]]] = {
     "default": (
-        [Row("fedmd_digits (the default run, with the public mean)", None, ("attacks=[pli,tbi,ldia,public_mean]",))],
+        [
+            Row("fedmd_digits (the default run, with the public mean)", None, ("attacks=[pli,tbi,ldia,public_mean]",), group="digits"),
+            Row(
+                "PLI's best setting tried on the digits (blur 8, γ = 0, lr 1e-3, 10 epochs)",
+                None,
+                ("attacks=[pli,public_mean]", *DIGITS_PLI_BEST),
+                group="digits",
+            ),
+        ],
         [
             ("attack/pli/accuracy", "PLI acc."),
             ("attack/pli/eval_top1", "PLI eval top-1"),
+            ("attack/pli/prior_accuracy", "prior acc."),
             ("attack/tbi/accuracy", "TBI acc."),
             ("attack/public_mean/accuracy", "public mean acc."),
             ("attack/pli/chance", "chance"),
@@ -75,6 +104,33 @@ TABLES: dict[str, tuple[list[Row], list[tuple[str, str]]]] = {
             ("attack/pli/prior_accuracy", "prior acc."),
             ("attack/tbi/accuracy", "TBI acc."),
             ("attack/pli/eval_top1", "PLI eval top-1"),
+            ("protocol/client_acc_mean", "client acc."),
+        ],
+    ),
+    "blur": (
+        [
+            Row(
+                f"γ = 0, {b} px blur",
+                "conf/experiment/pli_fedmd_att_faces.yaml",
+                ("attacks=[pli]", "attack.pli.gamma=0", f"data.blur_strength={b}"),
+            )
+            for b in (16, 24, 32)
+        ]
+        + [Row("γ = 0.3, 32 px blur", ATT_PLI, ("attacks=[pli]", "data.blur_strength=32"))],
+        [
+            ("attack/pli/accuracy", "PLI acc."),
+            ("attack/pli/prior_accuracy", "prior acc."),
+            ("attack/pli/ssim", "PLI SSIM"),
+            ("protocol/client_acc_mean", "client acc."),
+        ],
+    ),
+    "lattack_mnist": (
+        [Row(name, "conf/experiment/lattack_fedmd_mnist.yaml", tuple(overrides)) for name, overrides in LATTACK_SCHEDULES.items()],
+        [
+            ("attack/lattack/top1", "SCNN top-1"),
+            ("attack/lattack/feature_cosine", "feature cos."),
+            ("attack/lattack/feature_cosine_noise", "noise cos."),
+            ("attack/lattack/fid", "FID"),
             ("protocol/client_acc_mean", "client acc."),
         ],
     ),
@@ -112,6 +168,7 @@ TABLES: dict[str, tuple[list[Row], list[tuple[str, str]]]] = {
 BASELINES: dict[str, list[tuple[str, str, str]]] = {
     "default": [
         ("attack/pli/accuracy", "attack/pli/chance", "PLI acc. − chance"),
+        ("attack/pli/accuracy", "attack/pli/prior_accuracy", "PLI acc. − prior acc."),
         ("attack/ldia/kl", "attack/ldia/uniform_kl", "LDIA KL − uniform KL"),
     ],
     "pli": [
@@ -119,12 +176,32 @@ BASELINES: dict[str, list[tuple[str, str, str]]] = {
         ("attack/pli/accuracy", "attack/pli/chance", "PLI acc. − chance"),
         ("attack/tbi/accuracy", "attack/tbi/chance", "TBI acc. − chance"),
     ],
+    "blur": [
+        ("attack/pli/accuracy", "attack/pli/prior_accuracy", "PLI acc. − prior acc."),
+        ("attack/pli/accuracy", "attack/pli/chance", "PLI acc. − chance"),
+    ],
+    "lattack_mnist": [("attack/lattack/feature_cosine", "attack/lattack/feature_cosine_noise", "feature cos. − noise cos.")],
     "defenses": [("attack/pli/accuracy", "attack/pli/chance", "PLI acc. − chance")],
     "pdafd": [
         ("attack/ldia/kl", "attack/ldia/uniform_kl", "LDIA KL − uniform KL"),
         ("attack/ldia/kl", "attack/ldia/random_kl", "LDIA KL − random KL"),
     ],
 }
+
+
+def _evasion(seeds: list[int], root: Path, read_only: bool) -> list[str]:
+    return ["benchmarks/evasion_decoys.py", "--seeds", *map(str, seeds), "--root", str(root)]
+
+
+def _matrix(seeds: list[int], root: Path, read_only: bool) -> list[str]:
+    """The small preset (its seeds are the file's); read-only, its surviving comparisons are printed from matrix.json."""
+    if read_only:
+        return [__file__, "--print-matrix", str(root / "matrix.json")]
+    return ["fdattack", "matrix", "conf/matrix/small.yaml", "--jobs", "2", "--root", str(root)]
+
+
+#: figure sets measured by their own command: table -> (seeds, its root, read-only) -> the command
+EXTERNAL = {"evasion": _evasion, "matrix": _matrix}
 
 
 def folder_name(row: Row) -> str:
@@ -159,24 +236,6 @@ def run_row(row: Row, seeds: list[int], out: Path, overrides: list[str]) -> None
     print(f"  {row.name}: {time.perf_counter() - started:.0f} s", file=sys.stderr)
 
 
-def cell(metrics: dict, key: str) -> str:
-    value, low, high = metrics.get(key), metrics.get(key + "_ci_low"), metrics.get(key + "_ci_high")
-    if value is None or not math.isfinite(value):
-        return "–"
-    interval = (
-        f" [{low:.3g}, {high:.3g}]" if low is not None and high is not None and math.isfinite(low) and f"{low:.3g}" != f"{high:.3g}" else ""
-    )
-    return f"{value:.3g}{interval}"
-
-
-def separated(a: dict, b: dict, key: str) -> bool:
-    """Whether the two rows' intervals across the seeds of ``key`` do not overlap."""
-    try:
-        return a[key + "_ci_high"] < b[key + "_ci_low"] or b[key + "_ci_high"] < a[key + "_ci_low"]
-    except (KeyError, TypeError):
-        return False
-
-
 def per_seed(folder: Path) -> dict[str, dict[int, float]]:
     """Each metric's value per seed, from the aggregate's ``seeds.csv``."""
     with (folder / "seeds.csv").open(newline="") as handle:
@@ -189,79 +248,97 @@ def per_seed(folder: Path) -> dict[str, dict[int, float]]:
     }
 
 
-def paired_difference(a: dict[int, float], b: dict[int, float]) -> tuple[float, float, float] | None:
-    """Mean and t interval of ``a - b`` over the seeds both have (None with fewer than two; no spread gives [d, d])."""
+def cell(metrics: dict, values: dict[int, float], key: str) -> str:
+    """``mean [low, high] (v0 / v1 / v2)``: the aggregate's mean and interval across the seeds, then each seed's value."""
+    value, low, high = metrics.get(key), metrics.get(key + "_ci_low"), metrics.get(key + "_ci_high")
+    if value is None or not math.isfinite(value):
+        return "–"
+    interval = (
+        f" [{low:.3g}, {high:.3g}]" if low is not None and high is not None and math.isfinite(low) and f"{low:.3g}" != f"{high:.3g}" else ""
+    )
+    seeds = " / ".join(f"{values[s]:.3g}" for s in sorted(values))
+    return f"{value:.3g}{interval} ({seeds})"
+
+
+def paired(a: dict[int, float], b: dict[int, float]) -> Difference:
+    """The paired difference a − b over the seeds both recorded."""
     seeds = sorted(set(a) & set(b))
-    differences = [a[seed] - b[seed] for seed in seeds if math.isfinite(a[seed] - b[seed])]
-    low, high = t_interval(differences)
-    if not (math.isfinite(low) and math.isfinite(high)):
-        return None
-    return sum(differences) / len(differences), low, high
+    return paired_difference([a[s] for s in seeds], [b[s] for s in seeds])
 
 
-def excludes_zero(difference: tuple[float, float, float] | None) -> bool:
-    return difference is not None and not difference[1] <= 0 <= difference[2]
-
-
-def show(difference: tuple[float, float, float]) -> str:
-    return f"{difference[0]:+.3g} [{difference[1]:+.3g}, {difference[2]:+.3g}]"
-
-
-def baseline_comparisons(results: list[tuple[Row, Path]], baselines: list[tuple[str, str, str]]) -> list[str]:
-    """Each row's attack against its baselines, seed by seed: every comparison, surviving or not."""
-    lines = []
-    for row, folder in results:
-        values = per_seed(folder)
+def comparisons(results: list[tuple[Row, Path]], baselines: list[tuple[str, str, str]], columns: list[tuple[str, str]]) -> list[str]:
+    """Every comparison the table makes, seed by seed: each row against its baselines, and every pair of rows of one
+    group on every column; each with the mean difference, its t interval, the per-seed differences and whether it
+    survives Holm's correction over all of them."""
+    values = [(row, per_seed(folder)) for row, folder in results]
+    made: list[tuple[str, dict[int, float], dict[int, float]]] = []
+    for row, seeds in values:
         for key, baseline, title in baselines:
-            difference = paired_difference(values.get(key, {}), values.get(baseline, {}))
-            if difference is not None:
-                lines.append(f"{row.name}, {title}: {show(difference)} ({'survives' if excludes_zero(difference) else 'within noise'})")
+            if key in seeds and baseline in seeds:
+                made.append((f"{row.name}, {title}", seeds[key], seeds[baseline]))
+    for i, (a, seeds_a) in enumerate(values):
+        for b, seeds_b in values[i + 1 :]:
+            if a.group == b.group:
+                made.extend(
+                    (f"{a.name} − {b.name}, {title}", seeds_a[key], seeds_b[key])
+                    for key, title in columns
+                    if key in seeds_a and key in seeds_b
+                )
+    differences = [paired(x, y) for _, x, y in made]
+    tested = [i for i, d in enumerate(differences) if math.isfinite(d.p_value)]
+    adjusted = dict(zip(tested, holm_adjusted([differences[i].p_value for i in tested])))
+    lines = [f"{len(tested)} comparisons tested, Holm's correction over them at a family-wise 0.05 (equal at every seed: no test):"]
+    for i, ((title, x, y), d) in enumerate(zip(made, differences)):
+        if d.n and d.low == d.high == 0:
+            continue  # the same value in both rows at every seed (chance, a baseline): nothing to compare
+        each = " / ".join(f"{x[s] - y[s]:+.3g}" for s in sorted(set(x) & set(y)))
+        verdict = "equal at every seed"
+        if i in adjusted:
+            verdict = f"Holm p {adjusted[i]:.2g}, {'survives' if adjusted[i] <= 0.05 else 'within noise'}"
+        lines.append(f"{title}: {d.mean:+.3g} [{d.low:+.3g}, {d.high:+.3g}] (per seed {each}; {verdict})")
     return lines
 
 
-def surviving_differences(results: list[tuple[Row, Path]], columns: list[tuple[str, str]]) -> list[str]:
-    """Every pair of rows of one group and metric whose per-seed difference has a t interval excluding 0, as
-    ``a − b: d [low, high]`` (a star where the rows' own intervals do not overlap either)."""
-    values = [(row, per_seed(folder), json.loads((folder / "metrics.json").read_text())) for row, folder in results]
-    lines = []
-    for i, (a, seeds_a, metrics_a) in enumerate(values):
-        for b, seeds_b, metrics_b in values[i + 1 :]:
-            if a.group != b.group:
-                continue
-            for key, title in columns:
-                difference = paired_difference(seeds_a.get(key, {}), seeds_b.get(key, {}))
-                if excludes_zero(difference):
-                    star = " *" if separated(metrics_a, metrics_b, key) else ""
-                    lines.append(f"{a.name} − {b.name}, {title}: {show(difference)}{star}")
-    return lines
+def run_external(table: str, seeds: list[int], root: Path, read_only: bool) -> None:
+    """A figure set measured by its own command: run it (or, with ``read_only``, its printing mode) and pass its output on."""
+    command = EXTERNAL[table](seeds, root / table, read_only)
+    print(f"\n### {table}: `{' '.join(command)}`\n", flush=True)
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+    proc = subprocess.run([sys.executable, *command] if command[0].endswith(".py") else command, cwd=REPO, env=env)
+    if proc.returncode != 0:
+        raise SystemExit(f"{table}: {' '.join(command)} failed ({proc.returncode})")
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--tables", nargs="+", default=list(TABLES), choices=list(TABLES))
+    parser.add_argument("--tables", nargs="+", default=[*TABLES, *EXTERNAL], choices=[*TABLES, *EXTERNAL])
     parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
     parser.add_argument("--root", type=Path, default=REPO / "runs" / "headline")
     parser.add_argument("--override", nargs="*", default=[], help="overrides added to every run, e.g. trainer.accelerator=gpu")
     parser.add_argument("--read-only", action="store_true", help="print the tables of the runs under --root; run nothing")
+    parser.add_argument("--print-matrix", type=Path, help="print the surviving comparisons of this matrix.json and stop")
     args = parser.parse_args()
+    if args.print_matrix:
+        print(comparisons_summary(json.loads(args.print_matrix.read_text())["comparisons"]))
+        return
     for table in args.tables:
+        if table in EXTERNAL:
+            run_external(table, args.seeds, args.root, args.read_only)
+            continue
         rows, columns = TABLES[table]
         results = [(row, row_folder(row, args.root, table)) for row in rows]
         if not args.read_only:
             print(f"running table {table} ({len(rows)} rows x {len(args.seeds)} seeds)", file=sys.stderr)
             for row, folder in results:
                 run_row(row, args.seeds, folder, args.override)
-        print(f"\n### {table}: mean over seeds {', '.join(map(str, args.seeds))} [95 % t interval across the seeds]\n")
+        print(f"\n### {table}: mean over seeds {', '.join(map(str, args.seeds))} [95 % interval across the seeds] (each seed)\n")
         print("| row | " + " | ".join(title for _, title in columns) + " |")
         print("|---|" + "---|" * len(columns))
         for row, folder in results:
-            metrics = json.loads((folder / "metrics.json").read_text())
-            print(f"| {row.name} | " + " | ".join(cell(metrics, key) for key, _ in columns) + " |")
-        print("\nEach row against its baselines (per-seed difference, 95 % t interval):")
-        print("\n".join(f"- {line}" for line in baseline_comparisons(results, BASELINES[table])))
-        surviving = surviving_differences(results, columns)
-        print("\nDifferences between rows that survive (per-seed difference, 95 % t interval; * own intervals apart too):")
-        print("\n".join(f"- {line}" for line in surviving) if surviving else "none")
+            metrics, values = json.loads((folder / "metrics.json").read_text()), per_seed(folder)
+            print(f"| {row.name} | " + " | ".join(cell(metrics, values.get(key, {}), key) for key, _ in columns) + " |")
+        print("\nSeed by seed (paired difference, 95 % t interval):")
+        print("\n".join(f"- {line}" for line in comparisons(results, BASELINES[table], columns)))
 
 
 if __name__ == "__main__":

@@ -13,6 +13,7 @@ import yaml
 
 from fdattack.config.composition import compose_unchecked
 from fdattack.errors import ConfigError
+from fdattack.matrix.comparisons import comparisons_summary
 from fdattack.matrix.outputs import CellResult, summary_table, to_json, write_outputs
 from fdattack.matrix.plan import Cell, cell_folder, plan_cell, plan_cells
 from fdattack.matrix.run import Unit, cell_config, is_done, named_simulation, read_final, run_unit, run_units, simulation_names
@@ -110,6 +111,7 @@ def main(path: Path, root: Path | None, jobs: int, cell: str | None, list_only: 
         plots = sorted((root / "page" / "plots").glob(f"{HEATMAP_PREFIX}*.png"))
         log_matrix_summary(compose_unchecked(spec.experiment, list(spec.overrides)).logger.wandb, root, matrix, plots)
     print(summary_table(spec, results))
+    print(comparisons_summary(matrix["comparisons"]))
     print(f"fdattack: matrix in {root.resolve()} (matrix.json, matrix.csv, page/index.html)")
     if failures:
         first_id, first = next(iter(failures.items()))

@@ -1,8 +1,10 @@
 """The matrix's results: ``matrix.json`` (the cells, what ran in each and why not, every metric's mean and 95 %
 interval across the seeds), ``matrix.csv`` (one row per cell and metric) and the table printed at the end.
 
-Across seeds a metric's interval is Student's t interval of the mean over the seeds
-(:mod:`fdattack.tracking.seed_aggregate`): the seed-to-seed spread is the uncertainty a reader compares.
+Across seeds a metric's interval is the one that fits its kind (:mod:`fdattack.tracking.seed_aggregate`: a
+Wilson-type interval for rates, a log-scale one for distances, Student's t otherwise): the seed-to-seed spread is the
+uncertainty a reader compares. ``comparisons`` holds each defense against no defense, seed by seed
+(:mod:`fdattack.matrix.comparisons`).
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from fdattack.functional.intervals import HIGH, LOW
+from fdattack.matrix.comparisons import comparisons_json, defense_comparisons
 from fdattack.matrix.plan import Cell
 from fdattack.matrix.spec import MatrixSpec
 from fdattack.tracking import atomic_write, to_jsonable
@@ -68,6 +71,11 @@ def headline_metrics(results: list[CellResult], attack: str) -> list[str]:
     return [f"attack/{attack}/{m}" for m in HEADLINE if f"attack/{attack}/{m}" in keys]
 
 
+def compared_metrics(spec: MatrixSpec, results: list[CellResult]) -> list[str]:
+    """The metrics each defense is compared on with no defense: every attack's headline metrics and the clients' accuracy."""
+    return [key for attack in spec.attacks for key in headline_metrics(results, attack)] + [UTILITY[0]]
+
+
 def to_json(spec: MatrixSpec, results: list[CellResult]) -> dict[str, Any]:
     """The content of ``matrix.json``."""
     return {
@@ -82,6 +90,7 @@ def to_json(spec: MatrixSpec, results: list[CellResult]) -> dict[str, Any]:
         },
         "headline": {attack: headline_metrics(results, attack) for attack in spec.attacks},
         "utility": [k for k in (*UTILITY, *BUDGETS) if any(k in r.aggregate for r in results)],
+        "comparisons": comparisons_json(defense_comparisons(spec, results, compared_metrics(spec, results))),
         "cells": [
             {
                 "id": r.cell.id,

@@ -361,6 +361,43 @@ def header_html(matrix: dict) -> str:
     )
 
 
+def comparisons_html(matrix: dict) -> str:
+    """Each defense against no defense, seed by seed (``matrix.json``'s ``comparisons``): the surviving paired
+    differences after Holm's correction over all of them, each with its interval and the seeds' values."""
+    comparisons = matrix.get("comparisons")
+    if not comparisons or not comparisons.get("rows"):
+        return ""
+    rows = comparisons["rows"]
+    surviving = [r for r in rows if r["survives"]]
+    head = (
+        f"<h2>Against no defense, seed by seed</h2><p class='note'>Each defended cell against the undefended cell "
+        f"(<code>{html.escape(rows[0]['baseline'])}</code>) of its data and protocol: the mean of the per-seed differences, "
+        f"its 95 % t interval and each seed's two values. {len(surviving)} of the {comparisons['family_size']} comparisons "
+        f"made survive Holm's correction at a family-wise {comparisons['alpha']:g} (the rest are in "
+        "<code>matrix.json</code>).</p>"
+    )
+    if not surviving:
+        return head
+    cells = "".join(
+        "<tr>"
+        + "".join(
+            f"<td class='text'>{html.escape(str(v))}</td>"
+            for v in (
+                f"{r['data']} / {r['protocol']}",
+                r["metric"],
+                r["defense"],
+                f"{r['mean']:+.3g} [{r['ci_low']:+.3g}, {r['ci_high']:+.3g}]",
+                "; ".join(f"{s}: {b:.3g} → {v:.3g}" for s, b, v in zip(r["seeds"], r["baseline_values"], r["values"])),
+                f"{r['p_holm']:.2g}",
+            )
+        )
+        + "</tr>"
+        for r in surviving
+    )
+    header = "".join(f"<th>{t}</th>" for t in ("data / protocol", "metric", "defense", "difference", "seed: none → defended", "Holm p"))
+    return f"{head}<table><tr>{header}</tr>{cells}</table>"
+
+
 def render(matrix: dict, out: Path) -> None:
     """Write ``index.html`` and ``plots/`` of ``matrix`` into the folder ``out``."""
     (out / "plots").mkdir()
@@ -369,6 +406,7 @@ def render(matrix: dict, out: Path) -> None:
         f"<title>{html.escape(str(matrix.get('name', '')))} · leakage matrix</title>",
         f"<meta name='viewport' content='width=device-width, initial-scale=1'><style>{STYLE}</style></head><body>",
         header_html(matrix),
+        comparisons_html(matrix),
         *(data_html(matrix, data, out) for data in matrix["axes"]["data"]),
         not_run_html(matrix),
         "</body></html>",
