@@ -1,7 +1,8 @@
 """The kind of every metric fdattack logs, the one table that picks its interval's scale
 (:func:`fdattack.functional.intervals.mean_interval`), within a run and across seeds.
 
-* ``rate``: a proportion in [0, 1] (accuracy, top-k, AUC, TPR, balanced accuracy, test accuracy);
+* ``rate``: a proportion in [0, 1] (accuracy, top-k, AUC, TPR, balanced accuracy, test accuracy), or a mean of values
+  bounded by [0, 1] (the Chebyshev and total-variation distances between two label distributions);
 * ``positive``: a non-negative quantity (distances, KL, FID, spreads, times, bytes, counts);
 * ``signed``: anything else (SSIM and cosines in [-1, 1], losses, differences), also every name not in this table.
 
@@ -44,6 +45,12 @@ RATES = frozenset(
         "auc",
         "balanced_accuracy",
         "withheld_fraction",
+        # label distributions (Shi et al., PoPETs 2025, §4.1.3): distances between two distributions, within [0, 1]
+        "chebyshev",
+        "tv",
+        "random_chebyshev",
+        "random_chebyshev_mean1000",
+        "uniform_chebyshev",
         # the protocol's utility
         "client_acc_mean",
         "client_acc_min",
@@ -62,15 +69,10 @@ POSITIVE = frozenset(
         # label distributions (Shi et al., PoPETs 2025, §4.1.3) and their baselines
         "kl",
         "kl_eq7",
-        "chebyshev",
         "l1",
-        "tv",
         "random_kl",
         "random_kl_mean1000",
         "uniform_kl",
-        "random_chebyshev",
-        "random_chebyshev_mean1000",
-        "uniform_chebyshev",
         # inversions (Wu et al., ICLR 2024, §4.4; KNN-dist from the GMI literature) and spreads
         "fid",
         "fid_inception",
