@@ -190,7 +190,8 @@ BASELINES: dict[str, list[tuple[str, str, str]]] = {
 
 
 def _evasion(seeds: list[int], root: Path, read_only: bool) -> list[str]:
-    return ["benchmarks/evasion_decoys.py", "--seeds", *map(str, seeds), "--root", str(root)]
+    command = ["benchmarks/evasion_decoys.py", "--seeds", *map(str, seeds), "--root", str(root)]
+    return [*command, "--existing"] if read_only else command
 
 
 def _matrix(seeds: list[int], root: Path, read_only: bool) -> list[str]:
