@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")  # tiny models: one thread is faster than two on a 2-core box
 
 import pytest
+from filelock import FileLock, Timeout
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED_DATA = REPO.parent / "shared" / "data"
@@ -80,3 +82,35 @@ def tiny(tmp_path: Path, *extra: str) -> list[str]:
         "attacks=[]",
         *extra,
     ]
+
+
+def shared_runs(
+    tmp_path_factory: pytest.TempPathFactory, name: str, runs: Mapping[str, Callable[[Path], dict[str, float]]]
+) -> dict[str, dict[str, float]]:
+    """Each run of ``runs`` (a key and a function of an output folder returning the run's metrics) once per test session,
+    even where pytest-xdist hands the tests that share them to two workers: the metrics are kept as JSON in the session's
+    base temp folder (which the workers share), each behind a file lock. A worker first takes the runs no one holds,
+    then waits for the others' results, so two workers split the runs instead of doing them twice."""
+    root = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        root = root.parent  # the session's folder, above each worker's own
+    folder = root / "shared_runs" / name
+    folder.mkdir(parents=True, exist_ok=True)
+    results: dict[str, dict[str, float]] = {}
+    for wait in (False, True):
+        for key in [k for k in runs if k not in results]:
+            lock = FileLock(str(folder / f"{key}.lock"))
+            try:
+                lock.acquire(timeout=-1 if wait else 0)
+            except Timeout:
+                continue
+            try:
+                done = folder / f"{key}.json"
+                if not done.exists():
+                    partial = folder / f"{key}.json.partial"
+                    partial.write_text(json.dumps(runs[key](folder / key)))
+                    partial.rename(done)
+                results[key] = json.loads(done.read_text())
+            finally:
+                lock.release()
+    return {k: results[k] for k in runs}

@@ -58,7 +58,6 @@ def test_kedmi_inversions_are_their_labels_to_the_attacked_model_on_mnist(tmp_pa
     assert last["attack/kedmi/eval_classifier_accuracy"] > 0.85  # the scorer tells all ten digits apart
     assert last["attack/kedmi/chance"] == pytest.approx(0.2)
     assert last["attack/kedmi/target_top1"] >= 0.9, last  # the attacked model calls the inversions their labels
-    assert 0.0 <= last["attack/kedmi/top1"] <= 1.0
 
 
 PAPER_SCALE = {"fedinverse_celeba": ("celeba", 64, "vgg16_bn"), "fedinverse_cifar10": ("cifar10", None, "vgg16_bn")}

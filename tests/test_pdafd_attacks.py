@@ -59,10 +59,11 @@ def _metrics(path: Path) -> dict[str, float]:
 
 
 @pytest.mark.slow
-def test_ldia_and_distillation_lira_beat_their_baselines_on_mnist(tmp_path: Path) -> None:
+@pytest.mark.parametrize("seed", [42, 0, 1])
+def test_ldia_and_distillation_lira_beat_their_baselines_on_mnist(tmp_path: Path, seed: int) -> None:
     """DS-FL on 2,000 MNIST digits, 5 clients, Dirichlet(1); the attacks at round 1 with 4 students per client.
 
-    Measured on one AMD EPYC core, seeds 42 / 0 / 1, about 25 s each:
+    Measured on one AMD EPYC core, seeds 42 / 0 / 1, about 10 s each:
 
     - LDIA's KL 0.070 / 0.120 / 0.101; the uniform guess's 0.331 / 0.389 / 0.380 and 1,000 random guesses' mean 0.619 /
       0.680 / 0.665. Uniform minus LDIA: 0.261 / 0.268 / 0.279, spread 0.018; the bound 0.15 leaves 0.111, 6x. Random
@@ -72,10 +73,11 @@ def test_ldia_and_distillation_lira_beat_their_baselines_on_mnist(tmp_path: Path
       0.084 / 0.077 (spread 0.011) over the bound 0.04 leaves 0.037, 3.4x. Not asserted: below the uniform guess's
       (0.166 / 0.179 / 0.166; gap 0.068 / 0.060 / 0.050, 2.7x its spread 0.019 above 0), and the former bound, 0.6 x
       the random mean, fails on seed 1 (0.117 against 0.116).
-    - distillation LiRA's AUC 0.659 / 0.667 / 0.677 (spread 0.018); the bound 0.6 leaves 0.059, 3.3x. Not asserted: its
-      TPR at 1 % FPR, 6.1 / 3.5 / 4.4 % (spread 2.6 points; the former bound 3 % left 0.5 point, and even chance, 1 %,
-      leaves under 1x). With ~266 members and as many non-members per client, the mean AUC's null sd is 0.011, so 0.6
-      is some 9 null sd from chance. Seed 42 runs here.
+    - distillation LiRA's AUC 0.677 / 0.644 / 0.669 (re-measured at 1a4bd8c on an AVX-512 EPYC; an
+      earlier commit gave 0.659 / 0.667 / 0.677): range 0.033, sd 0.017; the bound 0.58 leaves 0.064 at the worst seed, 3.7 sd
+      (1.9x the range). Not asserted: its TPR at 1 % FPR, 6.1 / 3.5 / 4.4 % (spread 2.6 points; the former bound 3 %
+      left 0.5 point, and even chance, 1 %, leaves under 1x). With ~266 members and as many non-members per client, the
+      mean AUC's null sd is 0.011, so 0.58 is some 7 null sd from chance. The three seeds run here.
     """
     out = tmp_path / "run"
     assert (
@@ -93,6 +95,7 @@ def test_ldia_and_distillation_lira_beat_their_baselines_on_mnist(tmp_path: Path
                 "logger.wandb.mode=disabled",
                 "logger.progress=never",
                 f"output_dir={out}",
+                f"seed={seed}",
             ]
         )
         == 0
@@ -100,7 +103,7 @@ def test_ldia_and_distillation_lira_beat_their_baselines_on_mnist(tmp_path: Path
     m = _metrics(out)
     assert m["attack/ldia/kl"] < m["attack/ldia/uniform_kl"] - 0.15 and m["attack/ldia/kl"] < m["attack/ldia/random_kl_mean1000"] - 0.4, m
     assert m["attack/ldia/chebyshev"] < m["attack/ldia/random_chebyshev_mean1000"] - 0.04, m
-    assert m["attack/lira_distill/auc"] > 0.6 and 0.0 <= m["attack/lira_distill/tpr_at_1pct_fpr"] <= 1.0, m
+    assert m["attack/lira_distill/auc"] > 0.58, m
     assert m["attack/lira_distill/clients_scored"] == 5.0
 
 
