@@ -352,6 +352,9 @@ def test_paired_difference_by_hand() -> None:
     left_out = paired_difference([0.5, float("nan"), 0.7, 0.9], [0.4, 0.45, 0.5, 0.8])
     assert left_out.n == 3 and left_out.mean == pytest.approx(0.4 / 3)
     assert math.isnan(paired_difference([0.5, 0.6], [0.4, 0.5]).p_value)  # no spread: the t test cannot scale
+    # equal at every seed up to rounding (0.6 − 0.8 and 0.2 − 0.4 differ in the 17th digit): still no spread, not p ≈ 1e-32
+    rounded = paired_difference([0.6, 0.2, 0.6], [0.8, 0.4, 0.8])
+    assert rounded.mean == pytest.approx(-0.2) and math.isnan(rounded.p_value)
     with pytest.raises(ValueError, match="one value per seed"):
         paired_difference([0.5, 0.6], [0.4])
 

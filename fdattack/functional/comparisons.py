@@ -53,8 +53,14 @@ def paired_difference(
     d = (a - b)[np.isfinite(a) & np.isfinite(b)]
     mean = float(d.mean()) if len(d) else math.nan
     low, high = t_interval(d, confidence)
-    p_value = float(stats.ttest_1samp(d, 0.0).pvalue) if len(d) >= 2 and float(d.std()) > 0 else math.nan
+    p_value = float(stats.ttest_1samp(d, 0.0).pvalue) if len(d) >= 2 and not _constant(d) else math.nan
     return Difference(mean, low, high, p_value, len(d))
+
+
+def _constant(d: np.ndarray) -> bool:
+    """Whether the differences are one value up to floating-point rounding (0.6 − 0.8 and 0.2 − 0.4 differ in the 17th
+    digit): their spread is then rounding error, and a t test scaled by it would call any such difference certain."""
+    return float(np.ptp(d)) <= 1e-9 * max(1.0, float(np.abs(d).max()))
 
 
 def holm_adjusted(p_values: Sequence[float]) -> list[float]:
