@@ -7,8 +7,9 @@ Each replica is an ordinary run (:class:`~fdattack.experiment.Experiment`) at ``
 ``seeds.csv`` (a row per metric with each seed's value), ``config.yaml`` (the config with its ``seeds``) and
 ``machine.json``, so that ``fdattack report <output_dir>`` plots the mean with its band.
 
-Running the same command again continues: a replica with ``metrics.json`` (for the same config) is done and not run
-again, one cut short resumes from its last checkpoint, the others start.
+Running the same command again continues: a replica with ``metrics.json`` made with the same config is done and not
+run again, one cut short resumes from its last checkpoint, the others start; a replica made with another config, or
+with nothing to show which (no ``config.yaml``), stops the run, and so does an ``output_dir`` holding a single run.
 """
 
 from __future__ import annotations
@@ -22,9 +23,10 @@ from typing import Callable
 from lightning.fabric.utilities.rank_zero import rank_zero_only
 from omegaconf import DictConfig, OmegaConf
 
-from fdattack.errors import CheckpointError
+from fdattack.errors import CheckpointError, FdattackError
 from fdattack.tracking import RunDirectory, atomic_write, attack_summary, to_jsonable
 from fdattack.tracking.machine import machine_info
+from fdattack.tracking.results import read_result, stored_config
 from fdattack.tracking.seed_aggregate import aggregate_metrics, aggregate_rounds, seeds_table
 
 log = logging.getLogger("fdattack")
@@ -59,20 +61,47 @@ def _read_rounds(folder: Path) -> list[dict]:
 
 
 def run_replica(cfg: DictConfig, seed: int, root: Path, group: str, run: RunOne) -> dict[str, float]:
-    """The final metrics of the replica of ``seed``: read when it finished before (for the same config), else ``run``
-    (resumed from its last checkpoint where it has one)."""
+    """The final metrics of the replica of ``seed``: read when it finished before, made with this config
+    (:func:`~fdattack.tracking.results.read_result`), else ``run`` (resumed from its last checkpoint where it has one).
+
+    Raises:
+        CheckpointError: the finished replica was made with another config, or has no ``config.yaml`` to show it.
+        DataError: its ``metrics.json`` is damaged.
+    """
     folder = root / f"{REPLICA_PREFIX}{seed}"
-    record = RunDirectory(folder)
-    if record.metrics_path.is_file():
-        record.check_config(replica_config(cfg, seed, folder, group, resume=True))
-        log.info("seed %d: finished before, in %s", seed, folder)
+    replica = replica_config(cfg, seed, folder, group, resume=True)
+    if (folder / "metrics.json").is_file():
         try:
-            return json.loads(record.metrics_path.read_text())
-        except json.JSONDecodeError as err:
-            raise CheckpointError(f"{record.metrics_path}: corrupt ({err}); delete the folder to run seed {seed} again") from None
-    resume = record.checkpoints.latest() is not None
+            metrics = read_result(folder, replica)
+        except FdattackError as err:
+            raise type(err)(f"seed {seed}: {err}; run these seeds in another output_dir, or delete {folder} to run it again") from None
+        log.info("seed %d: finished before, in %s", seed, folder)
+        return metrics
+    resume = RunDirectory(folder).checkpoints.latest() is not None
     log.info("seed %d: %s in %s", seed, "resuming" if resume else "running", folder)
     return run(replica_config(cfg, seed, folder, group, resume))
+
+
+def check_seeds_folder(root: Path) -> None:
+    """A seeds run's ``output_dir`` is new, or holds replicas (``seed_*``) and their aggregate, never a single run's
+    results, which the aggregate's files would overwrite.
+
+    Raises:
+        CheckpointError: ``root`` is a file, or holds a single run (checkpoints, or results whose ``config.yaml`` has no
+            ``seeds``).
+    """
+    if root.exists() and not root.is_dir():
+        raise CheckpointError(f"output_dir {root} exists and is not a folder; choose another output_dir")
+    if (root / "checkpoints").is_dir() or any((root / name).exists() for name in ("metrics.json", "config.yaml", "rounds.jsonl")):
+        try:
+            seeds = stored_config(root).get("seeds")
+        except CheckpointError:
+            seeds = None
+        if (root / "checkpoints").is_dir() or seeds is None:
+            raise CheckpointError(
+                f"output_dir {root} holds a single run's results, which the seeds' aggregate would overwrite; "
+                "choose another output_dir for the seeds"
+            )
 
 
 def run_seeds(cfg: DictConfig, root: Path, run: RunOne) -> dict[str, float]:
@@ -82,8 +111,7 @@ def run_seeds(cfg: DictConfig, root: Path, run: RunOne) -> dict[str, float]:
         FdattackError: as a run does; CheckpointError: a replica finished with another config.
     """
     seeds = [int(s) for s in cfg.seeds]
-    if root.exists() and not root.is_dir():
-        raise CheckpointError(f"output_dir {root} exists and is not a folder; choose another output_dir")
+    check_seeds_folder(root)
     group = str(cfg.logger.wandb.group or root.name)
     finals = [run_replica(cfg, seed, root, group, run) for seed in seeds]
     aggregate = write_aggregate(cfg, root, seeds, finals)

@@ -6,9 +6,10 @@ in ``<root>/<sweep name>/trial_NNN``, logged to the sweep file's ``project`` wit
 group, job type ``sweep-trial`` and the parameter values as run name (``tau=3,gamma=0.1``).
 
 Re-running a sweep continues it: a trial folder whose ``config.yaml`` is the config that this call composes for
-the trial (experiment, fixed overrides, parameter values, extra overrides; up to ``output_dir``, ``resume`` and
-``logger``, whose log settings and W&B identity change no result) is the sweep's: with ``metrics.json`` it is fed to the
-engine as finished and not run again, without, it resumes from its last checkpoint. A trial folder of another
+the trial (experiment, fixed overrides, parameter values, extra overrides; up to the keys that change no result,
+:data:`~fdattack.tracking.results.RESULT_FREE_KEYS`) is the sweep's: with ``metrics.json`` it is read back
+(:func:`~fdattack.tracking.results.read_result`) and fed to the engine as finished, not run again; without, it resumes
+from its last checkpoint. A trial folder of another
 config stops the sweep before any trial: one sweep's table holds one configuration. Online users run the same
 file with ``wandb sweep`` + ``wandb agent``.
 """
@@ -30,9 +31,9 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 from fdattack.config.yaml_files import quote, read_yaml_file
-from fdattack.errors import ConfigError, FdattackError
+from fdattack.errors import ConfigError, DataError, FdattackError
 from fdattack.tracking.report_runs import short_names
-from fdattack.tracking.run_dir import comparable_tree, first_difference
+from fdattack.tracking.results import first_difference, read_result, result_tree, shown
 
 log = logging.getLogger("fdattack")
 
@@ -146,28 +147,6 @@ def _select(cfg: DictConfig, key: str) -> Any:
     return OmegaConf.to_container(value, resolve=True) if OmegaConf.is_config(value) else value
 
 
-def _trial_tree(cfg: DictConfig) -> dict:
-    """The plain config tree that decides a trial's results: without ``RESUME_FREE_KEYS`` and ``logger`` (where and how
-    the trial logs, its W&B identity included, changes no result)."""
-    tree = comparable_tree(cfg)
-    tree.pop("logger", None)
-    return tree
-
-
-def _shown(tree: dict, key: str) -> str:
-    """The value at dotted ``key`` of a plain config tree as JSON, cut short; ``(absent)`` where it has none."""
-    node: Any = tree
-    for part in key.split("."):
-        if isinstance(node, dict) and part in node:
-            node = node[part]
-        elif isinstance(node, list) and part.isdigit() and int(part) < len(node):
-            node = node[int(part)]
-        else:
-            return "(absent)"
-    text = json.dumps(node, default=str)
-    return text if len(text) <= 80 else text[:77] + "..."
-
-
 def _candidates(config: dict, stored: DictConfig) -> list[dict[str, Any]]:
     """The parameter values an earlier trial may have run with: of the points that combine each key's listed ``values``
     (or ``value``; a distribution's stored value), those that agree most with its stored values. A group name
@@ -193,7 +172,7 @@ def earlier_params(plan: SweepPlan, stored: DictConfig, old: dict, folder: Path)
     closest, error = None, None
     for params in _candidates(plan.config, stored):
         try:
-            new = _trial_tree(plan.compose(params, folder))
+            new = result_tree(plan.compose(params, folder))
         except ConfigError as err:  # parameter values that no longer compose are not this trial's
             error = error or err
             continue
@@ -205,7 +184,7 @@ def earlier_params(plan: SweepPlan, stored: DictConfig, old: dict, folder: Path)
     if closest is None:
         raise ConfigError(f"{folder} was run with parameter values that this call cannot compose ({error}): {remedy}")
     key, new = closest
-    raise ConfigError(f"{folder} was run with {key}={_shown(old, key)}, this call gives {_shown(new, key)}: {remedy}")
+    raise ConfigError(f"{folder} was run with {key}={shown(old, key)}, this call gives {shown(new, key)}: {remedy}")
 
 
 def earlier_trials(plan: SweepPlan) -> list[Trial]:
@@ -218,13 +197,19 @@ def earlier_trials(plan: SweepPlan) -> list[Trial]:
     for trial_dir in sorted(plan.folder.glob(f"{TRIAL_PREFIX}*")):
         try:
             stored = OmegaConf.load(trial_dir / "config.yaml")
-            old = _trial_tree(stored)
-            metrics = json.loads((trial_dir / "metrics.json").read_text()) if (trial_dir / "metrics.json").is_file() else None
         except Exception as err:  # an unreadable folder is not a finished trial: say so and leave it alone
             log.warning("%s: not read as an earlier trial (%s)", trial_dir, str(err).splitlines()[0] if str(err) else type(err).__name__)
             continue
-        params = earlier_params(plan, stored, old, trial_dir)
-        trials.append(Trial(trial_dir, params, "done" if isinstance(metrics, dict) else "incomplete", metrics or {}))
+        params = earlier_params(plan, stored, result_tree(stored), trial_dir)
+        if not (trial_dir / "metrics.json").is_file():
+            trials.append(Trial(trial_dir, params, "incomplete"))
+            continue
+        try:
+            metrics = read_result(trial_dir, plan.compose(params, trial_dir))
+        except DataError as err:  # a damaged metrics.json: not a finished trial
+            log.warning("%s: not read as an earlier trial (%s)", trial_dir, err)
+            continue
+        trials.append(Trial(trial_dir, params, "done", {k: v for k, v in metrics.items() if not math.isnan(v)}))
     return trials
 
 

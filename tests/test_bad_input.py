@@ -386,6 +386,14 @@ def test_a_learned_prior_with_no_public_look_is_one_line_before_any_round(capsys
     assert not (tmp_path / "run").exists()
 
 
+def test_an_evaluation_classifier_that_diverges_is_one_line(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    """evaluation.lr=1e30 left the classifier's weights NaN and every eval_* metric null without a word (issue 46); the
+    run now stops with one line naming the key, once the classifier has trained."""
+    overrides = ("protocol.rounds=1", "attacks=[public_mean]", "evaluation.epochs=1", "evaluation.lr=1e30")
+    _one_line(capsys, ["run", *tiny(tmp_path, *overrides)], "evaluation classifier diverged", "evaluation.lr=1e+30")
+    assert not (tmp_path / "run" / "metrics.json").exists()
+
+
 @pytest.mark.parametrize(
     "overrides",
     [

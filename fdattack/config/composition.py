@@ -205,6 +205,9 @@ def compose(experiment: str | Path | None = None, overrides: list[str] | None = 
     """
     cfg = compose_unchecked(experiment, overrides)
     validate(cfg)
+    seed = next((t for t in overrides or [] if t.split("=", 1)[0] == "seed"), None)
+    if seed is not None and cfg.seeds is not None:
+        raise ConfigError(f"{seed} beside seeds={list(cfg.seeds)}: each replica takes its seed from seeds; give one of the two")
     OmegaConf.set_readonly(cfg, True)
     return cfg
 

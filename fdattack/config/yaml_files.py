@@ -40,13 +40,38 @@ def _expanded_size(node: yaml.Node, sizes: dict[int, int]) -> int:
     return sizes[id(node)]
 
 
+def _first_repeated_key(node: yaml.Node, seen: set[int]) -> yaml.Node | None:
+    """The first key that a mapping under ``node`` gives twice (YAML keeps the last silently), or None."""
+    if id(node) in seen:
+        return None
+    seen.add(id(node))
+    if isinstance(node, yaml.MappingNode):
+        keys: set[str] = set()
+        for key, _ in node.value:
+            if isinstance(key, yaml.ScalarNode):
+                if key.value in keys:
+                    return key
+                keys.add(key.value)
+        children = [child for pair in node.value for child in pair]
+    else:
+        children = node.value if isinstance(node, yaml.SequenceNode) else []
+    return next((found for child in children if (found := _first_repeated_key(child, seen)) is not None), None)
+
+
 def _parse(path: Path, text: str, what: str) -> Any:
-    """``yaml.safe_load`` that refuses a document whose aliases expand past :data:`MAX_YAML_NODES` values."""
+    """``yaml.safe_load`` that refuses a document whose aliases expand past :data:`MAX_YAML_NODES` values, and a mapping
+    that gives a key twice."""
     loader = yaml.SafeLoader(text)
     try:
         node = loader.get_single_node()
         if node is not None and _expanded_size(node, {}) > MAX_YAML_NODES:
             raise ConfigError(f"{path}: more than {MAX_YAML_NODES} values once its YAML aliases (*name) are written out; not a {what}")
+        repeated = _first_repeated_key(node, set()) if node is not None else None
+        if repeated is not None:
+            raise ConfigError(
+                f"{path}, line {repeated.start_mark.line + 1}: {repeated.value!r} is given twice in one mapping (YAML would keep "
+                "the last silently); give each key once"
+            )
         return None if node is None else loader.construct_document(node)
     finally:
         loader.dispose()
@@ -56,8 +81,8 @@ def read_yaml_file(path: Path, what: str) -> Any:
     """The YAML document in ``path`` (``what`` names the kind of file in messages: ``sweep file``, ``matrix file``).
 
     Raises:
-        ConfigError: the file is missing, a folder, unreadable, not UTF-8, not YAML, nested too deeply, or too large once
-            its aliases are written out.
+        ConfigError: the file is missing, a folder, unreadable, not UTF-8, not YAML, nested too deeply, too large once
+            its aliases are written out, or a mapping in it gives a key twice.
     """
     if path.is_dir():
         raise ConfigError(f"{what} {path} is a folder; give the {what} itself")

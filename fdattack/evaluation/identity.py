@@ -39,6 +39,7 @@ from torch import Tensor
 from fdattack.data.federated import FederatedSplit
 from fdattack.data.imageset import AUXILIARY, UNLABELED, ImageSet, IndexedBatch
 from fdattack.engine import FitJob, LocalTrainer
+from fdattack.evaluation.weights import require_finite
 from fdattack.functional import topk_accuracy
 from fdattack.functional.attack_accuracy import class_means
 from fdattack.lit.classifier import ClassifierLitModule
@@ -203,6 +204,7 @@ def train_identity_scorer(
     handle = engine.setup("evaluation_classifier", module)
     counts = torch.bincount(classes.train.labels, minlength=k).float()
     engine.fit(FitJob(handle, with_noisy_copies(classes.train, NOISE_MAX, seed), epochs, balanced_cross_entropy(counts), seed))
+    require_finite(module.net, "the evaluation classifier", "evaluation.lr", lr)
     test_logits = engine.predict(handle, test.images)
     test_accuracy = topk_accuracy(test_logits, remap[test.labels], 1) if len(test) else float("nan")
     return IdentityScorer(

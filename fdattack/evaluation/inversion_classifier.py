@@ -27,7 +27,7 @@ from torch import Tensor, nn
 from fdattack.data.federated import FederatedSplit
 from fdattack.data.imageset import ImageSet
 from fdattack.engine import LocalTrainer, ModelHandle, predict_logits
-from fdattack.evaluation.weights import load_weights, read_state_dict
+from fdattack.evaluation.weights import load_weights, read_state_dict, require_finite
 from fdattack.functional import topk_accuracy
 from fdattack.knobs import knob
 from fdattack.lit.classifier import ClassifierLitModule
@@ -219,6 +219,7 @@ def inversion_classifier(
             announce(f"training the inversions' evaluation classifier ({settings.classifier}, {settings.epochs} epochs)")
         handle = build(network())
         engine.fit_module(handle, train, settings.epochs, seed, batch_size=settings.batch_size)
+        require_finite(handle.module.net, "the inversions' evaluation classifier", "evaluation.inversion.lr", settings.lr)  # type: ignore[union-attr]
         scored = _scored(handle, engine, test)
         log.info(
             "inversion evaluation classifier %s: test accuracy %.4f on %d held-out images",

@@ -54,3 +54,14 @@ def load_weights(net: nn.Module, state: dict[str, Tensor], key: str, path: str, 
             if keys
         )
         raise ConfigError(f"{key}={path!r} does not fit {network} ({listed})")
+
+
+def require_finite(net: nn.Module, what: str, lr_key: str, lr: float) -> None:
+    """Refuse a network that training left with NaN or inf weights: every score it gives would be NaN, recorded
+    silently as null (a learning rate far too high does it).
+
+    Raises:
+        ConfigError: naming the network and its learning-rate key.
+    """
+    if not all(bool(torch.isfinite(p).all()) for p in net.parameters()):
+        raise ConfigError(f"{what} diverged in training (its weights became NaN/inf) at {lr_key}={lr:g}; lower {lr_key}")

@@ -7,6 +7,8 @@ Plans the cells (:mod:`.plan`), runs what is not done (:mod:`.run`), aggregates 
 
 from __future__ import annotations
 
+import os
+import tempfile
 from pathlib import Path
 
 import yaml
@@ -16,8 +18,20 @@ from fdattack.errors import ConfigError
 from fdattack.matrix.comparisons import comparisons_summary
 from fdattack.matrix.outputs import CellResult, summary_table, to_json, write_outputs
 from fdattack.matrix.plan import Cell, cell_folder, plan_cell, plan_cells
-from fdattack.matrix.run import Unit, cell_config, is_done, named_simulation, read_final, run_unit, run_units, simulation_names
+from fdattack.matrix.run import (
+    Unit,
+    cell_config,
+    is_done,
+    named_simulation,
+    read_final,
+    replica_folder,
+    run_unit,
+    run_units,
+    simulation_names,
+    stale_reason,
+)
 from fdattack.matrix.spec import MatrixSpec, load_matrix
+from fdattack.matrix.stopping import MatrixStopped
 from fdattack.seeds import write_aggregate
 from fdattack.tracking.matrix_page import HEATMAP_PREFIX, write_matrix_page
 from fdattack.tracking.wandb_run import log_matrix_summary
@@ -46,8 +60,9 @@ def collect(spec: MatrixSpec, cells: list[Cell], root: Path, failures: dict[str,
         elif not all(is_done(root, u) for u in units):
             results.append(CellResult(cell, "incomplete", "seeds left to run"))
         else:
-            finals = [read_final(root, u) for u in units]
-            aggregate = write_aggregate(cell_config(spec, cell, root), cell_folder(root, cell), list(spec.seeds), finals)
+            cfg = cell_config(spec, cell, root)
+            finals = [read_final(cfg, root, u, spec.name) for u in units]
+            aggregate = write_aggregate(cfg, cell_folder(root, cell), list(spec.seeds), finals)
             results.append(CellResult(cell, "done", None, list(spec.seeds), finals, aggregate))
     return results
 
@@ -74,13 +89,77 @@ def _one_simulation(spec: MatrixSpec, root: Path, cell_arg: str) -> int:
     return 0
 
 
-def _print_list(spec: MatrixSpec, cells: list[Cell], root: Path) -> None:
-    """``--list``: every simulation of the product with its index (what ``--cell`` takes) and its state."""
+def unit_states(spec: MatrixSpec, cells: list[Cell], root: Path) -> dict[str, str]:
+    """Each simulation's state by id: ``done``, ``to run`` (nothing yet, or cut short: it resumes) or ``stale: <why>``
+    (its folder holds a run of other settings than the matrix file now gives). A cell's config is composed only where
+    one of its folders holds something."""
+    states = {}
+    for cell in cells:
+        units = [Unit(cell, seed) for seed in spec.seeds] if cell.runs else []
+        cfg = cell_config(spec, cell, root) if any(replica_folder(root, u).exists() for u in units) else None
+        for unit in units:
+            reason = stale_reason(cfg, root, unit, spec.name) if cfg is not None else None
+            states[unit.id] = f"stale: {reason}" if reason else "done" if is_done(root, unit) else "to run"
+    return states
+
+
+def check_none_stale(spec: MatrixSpec, units: list[Unit], states: dict[str, str], root: Path) -> None:
+    """Refuse, before anything runs, a root whose simulations were made with other settings: their results would be
+    taken as this matrix's (or, cut short, continued under other settings).
+
+    Raises:
+        ConfigError: naming how many, the first and what differs in it.
+    """
+    stale = [u for u in units if states[u.id].startswith("stale")]
+    if stale:
+        first = stale[0]
+        raise ConfigError(
+            f"{len(stale)} of {len(units)} simulations in {root} were made with other settings than {spec.source} gives now "
+            f"(first, {first.id}: {states[first.id].removeprefix('stale: ')}); run the matrix with the settings they were made "
+            "with, choose another --root, or delete their folders to run them again"
+        )
+
+
+def _print_list(spec: MatrixSpec, cells: list[Cell], root: Path, only: str | None) -> None:
+    """``--list``: every simulation of the product (or the one ``--cell`` names) with its index (what ``--cell`` takes)
+    and its state."""
     by_id = {c.id: c for c in cells}
+    states = unit_states(spec, cells, root)
+    chosen = named_simulation(spec, only) if only is not None else None
     for index, (data, protocol, defense, seed) in enumerate(simulation_names(spec)):
+        if chosen is not None and chosen != (data, protocol, defense, seed):
+            continue
         cell = by_id[f"{data}/{protocol}/{defense}"]
-        state = f"n/a: {cell.reason}" if not cell.runs else "done" if is_done(root, Unit(cell, seed)) else "to run"
+        state = f"n/a: {cell.reason}" if not cell.runs else states[Unit(cell, seed).id]
         print(f"{index}\t{cell.id}/{seed}\t{state}")
+
+
+def _check_writable(root: Path) -> None:
+    """The matrix writes under ``root``: it must be a folder this process can write to, or one it can create (the
+    nearest existing folder above it writable). Nothing is created here.
+
+    Raises:
+        ConfigError: naming ``--root`` and why not.
+    """
+    if root.exists() and not root.is_dir():
+        raise ConfigError(f"--root {root} exists and is not a folder; choose another")
+    existing = next(folder for folder in (root, *root.absolute().parents) if folder.exists())
+    if not existing.is_dir():
+        raise ConfigError(f"--root {root} cannot be created: {existing} is a file; choose another")
+    if root.exists():
+        try:
+            tempfile.TemporaryFile(dir=root).close()
+        except OSError as err:
+            raise ConfigError(f"--root {root} cannot be written to ({err.strerror or err}); choose another") from None
+    elif not os.access(existing, os.W_OK | os.X_OK):
+        raise ConfigError(f"--root {root} cannot be created: {existing} is not writable; choose another")
+
+
+def _write_sweep_file(path: Path, sweep: dict) -> None:
+    try:
+        path.write_text(yaml.safe_dump(sweep, sort_keys=False))
+    except OSError as err:
+        raise ConfigError(f"--sweep-file {path} cannot be written ({err.strerror or err}); choose another path") from None
 
 
 def main(path: Path, root: Path | None, jobs: int, cell: str | None, list_only: bool, sweep_out: Path | None) -> int:
@@ -89,24 +168,32 @@ def main(path: Path, root: Path | None, jobs: int, cell: str | None, list_only: 
         raise ConfigError(f"--jobs {jobs}: run at least one simulation at a time")
     spec = load_matrix(path)
     root = root or default_root(spec)
-    if root.exists() and not root.is_dir():
-        raise ConfigError(f"--root {root} exists and is not a folder; choose another")
+    if list_only:  # runs nothing, writes nothing
+        cells = plan_cells(spec)
+        _print_list(spec, cells, root, cell)
+        return 0
+    if sweep_out is not None:  # the agents write under root, wherever they run
+        units = units_of(spec, plan_cells(spec))
+        _write_sweep_file(sweep_out, sweep_file(spec, units, root))
+        print(f"fdattack: W&B sweep of {len(units)} simulations in {sweep_out}: `wandb sweep {sweep_out}`, then `wandb agent ID` anywhere")
+        return 0
+    _check_writable(root)
     if cell is not None:
         return _one_simulation(spec, root, cell)
     cells = plan_cells(spec)
     units = units_of(spec, cells)
-    if list_only:
-        _print_list(spec, cells, root)
-        return 0
-    if sweep_out is not None:
-        sweep_out.write_text(yaml.safe_dump(sweep_file(spec, units, root), sort_keys=False))
-        print(f"fdattack: W&B sweep of {len(units)} simulations in {sweep_out}: `wandb sweep {sweep_out}`, then `wandb agent ID` anywhere")
-        return 0
-    failures = run_units(spec, units, root, min(jobs, max(1, len(units))))
+    check_none_stale(spec, units, unit_states(spec, cells, root), root)
+    stopped = None
+    try:
+        failures = run_units(spec, units, root, min(jobs, max(1, len(units))))
+    except MatrixStopped as stop:  # what finished is written; then the stop ends the command (exit status 143 / 130)
+        failures, stopped = stop.failures, stop
     results = collect(spec, cells, root, failures)
     changed = write_outputs(root, spec, results)
     matrix = to_json(spec, results)
     write_matrix_page(matrix, root / "page")
+    if stopped is not None:
+        raise stopped
     if changed:  # one W&B summary run per new state of the matrix, not one per call
         plots = sorted((root / "page" / "plots").glob(f"{HEATMAP_PREFIX}*.png"))
         log_matrix_summary(compose_unchecked(spec.experiment, list(spec.overrides)).logger.wandb, root, matrix, plots)

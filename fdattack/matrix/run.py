@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import contextlib
 import itertools
-import json
 import logging
 import multiprocessing
 import os
@@ -25,11 +24,12 @@ from pathlib import Path
 from omegaconf import DictConfig
 
 from fdattack.config.composition import compose
-from fdattack.errors import ConfigError, FdattackError
+from fdattack.errors import CheckpointError, ConfigError, FdattackError
 from fdattack.matrix.plan import Cell, cell_folder
 from fdattack.matrix.spec import MatrixSpec
-from fdattack.seeds import REPLICA_PREFIX, run_replica
+from fdattack.seeds import REPLICA_PREFIX, replica_config, run_replica
 from fdattack.tracking.logs import configure_logging
+from fdattack.tracking.results import difference_from, read_result, stored_config
 
 log = logging.getLogger("fdattack")
 
@@ -70,8 +70,26 @@ def replica_folder(root: Path, unit: Unit) -> Path:
 
 
 def is_done(root: Path, unit: Unit) -> bool:
-    """Whether the simulation finished (its ``metrics.json`` exists; that it is this config's is checked when read)."""
+    """Whether the simulation finished (its ``metrics.json`` exists); that it was made with this config is checked before
+    anything runs (:func:`stale_reason`) and again when it is read (:func:`read_final`)."""
     return (replica_folder(root, unit) / "metrics.json").is_file()
+
+
+def unit_config(cell_cfg: DictConfig, root: Path, unit: Unit, group: str) -> DictConfig:
+    """The replica config of ``unit`` (its cell's config ``cell_cfg`` at the unit's seed): what its folder was made with."""
+    return replica_config(cell_cfg, unit.seed, replica_folder(root, unit), group, resume=True)
+
+
+def stale_reason(cell_cfg: DictConfig, root: Path, unit: Unit, group: str) -> str | None:
+    """Why the simulation's folder holds a run of other settings than the matrix now gives (the first differing key, or
+    no ``config.yaml`` to show them); None when it holds nothing yet or this config's run, finished or cut short."""
+    folder = replica_folder(root, unit)
+    if not any((folder / name).is_file() for name in ("metrics.json", "config.yaml")):
+        return None
+    try:
+        return difference_from(stored_config(folder), unit_config(cell_cfg, root, unit, group))
+    except CheckpointError as err:
+        return str(err)
 
 
 def run_unit(spec: MatrixSpec, unit: Unit, root: Path) -> dict[str, float]:
@@ -153,13 +171,17 @@ def run_units(spec: MatrixSpec, units: list[Unit], root: Path, jobs: int) -> dic
     return failures
 
 
-def read_final(root: Path, unit: Unit) -> dict[str, float]:
-    """The final metrics of a finished simulation."""
-    path = replica_folder(root, unit) / "metrics.json"
+def read_final(cell_cfg: DictConfig, root: Path, unit: Unit, group: str) -> dict[str, float]:
+    """The final metrics of a finished simulation, made with its config (:func:`~fdattack.tracking.results.read_result`).
+
+    Raises:
+        FdattackError: one line naming the folder and what is wrong with it.
+    """
+    folder = replica_folder(root, unit)
     try:
-        return json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError) as err:
-        raise ConfigError(f"{path}: cannot be read ({err}); delete the folder to run it again") from None
+        return read_result(folder, unit_config(cell_cfg, root, unit, group))
+    except FdattackError as err:
+        raise type(err)(f"{unit.id}: {err}; delete {folder} to run it again") from None
 
 
 def simulation_names(spec: MatrixSpec) -> list[tuple[str, str, str, int]]:
@@ -175,7 +197,7 @@ def named_simulation(spec: MatrixSpec, cell_arg: str) -> tuple[str, str, str, in
         ConfigError: no such simulation in this matrix.
     """
     names = simulation_names(spec)
-    if cell_arg.isdigit():
+    if cell_arg.isascii() and cell_arg.isdigit():  # not '²', which isdigit() also takes
         if int(cell_arg) < len(names):
             return names[int(cell_arg)]
         raise ConfigError(f"--cell {cell_arg}: this matrix has {len(names)} simulations, 0 to {len(names) - 1}")

@@ -59,11 +59,23 @@ class MatrixSpec:
         return next((p for p in self.skip if all(fnmatch.fnmatchcase(n, q) for n, q in zip(parts, p.split("/")))), None)
 
 
+#: keys the matrix sets itself (the seeds from ``seeds:``, the folders from ``--root``): an override of them is refused
+MATRIX_SET_KEYS = ("seed", "seeds", "output_dir", "resume")
+#: what the matrix writes beside the data folders under its root: no data setting may take these names
+ROOT_OUTPUTS = ("matrix.json", "matrix.csv", "page", "wandb")
+
+
 def _tokens(path: Path, key: str, value: Any) -> tuple[str, ...]:
     if value is None:
         return ()
     if not isinstance(value, list) or not all(isinstance(t, str) and "=" in t for t in value):
         raise ConfigError(f"{path}: {key} must be a list of key=value or group=name overrides, got {quote(repr(value))}")
+    for token in value:
+        if token.split("=", 1)[0] in MATRIX_SET_KEYS:
+            raise ConfigError(
+                f"{path}: {key}: {token} would be ignored: the matrix sets seed and seeds from its seeds: key, "
+                "output_dir and resume from --root"
+            )
     return tuple(value)
 
 
@@ -75,6 +87,8 @@ def _axis(path: Path, key: str, value: Any) -> dict[str, tuple[str, ...]]:
             raise ConfigError(
                 f"{path}: {key}: {name!r} is not a plain name (letters, digits, and _ . + - after the first); it names a folder"
             )
+        if key == "data" and name in ROOT_OUTPUTS:
+            raise ConfigError(f"{path}: data: {name!r} is a name the matrix's own outputs take ({', '.join(ROOT_OUTPUTS)}); rename it")
     return {name: _tokens(path, f"{key}.{name}", overrides) for name, overrides in value.items()}
 
 
@@ -98,11 +112,20 @@ def _attacks(path: Path, value: Any) -> tuple[str, ...]:
     return tuple(value)
 
 
-def _skip(path: Path, value: Any) -> tuple[str, ...]:
+def _skip(path: Path, value: Any, axes: list[dict[str, tuple[str, ...]]]) -> tuple[str, ...]:
+    """The ``skip`` patterns, each of which must leave out at least one cell of the product (a typo or an unclosed ``[``
+    would otherwise leave out nothing, silently)."""
     if value is None:
         return ()
     if not isinstance(value, list) or not all(isinstance(p, str) and p.count("/") == 2 for p in value):
         raise ConfigError(f"{path}: skip must be a list of data/protocol/defense patterns (e.g. mnist/fedavg/*), got {quote(repr(value))}")
+    for pattern in value:
+        parts = zip(AXES, axes, pattern.split("/"))
+        unmatched = [(key, part) for key, axis, part in parts if not any(fnmatch.fnmatchcase(n, part) for n in axis)]
+        if unmatched:
+            key, part = unmatched[0]
+            names = ", ".join(axes[AXES.index(key)])
+            raise ConfigError(f"{path}: skip: {pattern!r} leaves out no cell: {part!r} matches none of {key} ({names})")
     return tuple(value)
 
 
@@ -129,15 +152,16 @@ def load_matrix(path: Path) -> MatrixSpec:
     experiment = raw.get("experiment")
     if experiment is not None and not isinstance(experiment, str):
         raise ConfigError(f"{path}: experiment must be the path of an experiment YAML, got {quote(repr(experiment))}")
+    data, protocols, defenses = (_axis(path, key, raw[key]) for key in AXES)
     return MatrixSpec(
         name=name,
         experiment=Path(experiment) if experiment else None,
         overrides=_tokens(path, "overrides", raw.get("overrides")),
         seeds=_seeds(path, raw["seeds"]),
-        data=_axis(path, "data", raw["data"]),
-        protocols=_axis(path, "protocols", raw["protocols"]),
-        defenses=_axis(path, "defenses", raw["defenses"]),
+        data=data,
+        protocols=protocols,
+        defenses=defenses,
         attacks=_attacks(path, raw["attacks"]),
         source=path,
-        skip=_skip(path, raw.get("skip")),
+        skip=_skip(path, raw.get("skip"), [data, protocols, defenses]),
     )

@@ -11,8 +11,17 @@ import sys
 LOGGER = logging.getLogger("fdattack")
 
 
-class _OwnHandler(logging.StreamHandler):
-    """The handler :func:`configure_logging` installs (told apart from anyone else's, so it is installed once)."""
+class _OwnHandler(logging.Handler):
+    """The handler :func:`configure_logging` installs (told apart from anyone else's, so it is installed once). It writes
+    to whatever ``sys.stderr`` is when a line is logged, not to the stream of the moment it was installed: a command run
+    again in one process (a test, a notebook) after its stderr was replaced or closed still logs."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            sys.stderr.write(self.format(record) + "\n")
+            sys.stderr.flush()
+        except Exception:  # logging's own contract: a failing handler reports and never raises
+            self.handleError(record)
 
 
 def configure_logging(level: str) -> logging.Logger:
@@ -20,7 +29,7 @@ def configure_logging(level: str) -> logging.Logger:
     an earlier call, and stop its records at it (no second copy through the root logger's handlers)."""
     for handler in [h for h in LOGGER.handlers if isinstance(h, _OwnHandler)]:
         LOGGER.removeHandler(handler)
-    handler = _OwnHandler(sys.stderr)
+    handler = _OwnHandler()
     handler.setFormatter(logging.Formatter("%(message)s"))
     LOGGER.addHandler(handler)
     LOGGER.setLevel(getattr(logging, level))

@@ -27,11 +27,10 @@ from omegaconf import DictConfig, OmegaConf
 
 from fdattack.errors import CheckpointError
 from fdattack.tracking.checkpoint import CheckpointDir, atomic_write, load_checkpoint
+from fdattack.tracking.results import check_made_with, result_tree
 
 log = logging.getLogger("fdattack")
 
-#: Top-level config keys that may differ between a run and its resumption.
-RESUME_FREE_KEYS = ("resume", "output_dir", "logger.progress", "logger.level")
 #: The lock file; its presence also marks a directory that an fdattack run has used.
 LOCK_NAME = ".fdattack.lock"
 #: What fdattack writes at the top of a run directory: only these are cleared when a stranded run restarts.
@@ -110,47 +109,25 @@ def to_jsonable(value: Any) -> Any:
 
 
 def config_fingerprint(cfg: DictConfig) -> str:
-    """A digest of the resolved config without the keys that may change on resume (:data:`RESUME_FREE_KEYS`): what a
-    checkpoint carries, so that a resume refuses a checkpoint written by another run (another seed, data, settings)."""
-    text = json.dumps(comparable_tree(cfg), sort_keys=True, default=str)
-    return hashlib.blake2b(text.encode(), digest_size=16).hexdigest()
+    """A digest of the config's result-deciding keys (:func:`~fdattack.tracking.results.result_tree`): what a checkpoint
+    carries, so that a resume refuses a checkpoint written by another run (another seed, data, settings)."""
+    return _digest(result_tree(cfg))
 
 
-def comparable_tree(cfg: DictConfig) -> dict:
-    """The plain config tree without the keys that may change on resume."""
+def _legacy_fingerprint(cfg: DictConfig) -> str:
+    """The fingerprint of checkpoints written before ``name`` and the ``logger`` group stopped counting (it counted
+    every ``logger`` key but ``logger.progress`` and ``logger.level``): such a checkpoint is still resumed with its own
+    config."""
     tree = OmegaConf.to_container(cfg, resolve=True, enum_to_str=True)
-    if not isinstance(tree, dict):
-        return {}
-    for key in RESUME_FREE_KEYS:
-        node: Any = tree
-        *parents, leaf = key.split(".")
-        for part in parents:
-            node = node.get(part, {}) if isinstance(node, dict) else {}
-        if isinstance(node, dict):
-            node.pop(leaf, None)
-    return tree
+    tree = {key: value for key, value in tree.items() if key not in ("resume", "output_dir")} if isinstance(tree, dict) else {}
+    logger = tree.get("logger")
+    if isinstance(logger, dict):
+        tree["logger"] = {key: value for key, value in logger.items() if key not in ("progress", "level")}
+    return _digest(tree)
 
 
-def first_difference(old: Any, new: Any, prefix: str = "") -> str | None:
-    """Dotted key of the first difference between two plain config trees (None when equal)."""
-    if isinstance(old, dict) and isinstance(new, dict):
-        for key in list(old) + [k for k in new if k not in old]:
-            name = f"{prefix}{key}"
-            if key not in old or key not in new:
-                return name
-            found = first_difference(old[key], new[key], name + ".")
-            if found is not None:
-                return found
-        return None
-    if isinstance(old, list) and isinstance(new, list) and len(old) == len(new):
-        for i, (a, b) in enumerate(zip(old, new)):
-            found = first_difference(a, b, f"{prefix}{i}.")
-            if found is not None:
-                return found
-        return None
-    both_nan = isinstance(old, float) and isinstance(new, float) and math.isnan(old) and math.isnan(new)
-    same = (old == new and type(old) is type(new)) or both_nan
-    return None if same else prefix.rstrip(".") or "<root>"
+def _digest(tree: dict) -> str:
+    return hashlib.blake2b(json.dumps(tree, sort_keys=True, default=str).encode(), digest_size=16).hexdigest()
 
 
 def _round_of(row: Any) -> int | None:
@@ -330,18 +307,20 @@ class RunDirectory:
             return
         round_index, path = latest
         payload = load_checkpoint(path, mmap=True)
-        redo = "delete it to resume from an earlier checkpoint, or choose another output_dir"
         missing = [key for key in CHECKPOINT_KEYS if key not in payload]
         if missing:
-            raise CheckpointError(f"{path}: not an fdattack run checkpoint (it has no {', '.join(missing)}); {redo}")
+            raise CheckpointError(f"{path}: not an fdattack run checkpoint (it has no {', '.join(missing)}); {self._instead(path)}")
         if payload["round"] != round_index:
-            raise CheckpointError(f"{path}: holds round {payload['round']!r}, not round {round_index} as its name says; {redo}")
+            raise CheckpointError(
+                f"{path}: holds round {payload['round']!r}, not round {round_index} as its name says; {self._instead(path)}"
+            )
         self.check_config(cfg)  # first: it names the differing key
         fingerprint = payload.get("config_fingerprint")  # checkpoints before issue 30 carry none
-        if fingerprint is not None and fingerprint != config_fingerprint(cfg):
+        if fingerprint is not None and fingerprint not in (config_fingerprint(cfg), _legacy_fingerprint(cfg)):
             raise CheckpointError(
                 f"{path}: this checkpoint was written by a run with another config (seed, data or settings) than "
-                f"{self.config_path.name} and this command; {redo}"
+                f"{self.config_path.name} and this command; resume with the config it was written with, or start afresh "
+                "in another output_dir"
             )
         if fingerprint is None and not self.config_path.is_file():
             raise CheckpointError(
@@ -356,29 +335,28 @@ class RunDirectory:
                 "metrics.json is built from; restore rounds.jsonl or choose another output_dir"
             )
 
+    def _instead(self, broken: Path) -> str:
+        """What to do about the broken newest checkpoint ``broken``: fall back to the one before it, or start afresh
+        (deleting the only checkpoint would leave nothing to resume from)."""
+        earlier = [(index, path) for index, path in self.checkpoints.rounds() if path != broken]
+        if earlier:
+            return f"delete it to resume from {earlier[-1][1].name} (round {earlier[-1][0]}), or start afresh in another output_dir"
+        return "it is the only checkpoint: start afresh in another output_dir"
+
     def check_config(self, cfg: DictConfig) -> None:
-        """Check that ``cfg`` matches the stored ``config.yaml`` of the run being resumed (reading only).
+        """Check that ``cfg`` made the run being resumed (:func:`~fdattack.tracking.results.check_made_with`; reading
+        only). A missing ``config.yaml`` passes here: :meth:`check_resume` lets the checkpoint's fingerprint vouch.
 
         Raises:
-            CheckpointError: the stored config is unreadable, or differs in a key other than
-                :data:`RESUME_FREE_KEYS`; the first differing key is named.
+            CheckpointError: the stored config is unreadable, or differs in a result-deciding key (named, with its
+                stored and given values).
         """
         if not self.config_path.is_file():
             return
         try:
-            old = OmegaConf.load(self.config_path)
-        except Exception as err:  # yaml and OmegaConf errors alike
-            raise CheckpointError(
-                f"{self.config_path}: unreadable stored config ({str(err).splitlines()[0]}); restore it or choose another output_dir"
-            ) from None
-        new = OmegaConf.create(OmegaConf.to_container(cfg, resolve=True, enum_to_str=True))
-        key = first_difference(comparable_tree(old), comparable_tree(new))
-        if key is not None:
-            stored, given = OmegaConf.select(old, key), OmegaConf.select(new, key)
-            raise CheckpointError(
-                f"{self.config_path}: cannot resume, config key '{key}' differs from the stored run "
-                f"(stored {stored!r}, given {given!r}); resume with the same config or choose another output_dir"
-            )
+            check_made_with(self.path, cfg)
+        except CheckpointError as err:
+            raise CheckpointError(f"cannot resume: {err}; resume with the same config or choose another output_dir") from None
 
     def write_config(self, cfg: DictConfig) -> None:
         """Write the resolved config to ``config.yaml``; on resume check it matches the stored one instead (a missing one,
