@@ -2,7 +2,8 @@
 
 The entry point only parses tokens, composes the config and calls :func:`fdattack.experiment.run`.
 A :class:`~fdattack.errors.FdattackError` becomes one line on stderr and exit status 2; a full disk one line and exit
-status 1; SIGTERM one line (a run records it in ``exit.json``) and exit status 143, Ctrl-C 130.
+status 1; SIGTERM one line (a run records it in ``exit.json``) and exit status 143, Ctrl-C 130 (``fdattack matrix``: one
+line saying how many simulations finished, :mod:`fdattack.matrix.stopping`).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import threading
 from typing import Sequence
 
 from fdattack.errors import FdattackError, Terminated, forget_terminated, raise_terminated
+from fdattack.matrix.stopping import MatrixStopped
 
 #: Errors of the machine, not of fdattack or its input: one line and exit status 1 (nothing recorded is lost).
 DISK_ERRORS = {errno.ENOSPC: "no space left on the device", errno.EDQUOT: "disk quota exceeded"}
@@ -89,6 +91,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("fdattack: interrupted", file=sys.stderr)
         return 130
+    except MatrixStopped as stop:  # its simulations recorded their stops in their folders; the matrix says how far it got
+        print(f"fdattack: {stop}", file=sys.stderr)
+        return int(stop.code)  # type: ignore[arg-type]
     except Terminated as stop:
         if not stop.recorded:
             print(f"fdattack: terminated by {stop.signal_name}", file=sys.stderr)

@@ -24,9 +24,10 @@ from pathlib import Path
 from omegaconf import DictConfig
 
 from fdattack.config.composition import compose
-from fdattack.errors import CheckpointError, ConfigError, FdattackError
+from fdattack.errors import CheckpointError, ConfigError, FdattackError, Terminated
 from fdattack.matrix.plan import Cell, cell_folder
 from fdattack.matrix.spec import MatrixSpec
+from fdattack.matrix.stopping import MatrixStopped, WorkerStopped, start_worker, stop_workers, stoppable, stops_raise, workers_born_blocked
 from fdattack.seeds import REPLICA_PREFIX, replica_config, run_replica
 from fdattack.tracking.logs import configure_logging
 from fdattack.tracking.results import difference_from, read_result, stored_config
@@ -108,8 +109,14 @@ def run_unit(spec: MatrixSpec, unit: Unit, root: Path) -> dict[str, float]:
             configure_logging("INFO")  # the run gave fdattack's logger the log file; the matrix logs to stderr again
 
 
+def _start_worker(threads: int) -> None:
+    """A pool worker's set-up: its stop handler (:func:`.stopping.start_worker`), then its torch threads."""
+    start_worker()
+    _pin_threads(threads)
+
+
 def _pin_threads(threads: int) -> None:
-    """A pool worker's set-up: ``threads`` torch (OpenMP, MKL) threads for every simulation it runs."""
+    """``threads`` torch (OpenMP, MKL) threads for every simulation this process runs."""
     import torch
 
     os.environ["OMP_NUM_THREADS"] = os.environ["MKL_NUM_THREADS"] = str(threads)
@@ -140,35 +147,63 @@ def run_units(spec: MatrixSpec, units: list[Unit], root: Path, jobs: int) -> dic
     """Run every unit not done yet, ``jobs`` at a time (1: in this process), printing a line as each ends.
 
     With ``jobs`` > 1 the units go to a pool of ``jobs`` spawned worker processes with ``cores // jobs`` threads each;
-    a worker that dies (killed, out of memory) fails its unit and the units still queued, with that reason.
+    a worker that dies (killed, out of memory) fails its unit and the units still queued, with that reason. A SIGTERM or
+    SIGINT ends the running units at their next safe point and starts no other (:mod:`.stopping`).
 
     Returns:
         unit id -> its one-line error, for those that failed (the others ran or were done before).
+
+    Raises:
+        MatrixStopped: a signal stopped the units (every worker has exited), with the failures before it.
     """
     todo = [u for u in units if not is_done(root, u)]
     print(f"fdattack: matrix {spec.name}: {len(units)} simulations, {len(units) - len(todo)} done before, {len(todo)} to run")
     failures: dict[str, str] = {}
-    if jobs == 1:
-        for index, unit in enumerate(todo, 1):
-            error, seconds = _timed_run(spec, unit, root)
-            if error:
-                failures[unit.id] = error
-            _say(index, len(todo), unit, error, seconds)
-        return failures
+    try:
+        with stops_raise():
+            if jobs == 1:
+                _run_here(spec, todo, root, failures)
+            else:
+                _run_in_pool(spec, todo, root, jobs, failures)
+    except Terminated as stop:
+        raise MatrixStopped(stop, sum(is_done(root, u) for u in units), len(units), failures) from None
+    return failures
+
+
+def _run_here(spec: MatrixSpec, todo: list[Unit], root: Path, failures: dict[str, str]) -> None:
+    """Run ``todo`` one after the other in this process, each failure into ``failures``."""
+    for index, unit in enumerate(todo, 1):
+        error, seconds = _timed_run(spec, unit, root)
+        if error:
+            failures[unit.id] = error
+        _say(index, len(todo), unit, error, seconds)
+
+
+def _run_in_pool(spec: MatrixSpec, todo: list[Unit], root: Path, jobs: int, failures: dict[str, str]) -> None:
+    """Run ``todo`` in a pool of ``jobs`` worker processes, each failure into ``failures``; a stop is forwarded to the
+    workers, and raised again once they have exited."""
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
     context = multiprocessing.get_context("spawn")  # not fork: torch's threads and the parent's state stay out
-    with ProcessPoolExecutor(jobs, mp_context=context, initializer=_pin_threads, initargs=(max(1, cores // jobs),)) as pool:
-        started = {pool.submit(_timed_run, spec, unit, root): unit for unit in todo}
+    pool = ProcessPoolExecutor(jobs, mp_context=context, initializer=_start_worker, initargs=(max(1, cores // jobs),))
+    try:
+        with workers_born_blocked():
+            started = {pool.submit(stoppable, _timed_run, spec, unit, root): unit for unit in todo}
         for index, future in enumerate(as_completed(started), 1):
             unit = started[future]
             try:
                 error, seconds = future.result()
+            except WorkerStopped as stopped:  # a signal to that worker alone
+                error, seconds = str(stopped), 0.0
             except BrokenProcessPool:
                 error, seconds = "its worker process died (killed or out of memory); run the matrix again to retry it", 0.0
             if error:
                 failures[unit.id] = error
             _say(index, len(todo), unit, error, seconds)
-    return failures
+    except Terminated as stop:
+        stop_workers(pool, stop)
+        raise
+    finally:
+        pool.shutdown(wait=True)
 
 
 def read_final(cell_cfg: DictConfig, root: Path, unit: Unit, group: str) -> dict[str, float]:

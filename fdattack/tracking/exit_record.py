@@ -16,7 +16,7 @@ from contextlib import contextmanager
 from datetime import datetime, timezone
 from typing import Iterator
 
-from fdattack.errors import Terminated, raise_terminated
+from fdattack.errors import Terminated, raise_terminated, stop_if_terminated
 from fdattack.tracking.checkpoint import atomic_write
 from fdattack.tracking.run_dir import EXIT_NAME, RunDirectory, recorded_rounds
 
@@ -28,29 +28,48 @@ def exit_record(run_dir: RunDirectory) -> Iterator[None]:
     """Turn SIGTERM into :class:`Terminated` for the block; when a signal stops it, write ``exit.json`` and say so.
 
     ``exit.json`` holds ``signal``, ``exit_code``, ``last_round`` (the last round in ``rounds.jsonl``,
-    which a ``resume=true`` run continues after) and ``time``. The previous SIGTERM handler is restored.
+    which a ``resume=true`` run continues after) and ``time``. A Python SIGTERM handler already installed is kept (the
+    CLI's raises :class:`Terminated`; a matrix worker's raises it once, :mod:`fdattack.matrix.stopping`); else
+    :func:`raise_terminated` is the handler for the block, the previous one restored after it.
+
+    A stop raised inside a library's callback can come out as that library's own error: ``torch.save`` writing a
+    checkpoint through a Python file swallows it and fails with "unexpected pos". The block failing while a signal is
+    pending (:func:`stop_if_terminated`) is therefore that stop, recorded and raised as such.
     """
     previous = None
-    if threading.current_thread() is threading.main_thread():
+    if threading.current_thread() is threading.main_thread() and not callable(signal.getsignal(signal.SIGTERM)):
         previous = signal.signal(signal.SIGTERM, raise_terminated)
     try:
         yield
     except (Terminated, KeyboardInterrupt) as stop:
-        name, code = (stop.signal_name, int(stop.code)) if isinstance(stop, Terminated) else ("SIGINT", 130)
-        if run_dir.is_writer:
-            done = max(recorded_rounds(run_dir.rounds_path), default=None)
-            record = {"signal": name, "exit_code": code, "last_round": done, "time": datetime.now(timezone.utc).isoformat()}
-            atomic_write(run_dir.path / EXIT_NAME, lambda handle: handle.write((json.dumps(record, indent=2) + "\n").encode()))
-            after = f"after round {done}" if done is not None else "before round 0 finished"
-            log.error(
-                "fdattack: terminated by %s %s (recorded in %s); resume=true continues from the last checkpoint",
-                name,
-                after,
-                run_dir.path / EXIT_NAME,
-            )
-            if isinstance(stop, Terminated):
-                stop.recorded = True
+        _record(run_dir, stop)
+        raise
+    except Exception as error:
+        try:
+            stop_if_terminated()
+        except Terminated as stop:
+            _record(run_dir, stop)
+            raise stop from error
         raise
     finally:
         if previous is not None:
             signal.signal(signal.SIGTERM, previous)
+
+
+def _record(run_dir: RunDirectory, stop: Terminated | KeyboardInterrupt) -> None:
+    """Write ``exit.json`` for ``stop`` and log its line (the writing rank only); mark a :class:`Terminated` recorded."""
+    name, code = (stop.signal_name, int(stop.code)) if isinstance(stop, Terminated) else ("SIGINT", 130)
+    if not run_dir.is_writer:
+        return
+    done = max(recorded_rounds(run_dir.rounds_path), default=None)
+    record = {"signal": name, "exit_code": code, "last_round": done, "time": datetime.now(timezone.utc).isoformat()}
+    atomic_write(run_dir.path / EXIT_NAME, lambda handle: handle.write((json.dumps(record, indent=2) + "\n").encode()))
+    after = f"after round {done}" if done is not None else "before round 0 finished"
+    log.error(
+        "fdattack: terminated by %s %s (recorded in %s); resume=true continues from the last checkpoint",
+        name,
+        after,
+        run_dir.path / EXIT_NAME,
+    )
+    if isinstance(stop, Terminated):
+        stop.recorded = True
