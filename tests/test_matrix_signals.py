@@ -85,9 +85,9 @@ def start(path: Path, root: Path, jobs: int) -> subprocess.Popen[str]:
 
 
 def wait_for_a_round(proc: subprocess.Popen[str], root: Path) -> None:
-    """Until a simulation has recorded its round 0 (the simulations are running, workers started)."""
+    """Until a simulation has checkpointed its round 0 (the simulations are running, workers started)."""
     deadline = time.perf_counter() + HUNG_S
-    while not any(root.glob("*/*/*/seed_*/rounds.jsonl")):
+    while not any(root.glob("*/*/*/seed_*/checkpoints/round_*.pt")):
         assert proc.poll() is None, f"the matrix ended (exit {proc.returncode}) before it could be stopped: {proc.communicate()}"
         assert time.perf_counter() < deadline, "no simulation recorded a round"
         time.sleep(0.05)
@@ -162,11 +162,14 @@ def test_sigterm_with_jobs_2_stops_the_running_simulations_and_a_rerun_continues
     status, stderr, remaining = stop(proc, signal.SIGTERM, whole_group=False, workers=2)
     assert_stopped_cleanly(root, status, stderr, remaining, "SIGTERM", 143)
     assert not (root / "digits/fedmd/laplace").exists(), "a queued simulation started after the stop"
+    checkpointed = {saved.parent.parent for saved in root.glob("*/*/*/seed_*/checkpoints/round_*.pt")}  # these resume
+    assert checkpointed
 
     again = start(path, root, jobs=2)
     _, stderr = again.communicate(timeout=HUNG_S)
     assert again.returncode == 0 and not stderr, stderr
-    assert "resuming" in (root / "digits/fedmd/none/seed_0.log").read_text()
+    for replica in checkpointed:
+        assert "resuming" in replica.with_name(f"{replica.name}.log").read_text(), replica
     resumed = seed_values(root)
     assert resumed.keys() == uncut.keys()
     for key, values in uncut.items():

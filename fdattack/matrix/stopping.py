@@ -10,12 +10,16 @@ How, with ``--jobs N`` > 1 (a pool of spawned worker processes):
   and shuts the pool down, queued simulations cancelled (:func:`stop_workers`).
 - A worker acts on the first stop it receives, from the matrix process or from the terminal (Ctrl-C reaches the whole
   group, so each worker gets the signal twice), and ignores the rest: a second one would cut the first's unwinding short
-  (``exit.json``, the W&B run's end). Inside a simulation the stop raises :class:`Terminated`; idle, the worker only notes
-  it, and refuses the simulation it is given next (:func:`stoppable`). It then leaves at the pool's shutdown, as usual.
-  ``exit_record`` keeps the worker's handler for the run (it installs its own only where none is).
+  (``exit.json``, the W&B run's end). Workers do not ignore SIGINT: whichever copy comes first acts, so a stop needs no
+  particular order of arrival. Inside a simulation the stop raises :class:`Terminated`; idle, the worker only notes it,
+  and refuses the simulation it is given next (:func:`stoppable`). It then leaves at the pool's shutdown, as usual.
+  ``exit_record`` keeps the worker's handler for the run (it installs its own only where none is). A signal to one
+  worker alone stops the simulations that worker runs or is given, and the matrix reports them failed with that reason.
 - Workers are born with both signals blocked (the matrix process blocks them while it starts the pool, and a spawned
   process inherits its signal mask, :func:`workers_born_blocked`); each unblocks them once its handler is set, so a stop
-  while it imports torch waits for the handler instead of killing it with a traceback on the terminal.
+  while it imports torch waits for the handler instead of killing it with a traceback on the terminal. The pool's own
+  threads in the matrix process, started there too, keep the mask: a process-wide signal reaches its main thread, which
+  waits for the simulations' results and is woken at once.
 
 With ``--jobs 1`` the simulation runs in the matrix process, under the same once-only handler. Either way the command
 ends with :class:`MatrixStopped`, whose one line the CLI prints after the simulation's output went back to the terminal.
