@@ -86,6 +86,8 @@ TABLES: dict[str, tuple[list[Row], list[tuple[str, str]]]] = {
             ("attack/pli/prior_accuracy", "prior acc."),
             ("attack/tbi/accuracy", "TBI acc."),
             ("attack/public_mean/accuracy", "public mean acc."),
+            ("attack/pli/ssim", "PLI SSIM"),
+            ("attack/public_mean/ssim", "public mean SSIM"),
             ("attack/pli/chance", "chance"),
             ("attack/ldia/kl", "LDIA KL"),
             ("attack/ldia/uniform_kl", "uniform KL"),
