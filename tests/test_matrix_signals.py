@@ -176,13 +176,21 @@ def test_sigterm_with_jobs_2_stops_the_running_simulations_and_a_rerun_continues
         assert resumed[key] == pytest.approx(values, rel=1e-9, abs=1e-12), key
 
 
-def test_ctrl_c_to_the_process_group_stops_without_hanging_or_orphans(tmp_path: Path) -> None:
-    """SIGINT to the matrix process and its workers at once (what Ctrl-C in a terminal does): exit 130, one line."""
-    root = tmp_path / "root"
-    proc = start(matrix_file(tmp_path), root, jobs=2)
+def test_ctrl_c_to_the_process_group_stops_without_hanging_or_orphans(tmp_path: Path, uncut: dict[tuple[str, str], list[float]]) -> None:
+    """SIGINT to the matrix process and its workers at once (what Ctrl-C in a terminal does): exit 130, one line, nothing
+    left; the re-run gives the uncut matrix's per-seed values."""
+    path, root = matrix_file(tmp_path), tmp_path / "root"
+    proc = start(path, root, jobs=2)
     wait_for_a_round(proc, root)
     status, stderr, remaining = stop(proc, signal.SIGINT, whole_group=True, workers=2)
     assert_stopped_cleanly(root, status, stderr, remaining, "SIGINT", 130)
+    again = start(path, root, jobs=2)
+    _, stderr = again.communicate(timeout=HUNG_S)
+    assert again.returncode == 0 and not stderr, stderr
+    resumed = seed_values(root)
+    assert resumed.keys() == uncut.keys()
+    for key, values in uncut.items():
+        assert resumed[key] == pytest.approx(values, rel=1e-9, abs=1e-12), key
 
 
 def test_sigterm_with_jobs_1_says_it_on_stderr(tmp_path: Path) -> None:

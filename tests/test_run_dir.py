@@ -106,7 +106,7 @@ def test_files_that_are_not_fdattacks_are_never_cleared(tmp_path: Path, capsys: 
 @pytest.mark.parametrize(
     ("case", "extra", "named"),
     [
-        ("finished", ["resume=true", "seed=7"], "'seed' differs"),
+        ("finished", ["resume=true", "seed=7"], "seed (stored "),
         ("finished", [], "resume=true"),
         ("foreign", [], "notes.txt"),
         ("fresh", ["logger.wandb.mode=online"], "logger.wandb.mode"),
