@@ -206,6 +206,41 @@ def _matrix(seeds: list[int], root: Path, read_only: bool) -> list[str]:
 #: figure sets measured by their own command: table -> (seeds, its root, read-only) -> the command
 EXTERNAL = {"evasion": _evasion, "matrix": _matrix}
 
+#: the matrix's tables in docs/matrix.md: (metric, title)
+MATRIX_TABLES = [
+    ("attack/pli/accuracy", "PLI accuracy (chance 0.05)"),
+    ("attack/lira_distill/auc", "distillation LiRA AUC (chance 0.5)"),
+    ("attack/ldia/kl", "LDIA KL (lower leaks more)"),
+    ("attack/lattack/grad_cosine", "L-Attack gradient-estimate cosine"),
+    ("attack/kedmi/top1", "KED-MI top-1 (chance 0.2)"),
+    ("protocol/client_acc_mean", "client accuracy (every cell)"),
+]
+
+
+def matrix_tables(matrix: dict) -> str:
+    """docs/matrix.md's tables from ``matrix.json``: per metric, a row per data/protocol that records it and a column per
+    defense, each cell its mean [95 % interval of its kind across the seeds]."""
+    defenses = matrix["axes"]["defenses"]
+    by_id = {cell["id"]: cell for cell in matrix["cells"]}
+    out = []
+    for key, title in MATRIX_TABLES:
+        pairs = [(d, p) for d in matrix["axes"]["data"] for p in matrix["axes"]["protocols"]]
+        rows = [(d, p) for d, p in pairs if any(key in by_id.get(f"{d}/{p}/{f}", {}).get("metrics", {}) for f in defenses)]
+        out += [f"**{title}**", "", "| data / protocol | " + " | ".join(defenses) + " |", "|---|" + "---|" * len(defenses)]
+        for d, p in rows:
+            cells = []
+            for defense in defenses:
+                metric = by_id.get(f"{d}/{p}/{defense}", {}).get("metrics", {}).get(key)
+                if metric is None:
+                    cells.append("n/a")
+                    continue
+                low, high = metric.get("ci_low"), metric.get("ci_high")
+                shown = f"{metric['mean']:.2f}"
+                cells.append(shown if low is None or high is None or f"{low:.2f}" == f"{high:.2f}" else f"{shown} [{low:.2f}, {high:.2f}]")
+            out.append(f"| {d} / {p} | " + " | ".join(cells) + " |")
+        out.append("")
+    return "\n".join(out)
+
 
 def folder_name(row: Row) -> str:
     return "".join(c if c.isalnum() else "_" for c in row.name).strip("_")
@@ -319,10 +354,12 @@ def main() -> None:
     parser.add_argument("--root", type=Path, default=REPO / "runs" / "headline")
     parser.add_argument("--override", nargs="*", default=[], help="overrides added to every run, e.g. trainer.accelerator=gpu")
     parser.add_argument("--read-only", action="store_true", help="print the tables of the runs under --root; run nothing")
-    parser.add_argument("--print-matrix", type=Path, help="print the surviving comparisons of this matrix.json and stop")
+    parser.add_argument("--print-matrix", type=Path, help="print the tables and surviving comparisons of this matrix.json and stop")
     args = parser.parse_args()
     if args.print_matrix:
-        print(comparisons_summary(json.loads(args.print_matrix.read_text())["comparisons"]))
+        matrix = json.loads(args.print_matrix.read_text())
+        print(matrix_tables(matrix))
+        print(comparisons_summary(matrix["comparisons"]))
         return
     for table in args.tables:
         if table in EXTERNAL:
