@@ -312,7 +312,7 @@ class Experiment:
         for attack in self.attacks:
             stop_if_terminated()
             self.progress.activity(f"round {round_index}: attack {attack.name}")
-            scored = self.evaluator.score(attack.name, attack.on_round_end(round_index))
+            scored = self.evaluator.score(attack.name, orchestrator.end_round(attack, round_index))
             self.progress.scores(round_index, attack.name, scored.metrics)
             report.update(scored)
             adversary = attack.context.adversary

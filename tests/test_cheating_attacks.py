@@ -9,16 +9,22 @@ set, the server's rule), queries after phases whose states never cross the wire,
 derived from it; none in the environment or ``torch.initial_seed()``), the live answerer behind a query, FedAvg's
 uploads in a participant's records, the labelled public set as DS-FL's and Cronus's prior data, the ``.grad`` of the
 last private mini-batch left on trained networks, and a path from the attack-state store to the run directory.
+
+Closed in process for honest mistakes (issue 47): the global generators (an attack reads neither the run seed nor a
+protocol draw there, and its own draws or seeding move none of the protocol's), a record written in place (each
+observer gets its own copy), and result fields or query rows that are not plain data (a ``str`` subclass, ``__array__``).
 """
 
 from __future__ import annotations
 
 import os
+import random
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 import torch
 
@@ -26,11 +32,14 @@ from fdattack.attacks import ATTACKS, Attack
 from fdattack.attacks.results import Reconstructions
 from fdattack.config import compose
 from fdattack.data.imageset import ImageSet
+from fdattack.defenses.base import Release
+from fdattack.defenses.laplace import laplace_noise
 from fdattack.evaluation.membership import candidate_pool
 from fdattack.experiment import Experiment, membership_candidates
 from fdattack.fd.boundary import BoundaryError
 from fdattack.fd.record import QueryRefusedError, RoundRecord, StaleQueryError
 from fdattack.fd.threat import SERVER_POWERS, Capability, Undeclared, UndeclaredPartError, ViewPart
+from fdattack.fd.uploads import batch_key
 from fdattack.randomness import derive_seed
 from tests.conftest import REPO, tiny
 from tests.object_graph import reachable
@@ -308,6 +317,189 @@ def test_the_attack_holds_no_run_seed_to_rebuild_the_runs_secrets_from(tmp_path:
     rebuilt = {seed: candidate_pool(exp.data.split, None, derive_seed(seed, "membership_candidates")).origin for seed in (1234, held)}
     assert torch.equal(rebuilt[1234], real.origin)  # the rebuilding works, given the run seed
     assert not torch.equal(rebuilt[held], real.origin)
+
+
+def test_the_global_generators_an_attack_reads_give_back_no_run_seed_and_predict_no_defense_noise(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The review's attack (issue 47, item 1): read numpy's, Python's and torch's global generators while observing an
+    upload, find the seed that set them, and with it regenerate the Laplace noise on a client's upload (drawn from the
+    run seed, round, phase, client and rows) to take it off. The generators an attack reads are seeded per call from a
+    seed derived one-way from the run seed, so no seed among the first 2,000 (1234, the run's, among them) sets them."""
+    scale, seeds = 1000.0, range(2000)
+
+    def cheat(attack: CheatingAttack, record: RoundRecord) -> None:
+        if record.round != 1 or record.phase != "upload":
+            return
+        numpy_keys, python, state = np.random.get_state()[1], random.getstate(), torch.random.get_rng_state()
+        attack.outcome["found"] = {
+            s
+            for s in seeds
+            if np.array_equal(np.random.RandomState(s).get_state()[1], numpy_keys)
+            or random.Random(s).getstate() == python
+            or torch.equal(torch.Generator().manual_seed(s).get_state(), state)
+        }
+        attack.outcome["upload"] = record.uploads[0]
+
+    cheater = _cheater(monkeypatch, cheat)
+    _experiment(tmp_path, "seed=1234", "protocol.rounds=1", "defenses=[laplace]", f"defense.laplace.scale={scale}").run()
+    upload = cheater.outcome["upload"]
+    release = Release(0, 1, "upload", upload.kind, batch_key(upload.batch))  # type: ignore[union-attr]
+
+    def residual(seed: int) -> float:
+        """The largest logit left once the noise regenerated from ``seed`` is taken off the upload."""
+        noise = laplace_noise(upload.outputs.shape, scale, release.generator(seed, "laplace"))  # type: ignore[union-attr]
+        return float((upload.outputs - noise.float()).abs().max())  # type: ignore[union-attr]
+
+    assert residual(1234) < 100 < residual(1235)  # the noise comes off, given the run seed (it is 1,000s, logits are 10s)
+    assert cheater.outcome["found"] == set()
+
+
+def test_an_attack_that_seeds_or_draws_from_the_global_generators_moves_none_of_the_protocols_draws(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An honest attack that seeds torch for its own network (``torch.manual_seed``) or draws from the global generators
+    while observing a record would otherwise move the protocol's own draws after it (here MID's bottleneck noise in
+    FedMD's digest and revisit training), so that one simulation would differ with the attacks beside it."""
+
+    def draw(attack: CheatingAttack, record: RoundRecord) -> None:
+        torch.manual_seed(0)
+        np.random.seed(0)
+        random.seed(0)
+        torch.rand(1000)
+
+    metrics = {}
+    for name, cheat in (("quiet", lambda attack, record: None), ("drawing", draw)):
+        _cheater(monkeypatch, cheat)
+        metrics[name] = _experiment(tmp_path / name, "protocol.rounds=1", "defenses=[mid]").run()
+    protocol = [key for key in metrics["quiet"] if key.startswith(("protocol/", "defense/"))]
+    assert "protocol/digest_loss" in protocol and "defense/mid/kl" in protocol
+    assert {key: metrics["drawing"][key] for key in protocol} == {key: metrics["quiet"][key] for key in protocol}
+
+
+def _tensors(record: RoundRecord) -> list[torch.Tensor]:
+    """Copies of every tensor a record carries (the uploads' outputs, rows and answered masks, the batch, the aggregate,
+    the server's outputs)."""
+    found = [t for u in record.uploads.values() for t in (u.outputs, u.batch.rows if u.batch else None, u.answered)]
+    found += [record.batch.rows if record.batch else None, record.aggregate, record.server_outputs]
+    return [t.clone() for t in found if t is not None]
+
+
+def test_an_attack_that_writes_into_its_record_changes_nothing_the_next_attack_sees(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An honest attack that centres the uploads in place (or writes any tensor of its record) would otherwise change what
+    every attack after it sees, without a word: each observer gets its own copy of the record."""
+
+    def write(attack: CheatingAttack, record: RoundRecord) -> None:
+        for upload in record.uploads.values():
+            assert upload.outputs is not None and upload.batch is not None
+            upload.outputs.sub_(upload.outputs.mean(dim=1, keepdim=True))
+            upload.batch.rows.fill_(0)
+        for tensor in (record.aggregate, record.server_outputs, None if record.batch is None else record.batch.rows):
+            if tensor is not None:
+                tensor.fill_(7)
+        attack.outcome.setdefault("seen", []).append(_tensors(record))  # type: ignore[union-attr]
+
+    def witness(name: str) -> type[CheatingAttack]:
+        def keep(attack: CheatingAttack, record: RoundRecord) -> None:
+            type(attack).outcome.setdefault("seen", []).append(_tensors(record))  # type: ignore[union-attr]
+
+        cls = type(name.title(), (CheatingAttack,), {"name": name, "cheat": staticmethod(keep)})
+        cls.outcome = {}
+        return cls
+
+    writer, first, last = _cheater(monkeypatch, write), witness("first"), witness("last")
+    monkeypatch.setattr(ATTACKS, "_items", {**ATTACKS._items, "first": first, "last": last})
+    _experiment(tmp_path, "attacks=[first,cheat,last]", "protocol.rounds=1").run()
+    seen_first, seen_written, seen_last = first.outcome["seen"], writer.outcome["seen"], last.outcome["seen"]
+    assert len(seen_first) == len(seen_written) == len(seen_last) >= 4  # type: ignore[arg-type]
+    pairs = [(a, b) for before, written in zip(seen_first, seen_written) for a, b in zip(before, written)]  # type: ignore[call-overload]
+    assert pairs and not all(torch.equal(a, b) for a, b in pairs)  # the writer did change its own copy
+    for before, after in zip(seen_first, seen_last):  # type: ignore[call-overload]
+        assert len(before) == len(after) and all(torch.equal(a, b) for a, b in zip(before, after))
+
+
+class SideEffectStr(str):
+    """A ``str`` whose ``==`` runs the attack's code (here it notes what it was compared with)."""
+
+    ran: list[object] = []
+
+    def __eq__(self, other: object) -> bool:
+        SideEffectStr.ran.append(other)
+        return str.__eq__(self, other)
+
+    __hash__ = str.__hash__
+
+
+class ArrayLike:
+    """An object NumPy and torch turn into an array through ``__array__``, which runs the attack's code."""
+
+    ran: list[object] = []
+
+    def __init__(self, array: np.ndarray) -> None:
+        self.array = array
+
+    def __array__(self, dtype: object = None, copy: object = None) -> np.ndarray:
+        ArrayLike.ran.append(dtype)
+        return self.array
+
+
+class ArrayRows(list):
+    """A list of rows whose ``__array__`` runs the attack's code."""
+
+    def __array__(self, dtype: object = None, copy: object = None) -> np.ndarray:
+        ArrayLike.ran.append(dtype)
+        return np.asarray(list(self))
+
+
+@pytest.mark.parametrize(("field", "refused"), [("role", "SideEffectStr"), ("images", "ArrayLike")])
+def test_a_result_field_that_is_not_plain_data_is_refused_by_its_type_before_any_of_its_code_runs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, field: str, refused: str
+) -> None:
+    """A ``str`` subclass in ``role`` would run its ``__eq__`` inside the scorer, beside the private class means; an
+    object with ``__array__`` in ``images`` would run it there too. Results are rebuilt field by field by exact type."""
+
+    def result(attack: CheatingAttack) -> Reconstructions:
+        targets = torch.tensor(attack.view.target_labels)
+        images = torch.zeros(len(targets), *attack.view.image_shape)
+        hostile = {"role": SideEffectStr("attack")} if field == "role" else {"images": ArrayLike(images.numpy())}
+        return Reconstructions(**{"images": images, "labels": targets, **hostile})  # type: ignore[arg-type]
+
+    SideEffectStr.ran, ArrayLike.ran = [], []
+    _cheater(monkeypatch, lambda attack, record: None, result=result)
+    with pytest.raises(
+        BoundaryError, match=rf"^attack cheat's Reconstructions\.{field} must be a plain .* not (tests\.)?test_cheating_attacks\.{refused}$"
+    ):
+        _experiment(tmp_path, "protocol.rounds=1").run()
+    assert SideEffectStr.ran == [] and ArrayLike.ran == []
+
+
+def test_query_rows_that_are_not_plain_numbers_are_refused_before_any_of_their_code_runs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Rows a query or the adversary is handed become a tensor without NumPy's ``__array__`` protocol, which would run the
+    attack's code on the protocol side: a list subclass, an array-like object, an array-like inside a list."""
+
+    def cheat(attack: CheatingAttack, record: RoundRecord) -> None:
+        adversary, out = attack.context.adversary, attack.outcome
+        if record.query is None or adversary is None:
+            return
+        for key, rows in (
+            ("array-like", ArrayLike(np.arange(3))),
+            ("list subclass", ArrayRows([0, 1, 2])),
+            ("inside a list", [ArrayLike(np.arange(3))]),
+        ):
+            _tries(out, key, lambda rows=rows: record.query(0, rows))  # type: ignore[misc]
+            _tries(out, f"{key} (chosen rows)", lambda rows=rows: adversary.choose_public_rows(rows))
+        _tries(out, "plain", lambda: record.query(0, [0, 1, 2]))
+
+    ArrayLike.ran = []
+    cheater = _cheater(monkeypatch, cheat, frozenset({Capability.choose_public_batch}))
+    _experiment(tmp_path, "protocol.rounds=1").run()
+    assert cheater.outcome.pop("plain") == "accepted"
+    assert cheater.outcome == {key: BoundaryError for key in cheater.outcome} and len(cheater.outcome) == 6, cheater.outcome
+    assert ArrayLike.ran == []
 
 
 def test_no_object_an_attack_holds_leads_to_a_network_even_while_its_phase_is_open(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -89,11 +89,18 @@ def test_ddp_shards_take_equal_steps_and_never_a_lone_batch_norm_row(n: int) -> 
     assert len(set(seen.tolist())) >= n - 2  # every row but at most one per rank's lone batch
 
 
-def test_seeding_draws_the_run_seeds_stream_but_reports_another_seed() -> None:
-    """``torch.initial_seed()`` must not hand an attack the run seed; the CPU stream must stay the run seed's exactly."""
-    torch.manual_seed(42)
-    expected = (torch.rand(5), torch.randn(3), torch.randperm(10))
+def test_seeding_puts_a_derived_seed_in_the_global_generators_never_the_run_seed() -> None:
+    """No global generator may hand an attack the run seed (issue 47): torch's, NumPy's and Python's are seeded from
+    ``derive_seed(42, "globals")``, and seeding again draws the same streams."""
+    import random
+
+    import numpy as np
+
     seed_everything_quietly(42)
-    assert torch.initial_seed() not in (42, 0)
-    drawn = (torch.rand(5), torch.randn(3), torch.randperm(10))
-    assert all(torch.equal(a, b) for a, b in zip(expected, drawn))
+    drawn = (torch.rand(5), np.random.rand(3), random.random())
+    assert torch.initial_seed() == derive_seed(42, "globals") != 42
+    torch.manual_seed(42)
+    assert not torch.equal(drawn[0], torch.rand(5))
+    assert not np.array_equal(drawn[1], np.random.RandomState(42).rand(3)) and drawn[2] != random.Random(42).random()
+    seed_everything_quietly(42)
+    assert torch.equal(drawn[0], torch.rand(5)) and np.array_equal(drawn[1], np.random.rand(3)) and drawn[2] == random.random()

@@ -1,8 +1,13 @@
 """Runs rounds of named phases and publishes a :class:`RoundRecord` after each phase.
 
 The orchestrator is protocol-side: it knows nothing of ground truth or scoring. After a phase it
-hands the record to every observer, then closes the record's query handle, so a query answers only
+hands each observer its own copy of the record, then closes the record's query handle, so a query answers only
 during the phase it was published for.
+
+The protocol's phases draw from the round's own global streams (:class:`~fdattack.randomness.GlobalStreams`, seeded
+from the run seed and the round), and each call into an observer from streams of that call
+(:func:`~fdattack.randomness.observer_streams`): an observer reads from the global generators nothing the protocol
+drew, and what it draws or seeds there moves none of the protocol's draws (issue 47).
 """
 
 from __future__ import annotations
@@ -10,15 +15,15 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 from types import MappingProxyType
-from typing import Callable, Sequence
-
-import torch
+from typing import Any, Callable, Sequence
+from typing import Protocol as Interface
 
 from fdattack.errors import UploadError
+from fdattack.fd.boundary import BoundaryError, type_name
 from fdattack.fd.observer import Observer
 from fdattack.fd.protocols.base import Phase, Protocol, RoundContext
-from fdattack.fd.record import UPLOAD_PHASE, RoundRecord
-from fdattack.randomness import derive_seed
+from fdattack.fd.record import UPLOAD_PHASE, PublicQuery, RoundRecord
+from fdattack.randomness import GlobalStreams, derive_seed, observer_streams
 
 log = logging.getLogger(__name__)
 
@@ -29,6 +34,14 @@ class RoundResult:
 
     round: int
     metrics: dict[str, float]
+
+
+class EndsRounds(Interface):
+    """An observer with work at the end of each round (an attack: :meth:`fdattack.attacks.base.Attack.on_round_end`)."""
+
+    name: str
+
+    def on_round_end(self, round: int) -> Sequence[Any]: ...
 
 
 class RoundOrchestrator:
@@ -56,30 +69,47 @@ class RoundOrchestrator:
     def run_setup(self) -> RoundResult:
         """Round 0: the protocol's set-up phases (transfer learning, warm-up)."""
         ctx = RoundContext(round=0, participants=list(range(self.protocol.num_clients)))
-        self._run_phases(ctx, self.protocol.setup_phases())
+        self._run_phases(ctx, self.protocol.setup_phases(), self._streams(0))
         return RoundResult(round=0, metrics={**ctx.metrics, **self.protocol.defense_metrics()})
 
     def run_round(self, round: int) -> RoundResult:
         """One communication round: every phase, one record per phase."""
-        torch.manual_seed(derive_seed(self.protocol.seed, "round", round))
         ctx = RoundContext(round=round, participants=self.protocol.participants(round), batch=self.protocol.public_batch(round))
-        self._run_phases(ctx, self.protocol.round_phases(round))
+        self._run_phases(ctx, self.protocol.round_phases(round), self._streams(round))
         metrics = {**ctx.metrics, **self.protocol.defense_metrics(), "protocol/dropped_uploads": float(len(ctx.dropped))}
         return RoundResult(round=round, metrics=metrics)
 
-    def _run_phases(self, ctx: RoundContext, phases: list[Phase]) -> None:
+    def end_round(self, observer: EndsRounds, round: int) -> list[Any]:
+        """``observer.on_round_end(round)`` from global streams of that call, as a plain list.
+
+        Raises:
+            BoundaryError: it returned something other than a list or tuple (whose iteration would run its code).
+        """
+        with observer_streams(self.protocol.seed, observer.name, round, "round_end").active():
+            results = observer.on_round_end(round)
+        if type(results) is not list and type(results) is not tuple:
+            raise BoundaryError(f"attack {observer.name} returned a {type_name(type(results))} from on_round_end; it must return a list")
+        return list(results)
+
+    def _streams(self, round: int) -> GlobalStreams:
+        """The protocol's own global streams for ``round``, seeded from the run seed and the round."""
+        return GlobalStreams(derive_seed(self.protocol.seed, "round", round))
+
+    def _run_phases(self, ctx: RoundContext, phases: list[Phase], streams: GlobalStreams) -> None:
         for phase in phases:
             self.on_phase(ctx.round, phase.name)
             had_uploads = bool(ctx.uploads)
-            phase.run(ctx)
+            with streams.active():
+                phase.run(ctx)
             if ctx.uploads and not had_uploads:
                 self._check_uploads(ctx, phase.name)
-            record = self._snapshot(ctx, phase)
+            query = self.protocol.open_phase(ctx, phase.name) if phase.attack_point or phase.name == UPLOAD_PHASE else None
             try:
                 for observer in self.observers:
-                    observer.on_record(record)
+                    with observer_streams(self.protocol.seed, observer.name, ctx.round, phase.name).active():
+                        observer.on_record(self._snapshot(ctx, phase, query))
             finally:
-                self.protocol.close_phase(record.query)
+                self.protocol.close_phase(query)
 
     def _check_uploads(self, ctx: RoundContext, phase: str) -> None:
         """Refuse (or drop, when configured) uploads that carry NaN or inf."""
@@ -97,8 +127,9 @@ class RoundOrchestrator:
         if not ctx.uploads:
             raise UploadError(f"every client's upload in round {ctx.round} (phase {phase}) held NaN/inf values; nothing to aggregate")
 
-    def _snapshot(self, ctx: RoundContext, phase: Phase) -> RoundRecord:
-        """Freeze what crossed the wire so far; tensors are copies observers may keep."""
+    def _snapshot(self, ctx: RoundContext, phase: Phase, query: PublicQuery | None) -> RoundRecord:
+        """Freeze what crossed the wire so far, for one observer: its own copies of every tensor (what it writes into
+        them reaches no other observer and not the protocol), and the phase's query handle."""
         return RoundRecord(
             round=ctx.round,
             phase=phase.name,
@@ -114,5 +145,5 @@ class RoundOrchestrator:
             global_state=None if ctx.global_state is None else MappingProxyType({k: v.clone() for k, v in ctx.global_state.items()}),
             server_outputs=None if ctx.server_outputs is None else ctx.server_outputs.detach().clone(),
             attack_point=phase.attack_point,
-            query=self.protocol.open_phase(ctx, phase.name) if phase.attack_point or phase.name == UPLOAD_PHASE else None,
+            query=query,
         )

@@ -32,7 +32,7 @@ from fdattack.fd.threat import Capability, ServerAggregation, ThreatModel
 from fdattack.fd.uploads import PublicDigests, QueryAnswerer, client_uploads
 from fdattack.lit.classifier import ClassifierLitModule, Objective, cross_entropy
 from fdattack.models import build_classifier
-from fdattack.randomness import derive_seed
+from fdattack.randomness import GlobalStreams, derive_seed
 from fdattack.registry import Registry
 
 
@@ -182,9 +182,14 @@ class Protocol(ABC):
 
     # ------------------------------------------------------------------ construction
     def _make_model(self, name: str, arch: str, client: int | None = None) -> ModelHandle:
-        """A classifier set up by the engine; a client's network and optimizer go through the training defenses, and
+        """A classifier set up by the engine, initialised from global streams of its own (seeded from the run seed and
+        ``name``), so that the global generators outside hold nothing of its initial weights."""
+        with GlobalStreams(derive_seed(self.seed, "init", name)).active():
+            return self._build_model(name, arch, client)
+
+    def _build_model(self, name: str, arch: str, client: int | None) -> ModelHandle:
+        """:meth:`_make_model`'s classifier; a client's network and optimizer go through the training defenses, and
         the training defenses' :attr:`network_changes` apply to the clients' and to a server that averages them."""
-        torch.manual_seed(derive_seed(self.seed, "init", name))
         c, h, _ = self.split.image_shape
         try:
             net = build_classifier(arch, c, h, self.split.num_classes)
