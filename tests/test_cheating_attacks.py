@@ -181,7 +181,7 @@ def test_an_attack_without_the_query_power_gets_no_answerer_even_when_it_widens_
         adversary = attack.context.adversary
         if record.round == 1 and record.phase == "upload" and adversary is not None:
             adversary.powers = frozenset(SERVER_POWERS)
-            attack.outcome["answerer"] = adversary._answerer
+            attack.outcome["answerer"] = adversary._line
             _tries(attack.outcome, "query", lambda: adversary.query(0, torch.zeros(1, *attack.view.image_shape)))
 
     cheater = _cheater(monkeypatch, cheat, frozenset({Capability.choose_public_batch}))
@@ -649,3 +649,96 @@ def test_every_passive_cheat_at_once_gains_nothing_under_each_protocol_with_defe
     assert not out, out
     if public is not None:
         assert torch.equal(exp.protocol.split.public.images, public)
+
+
+def _held_objects(query: object) -> list[object]:
+    """What an attack reaches from its query by ``vars``/``__dict__``/slots, ``__closure__``, ``__self__`` and
+    containers, plus whatever the old module table answered for any ``_token`` it finds."""
+    import fdattack.fd.answering as answering
+
+    found = list(reachable(query))
+    lookup = getattr(answering, "lookup", None)
+    for obj in list(found):
+        token = getattr(obj, "_token", None)
+        if lookup is not None and token is not None:
+            found.extend(reachable(lookup(token)))
+    for name in dir(query):
+        member = getattr(query, name, None)
+        found.extend(reachable(getattr(member, "__self__", None), getattr(member, "__closure__", None)))
+    return found
+
+
+def test_a_query_leads_by_no_import_or_attribute_walk_to_a_network_a_defense_seed_or_the_public_tensor(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 47: the attack imports ``fdattack.fd.answering``, looks up its query's token and walks what its query and
+    adversary expose; none of the clients' networks, the Laplace defense (with its seed) or the protocol's public
+    tensor is among what it finds (identity checks against the experiment's own objects)."""
+
+    def cheat(attack: CheatingAttack, record: RoundRecord) -> None:
+        if record.query is not None:
+            attack.outcome.setdefault("found", []).extend(_held_objects(record.query) + _held_objects(attack.context.adversary))  # type: ignore[union-attr]
+
+    cheater = _cheater(monkeypatch, cheat, frozenset({Capability.query_chosen_batch}))
+    exp = _experiment(tmp_path, "protocol.rounds=1", "protocol.evasive_clients=[0]", "defenses=[laplace]")
+    exp.run()
+    found = {id(o) for o in cheater.outcome["found"]}  # type: ignore[union-attr]
+    secrets_ = [*(c.module.net for c in exp.protocol.clients), *exp.protocol.upload_defenses, exp.protocol.split.public.images]
+    assert found and exp.protocol.upload_defenses and not [s for s in secrets_ if id(s) in found]
+
+
+def test_replacing_close_or_open_phase_keeps_no_query_answering_and_hands_over_no_answerer(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 47: on DS-FL the attack replaces ``close`` on its query and ``open_phase``/``close_phase`` on its adversary
+    with its own functions; the protocol calls none of them, and the kept query and adversary refuse after the phase."""
+
+    def cheat(attack: CheatingAttack, record: RoundRecord) -> None:
+        adversary, out = attack.context.adversary, attack.outcome
+        if record.query is None or adversary is None:
+            return
+
+        def grab(*args: object, **kwargs: object) -> None:
+            out.setdefault("handed", []).append(args)  # type: ignore[union-attr]
+
+        for obj, name in ((record.query, "close"), (adversary, "open_phase"), (adversary, "close_phase")):
+            setattr(obj, name, grab)
+        out["kept"] = (record.query, adversary, record.query.rows[:2])
+
+    cheater = _cheater(monkeypatch, cheat, frozenset({Capability.query_chosen_batch}))
+    exp = _experiment(tmp_path, "protocol=dsfl", "protocol.rounds=1")
+    exp.run()
+    query, adversary, rows = cheater.outcome["kept"]  # type: ignore[misc]
+    assert "handed" not in cheater.outcome
+    with pytest.raises(StaleQueryError, match="after that phase ended"):
+        query(0, rows)
+    with pytest.raises(StaleQueryError, match="only while a phase is open"):
+        adversary.query(0, torch.zeros(1, *exp.view.image_shape))
+
+
+def test_a_query_whose_grant_is_widened_still_answers_only_the_granted_rows(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 47: on DS-FL (the round's rows only) the attack widens ``_granted``, ``rows`` and ``clients`` on its query
+    and sets an ``is_open`` flag; asking for an ungranted row is refused on the protocol's side with one line naming the
+    attack, and no answer comes back."""
+
+    def cheat(attack: CheatingAttack, record: RoundRecord) -> None:
+        query, out = record.query, attack.outcome
+        if query is None or record.round != 1:
+            return
+        outside = next(r for r in range(len(attack.view.public)) if r not in set(query.rows.tolist()))
+        query._granted = torch.ones(len(attack.view.public), dtype=torch.bool)  # type: ignore[attr-defined]
+        query.rows = torch.arange(len(attack.view.public))
+        query.clients = (0, 1, 2, 3)
+        query.is_open = True  # type: ignore[attr-defined]
+        try:
+            out["answer"] = query(0, torch.tensor([outside]))
+        except QueryRefusedError as err:
+            out["refusal"] = str(err)
+        out["granted"] = query(0, record.batch.rows[:2])  # type: ignore[union-attr]
+
+    cheater = _cheater(monkeypatch, cheat)
+    _experiment(tmp_path, "protocol=dsfl", "protocol.rounds=1", "protocol.public_per_round=64").run()
+    refusal = cheater.outcome["refusal"]
+    assert "answer" not in cheater.outcome and "\n" not in refusal  # type: ignore[operator]
+    assert "attack cheat" in refusal and "outside the" in refusal, refusal  # type: ignore[operator]
+    assert cheater.outcome["granted"].shape[0] == 2  # type: ignore[union-attr]

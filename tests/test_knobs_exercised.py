@@ -21,7 +21,7 @@ from fdattack.data.imageset import ImageSet
 from fdattack.engine import FitJob
 from fdattack.experiment import Experiment
 from fdattack.fd.orchestrator import RoundOrchestrator
-from fdattack.fd.record import PublicQuery, Reply, RoundRecord
+from fdattack.fd.record import Reply, RoundRecord, open_query
 from fdattack.fd.threat import AttackerView, ThreatModel
 from fdattack.lit.objectives import cross_entropy, kl_to_probs, l1_to_logits, mixed_ce_kl
 from fdattack.models.classifiers import build_classifier
@@ -42,7 +42,7 @@ def _tbi_round(last_client_only: bool, logits: dict[int, Tensor]) -> tuple[list[
     view = AttackerView(threat, "fedmd", _public(), (1, 2), J, (1, 8, 8), has_server_model=False)
     settings = TBISettings(max_width=16, lr=1e-3, epochs_per_round=1, last_client_only=last_client_only)
     attack = TBIAttack(view, settings, AttackContext(seed=0))
-    query = PublicQuery(lambda model, rows: logits[model][rows], 1, "digest", torch.arange(24), (0, 1), has_server=False)
+    query = open_query(lambda model, rows: logits[model][rows], "tbi", 1, "digest", torch.arange(24), (0, 1), has_server=False)[0]
     attack.on_record(RoundRecord(round=1, phase="digest", protocol="fedmd", participants=(0, 1), attack_point=True, query=query))
     assert attack.collected is not None
     collected = list(attack.collected.outputs)

@@ -17,7 +17,7 @@ from fdattack.attacks.state_store import ClientStateStore
 from fdattack.config import compose
 from fdattack.data.imageset import ImageSet
 from fdattack.experiment import run
-from fdattack.fd.record import PublicQuery, RoundRecord
+from fdattack.fd.record import RoundRecord, open_query
 from fdattack.fd.threat import AttackerView, ThreatModel
 from tests.conftest import REPO, tiny
 
@@ -132,7 +132,7 @@ def _attack_setup(seed: int = 0, j: int = 6) -> tuple[AttackerView, Callable[[Te
             protocol="fedmd",
             participants=(0, 1),
             attack_point=True,
-            query=PublicQuery(answer, 1, "digest", torch.arange(48), (0, 1), has_server=True),
+            query=open_query(answer, "pli", 1, "digest", torch.arange(48), (0, 1), has_server=True)[0],
         )
 
     return view, record

@@ -10,9 +10,10 @@ A protocol's :class:`~fdattack.fd.threat.ThreatModel` lists the powers its serve
 - ask a client for its outputs on chosen images while a phase is open (``query_chosen_batch``); the answer is a
   :class:`~fdattack.fd.record.Reply` that says which images the client answered (an evasive client withholds some).
 
-The adversary holds only what the attack queued and, during a phase, the token of the protocol's answerer
-(:mod:`fdattack.fd.answering`: the answerer itself, with the queried networks, stays protocol-side). Every use is
-counted; the counts are logged per round under ``adversary/<attack>/...``.
+The adversary holds only what the attack queued and, with the query power, a :class:`~fdattack.fd.answering.Line` to
+the protocol's answering thread, open while a phase is (:mod:`fdattack.fd.answering`: the answerer, with the queried
+networks, and the round's clients stay on that thread, which checks every query itself). Every use is counted; the
+counts are logged per round under ``adversary/<attack>/...``.
 
 The checks here tell an attack early what it may not do; the protocol does not rely on them. It keeps its own record
 of each grant and checks what it takes from an adversary again (:func:`checked_rows`, :func:`checked_images`,
@@ -22,12 +23,13 @@ of each grant and checks what it takes from an adversary again (:func:`checked_r
 from __future__ import annotations
 
 from collections import Counter
+from dataclasses import dataclass
 from typing import Callable, Optional
 
 import torch
 from torch import Tensor
 
-from fdattack.fd import answering
+from fdattack.fd.answering import Line
 from fdattack.fd.boundary import plain_tensor
 from fdattack.fd.record import QueryRefusedError, Reply, StaleQueryError
 from fdattack.fd.threat import Capability
@@ -58,6 +60,21 @@ def checked_aggregate(aggregate: object) -> Tensor:
     return plain_tensor(aggregate, "a chosen aggregate").float().cpu()
 
 
+@dataclass(frozen=True)
+class ImageGrant:
+    """The protocol's own copy of what an adversary may query during one phase, checked on the answering thread."""
+
+    round: int
+    clients: tuple[int, ...]
+    image_shape: tuple[int, ...]
+
+    def answer(self, answer: ImageAnswer, client: object, images: object) -> tuple[Reply, int]:
+        """``answer(client, images)`` once the client is one of the round's and the images plain, of the right shape."""
+        if type(client) is not int or client not in self.clients:
+            raise QueryRefusedError(f"no client {client!r} in round {self.round}; the round's clients are {self.clients}")
+        return answer(client, checked_images(images, self.image_shape))
+
+
 class Adversary:
     """The powers one attack is granted; every call is checked against them and counted.
 
@@ -65,17 +82,17 @@ class Adversary:
         powers: the granted subset of :data:`~fdattack.fd.threat.SERVER_POWERS`.
         num_public: rows of the public set (to check chosen rows).
         image_shape: (C, H, W) of the images it may add or query.
+        line: the line queries on chosen images go by (None without that power).
     """
 
-    def __init__(self, powers: frozenset[Capability], num_public: int, image_shape: tuple[int, int, int]) -> None:
+    def __init__(self, powers: frozenset[Capability], num_public: int, image_shape: tuple[int, int, int], line: Line | None = None) -> None:
         self.powers = powers
         self.num_public = num_public
         self.image_shape = tuple(image_shape)
         self._rows: Optional[Tensor] = None
         self._added: list[Tensor] = []
         self._aggregates: dict[int, Tensor] = {}
-        self._answerer: Optional[int] = None  # the token of the phase's answerer (fdattack.fd.answering), never the answerer
-        self._phase: Optional[tuple[int, str, tuple[int, ...]]] = None
+        self._line = line
         self.usage: Counter[str] = Counter()
 
     def _require(self, power: Capability) -> None:
@@ -109,14 +126,9 @@ class Adversary:
         answered (``Reply.answered``; zeros stand for the others); open phases only. Only answered images cost bytes, as
         many as the defenses' encoding takes (LabelAvg: K labels and K weights per image)."""
         self._require(Capability.query_chosen_batch)
-        answer = answering.lookup(self._answerer)
-        if answer is None or self._phase is None:
+        if self._line is None:
             raise StaleQueryError("the adversary can query clients only while a phase is open (from on_record)")
-        round, phase, clients = self._phase
-        if int(client) not in clients:
-            raise QueryRefusedError(f"no client {client!r} in round {round}; the round's clients are {clients}")
-        images = checked_images(images, self.image_shape)
-        reply, size = answer(int(client), images)
+        reply, size = self._line.ask(int(client), checked_images(images, self.image_shape))
         self.usage["queries"] += 1
         self.usage["query_samples"] += len(images)
         self.usage["query_bytes"] += size
@@ -132,14 +144,6 @@ class Adversary:
     def aggregate_for(self, client: int) -> Optional[Tensor]:
         """The chosen aggregate queued for ``client`` this round, or None."""
         return self._aggregates.get(int(client))
-
-    def open_phase(self, answer: ImageAnswer, round: int, phase: str, clients: tuple[int, ...]) -> None:
-        self._answerer, self._phase = answering.register(answer), (round, phase, clients)
-
-    def close_phase(self) -> None:
-        """Drop the phase's answerer (and with it the queried networks)."""
-        answering.release(self._answerer)
-        self._answerer, self._phase = None, None
 
     def state_dict(self) -> dict:
         """What is queued for the next round (checkpointed with the run)."""

@@ -1,8 +1,8 @@
 """Runs rounds of named phases and publishes a :class:`RoundRecord` after each phase.
 
 The orchestrator is protocol-side: it knows nothing of ground truth or scoring. After a phase it
-hands each observer its own copy of the record, then closes the record's query handle, so a query answers only
-during the phase it was published for.
+hands each observer its own copy of the record, with a query handle of its own that it closes (on the protocol's own
+end of it) once that observer has seen the record, so a query answers only during the phase it was published for.
 
 The protocol's phases draw from the round's own global streams (:class:`~fdattack.randomness.GlobalStreams`, seeded
 from the run seed and the round), and each call into an observer from streams of that call
@@ -103,13 +103,18 @@ class RoundOrchestrator:
                 phase.run(ctx)
             if ctx.uploads and not had_uploads:
                 self._check_uploads(ctx, phase.name)
-            query = self.protocol.open_phase(ctx, phase.name) if phase.attack_point or phase.name == UPLOAD_PHASE else None
+            opener = self.protocol.open_phase(ctx, phase.name) if phase.attack_point or phase.name == UPLOAD_PHASE else None
             try:
                 for observer in self.observers:
-                    with observer_streams(self.protocol.seed, observer.name, ctx.round, phase.name).active():
-                        observer.on_record(self._snapshot(ctx, phase, query))
+                    query, desk = (None, None) if opener is None else opener(observer.name)
+                    try:
+                        with observer_streams(self.protocol.seed, observer.name, ctx.round, phase.name).active():
+                            observer.on_record(self._snapshot(ctx, phase, query))
+                    finally:
+                        if desk is not None:
+                            desk.close()
             finally:
-                self.protocol.close_phase(query)
+                self.protocol.close_phase()
 
     def _check_uploads(self, ctx: RoundContext, phase: str) -> None:
         """Refuse (or drop, when configured) uploads that carry NaN or inf."""

@@ -10,7 +10,7 @@ to the data module, and once its phase is over nothing in it reaches a model:
 
 from __future__ import annotations
 
-import weakref
+import functools
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Callable, Literal, Mapping
@@ -20,7 +20,7 @@ import torch
 from torch import Tensor
 
 from fdattack.data.imageset import UNLABELED
-from fdattack.fd import answering
+from fdattack.fd.answering import Desk, Line, Refusal
 from fdattack.fd.boundary import plain_tensor
 
 PayloadKind = Literal["logits", "probs", "weights"]
@@ -156,20 +156,20 @@ _NUMPY_INTEGERS = frozenset({np.int8, np.int16, np.int32, np.int64, np.uint8, np
 
 
 class PublicQuery:
-    """Black-box access to the models on public samples, for one phase of one round.
+    """Black-box access to the models on public samples, for one attack during one phase of one round.
 
-    The handle answers only while its phase is open: the orchestrator closes it once every observer
-    has seen the record, and a later call raises :class:`StaleQueryError` naming the phase. So an
-    attack gets the clients' outputs *at its attack point* (PLI's: after the round's local training, as in the PLI
-    authors' code) and must collect them when the record arrives. The handle holds only a token of the protocol's answerer
-    (:mod:`fdattack.fd.answering`), never the answerer or its models; closing the phase drops the answerer.
+    The handle answers only while its phase is open for its attack (during that attack's ``on_record``): the protocol
+    closes it then, and a later call raises :class:`StaleQueryError` naming the phase. So an attack gets the clients'
+    outputs *at its attack point* (PLI's: after the round's local training, as in the PLI authors' code) and must
+    collect them when the record arrives. The handle holds only a :class:`~fdattack.fd.answering.Line` to a protocol-side
+    thread, which holds the answerer and its own copy of the grant and checks every call against it (attributes
+    written on the handle change nothing).
 
     Client answers are what the client would upload on those rows (``kind``, ``temperature``), through
     the same upload transforms, so querying bypasses no defense; ``"server"`` answers are the
     attacker's own server model's logits.
 
-    Args:
-        answer: ``(model, public_indices) -> (N, J)``, valid while the phase is open.
+    Attributes:
         round: round index of the record.
         phase: the phase the record was published after.
         rows: (M,) the public rows the threat model grants (sorted).
@@ -181,7 +181,7 @@ class PublicQuery:
 
     def __init__(
         self,
-        answer: Answer,
+        line: Line,
         round: int,
         phase: str,
         rows: Tensor,
@@ -190,8 +190,7 @@ class PublicQuery:
         kind: PayloadKind = "logits",
         temperature: float = 1.0,
     ) -> None:
-        self._token: int | None = answering.register(answer)  # the answerer stays protocol-side (fdattack.fd.answering)
-        weakref.finalize(self, answering.release, self._token)
+        self._line = line
         self.round = round
         self.phase = phase
         self.rows = rows.clone()
@@ -199,38 +198,65 @@ class PublicQuery:
         self.has_server = has_server
         self.kind = kind
         self.temperature = temperature
-        self._granted = torch.zeros(int(rows.max()) + 1 if rows.numel() else 0, dtype=torch.bool)
-        self._granted[rows] = True
-
-    @property
-    def is_open(self) -> bool:
-        return answering.lookup(self._token) is not None
-
-    def close(self) -> None:
-        """End the phase: later calls raise :class:`StaleQueryError`; the models are no longer referenced."""
-        answering.release(self._token)
-        self._token = None
 
     def __call__(self, model: int | str, public_indices: Tensor) -> Tensor:
-        answer = answering.lookup(self._token)
-        if answer is None:
-            raise StaleQueryError(
-                f"the query handle of round {self.round}, phase {self.phase!r} was used after that phase ended; "
-                "collect the outputs in on_record, when the record arrives"
-            )
+        return self._line.ask(model, public_indices)
+
+
+@dataclass(frozen=True)
+class RowGrant:
+    """The protocol's own copy of what one attack's query may ask, checked on the answering thread."""
+
+    attack: str
+    round: int
+    phase: str
+    rows: Tensor  # (P,) bool: which public rows are granted
+    clients: tuple[int, ...]
+    has_server: bool
+
+    def answer(self, answer: Answer, model: object, public_indices: object) -> Tensor:
+        """``answer(model, rows)`` once the model is one of the grant's and every row a granted one."""
         model = checked_model(model)
         idx = plain_tensor(public_indices, "queried public rows").to(torch.long).flatten().cpu()
         if model == "server" and not self.has_server:
             raise QueryRefusedError("this protocol has no server model")
         if model != "server" and model not in self.clients:
             raise QueryRefusedError(f"no client {model!r} in round {self.round}; the round's clients are {self.clients}")
-        outside = (idx < 0) | (idx >= len(self._granted))
-        if bool(outside.any()) or not bool(self._granted[idx[~outside]].all()):
+        outside = (idx < 0) | (idx >= len(self.rows))
+        if bool(outside.any()) or not bool(self.rows[idx[~outside]].all()):
             raise QueryRefusedError(
-                f"round {self.round}, phase {self.phase!r}: public rows outside the {len(self.rows)} rows this "
-                "threat model grants (query.rows)"
+                f"attack {self.attack} asked round {self.round}, phase {self.phase!r} for public rows outside the "
+                f"{int(self.rows.sum())} rows its threat model grants (query.rows)"
             )
         return answer(model, idx)
+
+
+def open_query(
+    answer: Answer,
+    attack: str,
+    round: int,
+    phase: str,
+    rows: Tensor,
+    clients: tuple[int, ...],
+    has_server: bool,
+    kind: PayloadKind = "logits",
+    temperature: float = 1.0,
+) -> tuple[PublicQuery, Desk]:
+    """A :class:`PublicQuery` for ``attack``, answered by ``answer`` on a thread of its own until the protocol closes the
+    returned :class:`~fdattack.fd.answering.Desk` (the protocol's end; the attack never holds it)."""
+    granted = torch.zeros(int(rows.max()) + 1 if rows.numel() else 0, dtype=torch.bool)
+    granted[rows] = True
+    grant = RowGrant(attack, round, phase, granted, tuple(clients), has_server)
+    desk = Desk(
+        Refusal(
+            StaleQueryError,
+            f"the query handle of round {round}, phase {phase!r} was used after that phase ended; "
+            "collect the outputs in on_record, when the record arrives",
+            final=True,
+        )
+    )
+    desk.open(functools.partial(grant.answer, answer))
+    return PublicQuery(desk.line, round, phase, rows, tuple(clients), has_server, kind, temperature), desk
 
 
 @dataclass(frozen=True)

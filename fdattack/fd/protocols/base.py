@@ -9,6 +9,7 @@ after each phase. What its clients' outputs become on the wire (uploads, query a
 
 from __future__ import annotations
 
+import functools
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import Callable, ClassVar, Sequence
@@ -24,16 +25,20 @@ from fdattack.data.imageset import UNLABELED, ImageSet
 from fdattack.defenses.base import Defense, NetworkChange, TrainingDefense, UploadDefense, dense_bytes
 from fdattack.engine import FitJob, LocalTrainer, ModelHandle
 from fdattack.errors import ConfigError
-from fdattack.fd.adversary import Adversary, checked_aggregate, checked_images, checked_rows
+from fdattack.fd.adversary import Adversary, ImageGrant, checked_aggregate, checked_images, checked_rows
+from fdattack.fd.answering import Desk, Refusal
 from fdattack.fd.evasion import Evasion, evasive_clients
 from fdattack.fd.protocols.settings import ProtocolSettings
-from fdattack.fd.record import PayloadKind, PublicBatch, PublicQuery, QueryRefusedError, Upload
+from fdattack.fd.record import PayloadKind, PublicBatch, PublicQuery, QueryRefusedError, StaleQueryError, Upload, open_query
 from fdattack.fd.threat import Capability, ServerAggregation, ThreatModel
 from fdattack.fd.uploads import PublicDigests, QueryAnswerer, client_uploads
 from fdattack.lit.classifier import ClassifierLitModule, Objective, cross_entropy
 from fdattack.models import build_classifier
 from fdattack.randomness import GlobalStreams, derive_seed
 from fdattack.registry import Registry
+
+#: opens one attack's :class:`PublicQuery` for an open phase (by the attack's name): the query and the protocol's end of it
+QueryOpener = Callable[[str], tuple[PublicQuery, Desk]]
 
 
 @dataclass
@@ -130,6 +135,7 @@ class Protocol(ABC):
         #: (what it takes from an adversary is checked against this, not against the adversary's ``powers``)
         self.adversaries: list[Adversary] = []
         self.grants: list[frozenset[Capability]] = []
+        self.desks: list[Desk | None] = []  # the protocol's ends of the adversaries' query lines
         archs = list(model_cfg.clients) or [model_cfg.name]
         self.client_archs = [archs[k % len(archs)] for k in range(self.num_clients)]
         self.clients = [self._make_model(f"client{k}", self.client_archs[k], client=k) for k in range(self.num_clients)]
@@ -167,9 +173,13 @@ class Protocol(ABC):
         refused = powers - self.threat_model.adversary
         if refused:
             raise ConfigError(f"protocol.name={self.name} gives the server no {', '.join(sorted(p.value for p in refused))}")
-        adversary = Adversary(frozenset(powers), len(self.split.public), self.split.image_shape)
+        desk = None
+        if Capability.query_chosen_batch in powers:
+            desk = Desk(Refusal(StaleQueryError, "the adversary can query clients only while a phase is open (from on_record)", final=True))
+        adversary = Adversary(frozenset(powers), len(self.split.public), self.split.image_shape, None if desk is None else desk.line)
         self.adversaries.append(adversary)
         self.grants.append(frozenset(powers))
+        self.desks.append(desk)
         return adversary
 
     def _granted(self, index: int, power: Capability) -> None:
@@ -417,13 +427,14 @@ class Protocol(ABC):
             ctx.server_outputs = self.engine.predict(self.server, self.public_subset(ctx))
 
     # ------------------------------------------------------------------ attacker's black-box view
-    def open_phase(self, ctx: RoundContext, phase: str) -> PublicQuery | None:
-        """Query access for the record of ``phase``: a :class:`PublicQuery` on the rows :attr:`threat_model` grants,
-        and the adversaries' queries on chosen images, both for the round's clients.
+    def open_phase(self, ctx: RoundContext, phase: str) -> QueryOpener | None:
+        """Query access for the record of ``phase``: opens the adversaries' queries on chosen images and returns what
+        opens each attack's :class:`PublicQuery` on the rows :attr:`threat_model` grants, both for the round's clients.
 
         The answerer holds the queried networks (the plain ``net`` of each LightningModule, which, unlike the
         module, references neither Fabric nor the protocol's objectives), the public images and the upload
-        defenses: never the protocol, its data or its engine. :meth:`close_phase` drops it.
+        defenses: never the protocol, its data or its engine; only the answering threads hold it
+        (:mod:`fdattack.fd.answering`). :meth:`close_phase` stops the adversaries'.
         """
         grant = self.threat_model.query_rows
         if grant == "none":
@@ -446,17 +457,27 @@ class Protocol(ABC):
             self.engine.predict_batch_size,
             self.evasion,
         )
-        for adversary, grant in zip(self.adversaries, self.grants):
-            if Capability.query_chosen_batch in grant:
-                adversary.open_phase(answer.on_images, ctx.round, phase, tuple(ctx.participants))
-        return PublicQuery(answer, ctx.round, phase, rows, tuple(ctx.participants), self.server is not None, kind, temperature)
+        images = ImageGrant(ctx.round, tuple(ctx.participants), tuple(self.split.image_shape))
+        for desk in self.desks:
+            if desk is not None:
+                desk.open(functools.partial(images.answer, answer.on_images))
+        return functools.partial(
+            open_query,
+            answer,
+            round=ctx.round,
+            phase=phase,
+            rows=rows,
+            clients=tuple(ctx.participants),
+            has_server=self.server is not None,
+            kind=kind,
+            temperature=temperature,
+        )
 
-    def close_phase(self, query: PublicQuery | None) -> None:
-        """End a phase's query access (the public query and the adversaries' alike)."""
-        if query is not None:
-            query.close()
-        for adversary in self.adversaries:
-            adversary.close_phase()
+    def close_phase(self) -> None:
+        """End the adversaries' query access (each attack's query is closed after its ``on_record``)."""
+        for desk in self.desks:
+            if desk is not None:
+                desk.close()
 
     def defense_metrics(self) -> dict[str, float]:
         """Every defense's :meth:`~fdattack.defenses.base.Defense.round_metrics`, as ``defense/<name>/<key>``."""
