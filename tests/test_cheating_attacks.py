@@ -718,7 +718,7 @@ def test_replacing_close_or_open_phase_keeps_no_query_answering_and_hands_over_n
 
 def test_a_query_whose_grant_is_widened_still_answers_only_the_granted_rows(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Issue 47: on DS-FL (the round's rows only) the attack widens ``_granted``, ``rows`` and ``clients`` on its query
-    and sets an ``is_open`` flag; asking for an ungranted row is refused on the protocol's side with one line naming the
+    and sets an ``_open`` flag; asking for an ungranted row is refused on the protocol's side with one line naming the
     attack, and no answer comes back."""
 
     def cheat(attack: CheatingAttack, record: RoundRecord) -> None:
@@ -729,7 +729,7 @@ def test_a_query_whose_grant_is_widened_still_answers_only_the_granted_rows(tmp_
         query._granted = torch.ones(len(attack.view.public), dtype=torch.bool)  # type: ignore[attr-defined]
         query.rows = torch.arange(len(attack.view.public))
         query.clients = (0, 1, 2, 3)
-        query.is_open = True  # type: ignore[attr-defined]
+        query._open = True  # type: ignore[attr-defined]
         try:
             out["answer"] = query(0, torch.tensor([outside]))
         except QueryRefusedError as err:
