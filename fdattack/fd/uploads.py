@@ -6,8 +6,9 @@ makes the round's uploads (:func:`client_uploads`) and answers the attacker's qu
 query bypasses no defense and no evasion.
 
 Everything here runs protocol-side. An answerer holds live networks, the upload defenses and the evasive clients'
-digests; it waits behind a token of :mod:`fdattack.fd.answering` (the attack's :class:`~fdattack.fd.record.PublicQuery`
-or :class:`~fdattack.fd.adversary.Adversary` holds only the token), and what an attack hands it (rows, images) becomes
+digests; it lives in a protocol-side answering thread of :mod:`fdattack.fd.answering` (the attack's
+:class:`~fdattack.fd.record.PublicQuery` or :class:`~fdattack.fd.adversary.Adversary` holds only a line to it), and what
+an attack hands it (rows, images) becomes
 a plain copy first (:mod:`fdattack.fd.boundary`). The public images' digests (:class:`PublicDigests`) stay with the
 protocol too.
 """
