@@ -26,6 +26,7 @@ from __future__ import annotations
 import math
 import warnings
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import numpy as np
 from scipy import stats
@@ -172,6 +173,32 @@ def mean_interval(key: str, values: Sequence[float] | np.ndarray, confidence: fl
 
 
 # -------------------------------------------------------------------------------------------------- bootstrap
+def scipy_bootstrap(
+    samples: list[np.ndarray],
+    statistic: Callable[..., object],
+    cells: int,
+    resamples: int,
+    confidence: float,
+    seed: int,
+    vectorized: bool,
+) -> Any:
+    """``scipy.stats.bootstrap`` with its percentile interval, seeded, in batches that hold at most
+    :data:`BOOTSTRAP_CELLS` resampled values (``cells`` values in one replicate), and without scipy's warning about a
+    non-finite replicate (the callers turn that into (NaN, NaN))."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", stats.DegenerateDataWarning)
+        return stats.bootstrap(
+            samples,
+            statistic,
+            n_resamples=resamples,
+            confidence_level=confidence,
+            method="percentile",
+            vectorized=vectorized,
+            batch=max(1, BOOTSTRAP_CELLS // cells),
+            rng=np.random.default_rng(seed),
+        )
+
+
 def positive_bootstrap_interval(
     strata: Sequence[np.ndarray],
     statistic: Callable[..., float],
@@ -208,18 +235,7 @@ def positive_bootstrap_interval(
         return statistic(*full)
 
     cells = sum(len(arrays[i]) for i in moving)
-    with warnings.catch_warnings():  # a non-finite replicate: (NaN, NaN) below, not scipy's warning about BCa
-        warnings.simplefilter("ignore", stats.DegenerateDataWarning)
-        result = stats.bootstrap(
-            [arrays[i] for i in moving],
-            of_moving,
-            n_resamples=resamples,
-            confidence_level=confidence,
-            method="percentile",
-            vectorized=False,
-            batch=max(1, BOOTSTRAP_CELLS // cells),
-            rng=np.random.default_rng(seed),
-        )
+    result = scipy_bootstrap([arrays[i] for i in moving], of_moving, cells, resamples, confidence, seed, vectorized=False)
     half = float(stats.norm.ppf((1 + confidence) / 2)) * float(result.standard_error)
     if not math.isfinite(half):
         return NO_INTERVAL

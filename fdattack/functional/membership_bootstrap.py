@@ -11,14 +11,12 @@ they shared none would take repeated and shared candidates for independent ones 
 from __future__ import annotations
 
 import math
-import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
-from scipy import stats
 
-from fdattack.functional.intervals import BOOTSTRAP_CELLS, BOOTSTRAP_RESAMPLES, CONFIDENCE, NO_INTERVAL, Interval
+from fdattack.functional.intervals import BOOTSTRAP_RESAMPLES, CONFIDENCE, NO_INTERVAL, Interval, scipy_bootstrap
 
 
 @dataclass(frozen=True)
@@ -131,16 +129,5 @@ def membership_bootstrap(
         return (total / len(clients)).T
 
     cells = len(ids) + sum(len(c.members) + len(c.non_members) for c in clients)
-    with warnings.catch_warnings():  # a NaN replicate: (NaN, NaN) below, not scipy's warning about BCa
-        warnings.simplefilter("ignore", stats.DegenerateDataWarning)
-        result = stats.bootstrap(
-            [samples[i] for i in moving],
-            statistic,
-            n_resamples=resamples,
-            confidence_level=confidence,
-            method="percentile",
-            vectorized=True,
-            batch=max(1, BOOTSTRAP_CELLS // cells),
-            rng=np.random.default_rng(seed),
-        )
+    result = scipy_bootstrap([samples[i] for i in moving], statistic, cells, resamples, confidence, seed, vectorized=True)
     return [(float(lo), float(hi)) for lo, hi in zip(result.confidence_interval.low, result.confidence_interval.high)]
