@@ -226,6 +226,32 @@ class EvaluationConfig:
     )
 
 
+class IsolationMode(Choice):
+    in_process = "in_process"
+    process = "process"
+
+
+@dataclass
+class IsolationConfig:
+    mode: IsolationMode = knob(
+        IsolationMode.in_process,
+        "where the attacks run: in_process (in the run's process, beside the protocol) | process (each attack in a worker process of "
+        "its own, fed plain copies of its records: what hostile attack code can reach is only itself; docs/threat-model.md)",
+    )
+    seconds: Optional[float] = knob(
+        None,
+        "isolation=process: wall seconds each attack may spend in its calls over the whole run; past them its worker is stopped, the run "
+        "goes on and the attack's metrics say why (<attack>/stopped); null = no limit",
+        gt=0,
+    )
+    memory_mb: Optional[int] = knob(
+        None,
+        "isolation=process: peak resident memory (MiB) each attack's worker may use; past it the worker is stopped as with seconds; "
+        "null = no limit",
+        ge=64,
+    )
+
+
 @dataclass
 class ExperimentConfig:
     """The whole run. ``protocol``, ``attack`` and ``defense`` are filled from the registries (see compose)."""
@@ -259,3 +285,9 @@ class ExperimentConfig:
     )
     defense: Any = None  # defense.<name>: each registered defense's settings dataclass
     evaluation: EvaluationConfig = knob(EvaluationConfig(), "the evaluation side")
+    isolation: IsolationConfig = knob(IsolationConfig(), "where the attacks run, and their budgets")
+    plugins: list[str] = knob(
+        [],
+        "importable modules that register attacks, defenses or protocols, imported before the config is checked (packages that declare "
+        "entry points in the groups fdattack.attacks, fdattack.defenses or fdattack.protocols are found without it); docs/plugins.md",
+    )
