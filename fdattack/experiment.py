@@ -16,6 +16,7 @@ from functools import partial
 from pathlib import Path
 from typing import Callable
 
+import torch
 from omegaconf import DictConfig, OmegaConf
 from torchvision.utils import save_image
 
@@ -30,10 +31,20 @@ from fdattack.engine.cluster import check_launcher
 from fdattack.errors import CheckpointError, ConfigError, FdattackError, stop_if_terminated
 from fdattack.evaluation import SCORERS, ConfidenceGapDiagnostic, Evaluator, Oracle, Report, ScoringContext
 from fdattack.evaluation.membership import CandidatePool, candidate_pool
+from fdattack.fd.adversary import Adversary
 from fdattack.fd.orchestrator import RoundOrchestrator
 from fdattack.fd.protocols import PROTOCOLS
 from fdattack.fd.protocols.base import Protocol
 from fdattack.fd.threat import AttackerView, Degradation, ViewPart, attacker_view
+from fdattack.isolation import (
+    AdversaryShape,
+    Budget,
+    IsolatedAttack,
+    MemoryWatch,
+    WorkerBrief,
+    collect_round_ends,
+    in_process_state,
+)
 from fdattack.randomness import derive_seed, seed_everything_quietly
 from fdattack.seeds import run_seeds
 from fdattack.tracking import (
@@ -120,7 +131,7 @@ def attacker_seed(run_seed: int) -> int:
 
 def build_attacks(
     cfg: DictConfig, view: AttackerView, protocol: Protocol, engine: LocalTrainer | None = None, state_root: Path | None = None
-) -> list[Attack]:
+) -> tuple[list[Attack], dict[str, Adversary]]:
     """The attacks of ``cfg.attacks``, each built from its own copy of the attacker's view
     (:meth:`~fdattack.fd.threat.AttackerView.for_attack`), its own ``attack.<name>`` settings and a context; an attack
     that needs server powers gets an :class:`~fdattack.fd.adversary.Adversary` with exactly those.
@@ -130,21 +141,70 @@ def build_attacks(
         engine: the attacks' engine (a Fabric of their own on the run's devices), which their training goes through.
         state_root: folder where attacks keep their per-client networks between rounds (None: memory), with the
             rounds of the ``keep_checkpoints`` newest checkpoints.
+
+    Returns:
+        The attacks, and the adversaries granted, by attack name: the run's own references (an attack may replace
+        the one its context holds; the run never calls into what an attack holds).
     """
     attacks: list[Attack] = []
+    adversaries: dict[str, Adversary] = {}
     for name in cfg.attacks:
         cls = ATTACKS.get(name)
         settings = OmegaConf.to_object(cfg.attack[name])
         powers = cls.adversary_powers(settings)
+        if powers:
+            adversaries[name] = protocol.grant_adversary(powers)
         context = AttackContext(
             seed=attacker_seed(cfg.seed),
             store=ClientStateStore(state_root / name if state_root is not None else None, keep=cfg.keep_checkpoints),
             progress=str(cfg.logger.progress),
             engine=engine,
-            adversary=protocol.grant_adversary(powers) if powers else None,
+            adversary=adversaries.get(name),
         )
         attacks.append(cls(view.for_attack(name, cls.reads), settings, context))
-    return attacks
+    return attacks, adversaries
+
+
+def start_isolated_attacks(
+    cfg: DictConfig, view: AttackerView, protocol: Protocol, state_root: Path
+) -> tuple[list[IsolatedAttack], dict[str, Adversary]]:
+    """``isolation.mode=process``: the attacks of ``cfg.attacks``, each in a worker process of its own built from the
+    brief :func:`build_attacks` would build it from (:mod:`fdattack.isolation`); the workers start at once."""
+    t = cfg.trainer
+    trainer = {
+        "accelerator": str(t.accelerator),
+        "devices": 1,
+        "precision": str(t.precision),
+        "vectorise": t.vectorise,
+        "batch_size": int(cfg.protocol.optim.batch_size),
+    }
+    budget = Budget(cfg.isolation.seconds, cfg.isolation.memory_mb)
+    attacks: list[IsolatedAttack] = []
+    adversaries: dict[str, Adversary] = {}
+    for name in cfg.attacks:
+        cls = ATTACKS.get(name)
+        settings = OmegaConf.to_object(cfg.attack[name])
+        powers = cls.adversary_powers(settings)
+        if powers:
+            adversaries[name] = protocol.grant_adversary(powers)
+        shape = AdversaryShape(frozenset(powers), len(protocol.split.public), tuple(protocol.split.image_shape)) if powers else None
+        brief = WorkerBrief(
+            attack=name,
+            plugins=tuple(cfg.plugins),
+            settings=settings,
+            view=view.for_attack(name, cls.reads),
+            seed=attacker_seed(cfg.seed),
+            globals_seed=derive_seed(cfg.seed, "worker globals", name),
+            state_root=str(state_root.resolve()),
+            keep=int(cfg.keep_checkpoints),
+            threads=torch.get_num_threads(),
+            trainer=trainer,
+            adversary=shape,  # type: ignore[arg-type]
+        )
+        attacks.append(IsolatedAttack(brief, adversaries.get(name), budget, state_root / name))
+    for attack in attacks:
+        attack.wait_ready()
+    return attacks, adversaries
 
 
 def build_evaluator(
@@ -199,6 +259,7 @@ class Experiment:
             with exit_record(self.run_dir):  # a stop while the data, networks and evaluation classifier are built is recorded
                 self._build()
         except BaseException:
+            self.close_workers()
             self.progress.close()
             self.run_dir.release()
             raise
@@ -229,13 +290,19 @@ class Experiment:
         # only rank 0 writes the run directory; the other ranks keep their attack states in a scratch folder
         self._scratch = None if self.fabric.is_global_zero else tempfile.TemporaryDirectory(prefix="fdattack-attack-state-")
         state_root = self.output_dir / "attack_state" if self._scratch is None else Path(self._scratch.name)
-        # the attacks' own Fabric on the same devices: the run's Fabric lists every client module it set up
-        attack_engine = LocalTrainer(
-            make_fabric(t.accelerator, t.devices, t.strategy, t.num_nodes, t.precision),
-            batch_size=cfg.protocol.optim.batch_size,
-            vectorise=t.vectorise,
-        )
-        self.attacks = build_attacks(cfg, self.view, self.protocol, attack_engine, state_root)
+        self.attacks: list[Attack | IsolatedAttack]
+        if cfg.isolation.mode == "process":
+            self.progress.activity(f"starting {len(cfg.attacks)} attack worker(s)")
+            self.attacks, self.adversaries = start_isolated_attacks(cfg, self.view, self.protocol, state_root)
+            self._memory_watch = MemoryWatch(self.attacks) if cfg.isolation.memory_mb is not None else None
+        else:
+            # the attacks' own Fabric on the same devices: the run's Fabric lists every client module it set up
+            attack_engine = LocalTrainer(
+                make_fabric(t.accelerator, t.devices, t.strategy, t.num_nodes, t.precision),
+                batch_size=cfg.protocol.optim.batch_size,
+                vectorise=t.vectorise,
+            )
+            self.attacks, self.adversaries = build_attacks(cfg, self.view, self.protocol, attack_engine, state_root)
         self.evaluator = build_evaluator(cfg, self.oracle, self.progress, candidates, self.output_dir / "artifacts")
 
     def run(self) -> dict[str, float]:
@@ -244,8 +311,18 @@ class Experiment:
         try:
             return self._run()
         finally:
+            self.close_workers()
             self.progress.close()
             self.run_dir.release()
+
+    def close_workers(self) -> None:
+        """Stop the attacks' worker processes (``isolation.mode=process``); nothing without them."""
+        if getattr(self, "_memory_watch", None) is not None:
+            self._memory_watch.stop()
+            self._memory_watch = None
+        for attack in getattr(self, "attacks", []):
+            if isinstance(attack, IsolatedAttack):
+                attack.close()
 
     def _run(self) -> dict[str, float]:
         """:meth:`run` while the run directory is locked."""
@@ -309,13 +386,23 @@ class Experiment:
         protocol_metrics = orchestrator.run_round(round_index).metrics
         report = self.evaluator.round_report()
         report.metrics = {**protocol_metrics, **report.metrics}
+        isolated = [a for a in self.attacks if isinstance(a, IsolatedAttack)]
+        for attack in isolated:  # the workers end the round at once
+            attack.dispatch_round_end(round_index, orchestrator.round_end_streams(attack.name, round_index))
+        if isolated:
+            self.progress.activity(f"round {round_index}: {len(isolated)} attack worker(s)")
+        results = collect_round_ends(isolated)
         for attack in self.attacks:
             stop_if_terminated()
             self.progress.activity(f"round {round_index}: attack {attack.name}")
-            scored = self.evaluator.score(attack.name, orchestrator.end_round(attack, round_index))
+            if isinstance(attack, IsolatedAttack):
+                scored = self.evaluator.score(attack.name, results[attack.name])
+                scored.metrics.update(attack.stopped_metrics())
+            else:
+                scored = self.evaluator.score(attack.name, orchestrator.end_round(attack, round_index))
             self.progress.scores(round_index, attack.name, scored.metrics)
             report.update(scored)
-            adversary = attack.context.adversary
+            adversary = self.adversaries.get(attack.name)
             if adversary is not None:
                 report.metrics.update({f"adversary/{attack.name}/{key}": value for key, value in adversary.end_round().items()})
         return report
@@ -335,7 +422,8 @@ class Experiment:
         try:
             self.protocol.load_state_dict(state["protocol"])
             for attack in self.attacks:
-                attack.load_state_dict(state.get("attacks", state.get("observers", {})).get(attack.name, {}))  # "observers" before issue 29
+                saved = state.get("attacks", state.get("observers", {})).get(attack.name, {})  # "observers" before issue 29
+                attack.load_state_dict(saved if isinstance(attack, IsolatedAttack) else in_process_state(saved, attack.name))
             set_rng_state(state["rng"])
         except (KeyError, IndexError, TypeError, ValueError, RuntimeError, AttributeError) as err:
             reason = (str(err).strip().splitlines() or [type(err).__name__])[0][:200]

@@ -1,6 +1,6 @@
 """The evaluator: the only side that holds the ground truth (:class:`Oracle`: private sets, models), and turns results into metrics.
 Every result type has one scorer, registered in its scorer's module on :data:`SCORERS` and built from a :class:`ScoringContext`.
-It never imports an attack's internals: of ``fdattack.attacks`` it reads only ``fdattack.attacks.results``, the typed results."""
+It never imports an attack's internals: of ``fdattack.attacks`` it reads only ``fdattack.fd.results``, the typed results."""
 
 # importing this package registers every result type's scorer (one line per scorer's module)
 from fdattack.evaluation import gradient_check, inversion, label_distribution, membership, reconstruction  # noqa: F401  (registration)

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 from typing import Mapping, Optional, Protocol, Sequence
 
-import fdattack.attacks.results as results_module
-from fdattack.attacks.results import AttackResult
+import fdattack.fd.results as results_module
 from fdattack.evaluation.oracle import Oracle
 from fdattack.evaluation.protocol_metrics import protocol_metrics
 from fdattack.evaluation.report import Report
 from fdattack.evaluation.scoring import Scorer
 from fdattack.fd.boundary import plain_result
+from fdattack.fd.results import AttackResult
 
 
 class Diagnostic(Protocol):

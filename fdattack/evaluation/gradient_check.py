@@ -15,10 +15,10 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from fdattack.attacks.results import GradientProbe
 from fdattack.evaluation.oracle import Oracle
 from fdattack.evaluation.report import Report
 from fdattack.evaluation.scoring import SCORERS, ScoringContext
+from fdattack.fd.results import GradientProbe
 from fdattack.functional.intervals import interval_keys, mean_interval
 from fdattack.functional.losses import target_class_loss
 from fdattack.lit.modes import eval_mode
@@ -39,7 +39,7 @@ def gradient_cosines(estimate: Tensor, truth: Tensor) -> Tensor:
 
 
 class GradientCheck:
-    """Scores :class:`~fdattack.attacks.results.GradientProbe` against the victim's network (ground truth).
+    """Scores :class:`~fdattack.fd.results.GradientProbe` against the victim's network (ground truth).
 
     Args:
         oracle: the evaluation side's models (the clients' networks as they are at the round's end, the state the

@@ -1,4 +1,4 @@
-"""Scoring of :class:`~fdattack.attacks.results.Inversions` (Wu et al., ICLR 2024, §4.4; Xiao et al., DSN 2024, §VI-A)
+"""Scoring of :class:`~fdattack.fd.results.Inversions` (Wu et al., ICLR 2024, §4.4; Xiao et al., DSN 2024, §VI-A)
 with the all-class evaluation classifier.
 
 Metrics, under ``attack/<name>/``:
@@ -59,13 +59,13 @@ from omegaconf import OmegaConf
 from torch import Tensor, nn
 from torchmetrics.image.fid import FrechetInceptionDistance
 
-from fdattack.attacks.results import Inversions
 from fdattack.data.federated import FederatedSplit
 from fdattack.engine import LocalTrainer
 from fdattack.evaluation.inception import load_inception
 from fdattack.evaluation.inversion_classifier import EvaluationClassifier, InversionEvaluationSettings, inversion_classifier
 from fdattack.evaluation.report import Report
 from fdattack.evaluation.scoring import SCORERS, ScoringContext, check_labels
+from fdattack.fd.results import Inversions
 from fdattack.functional.frechet import FrechetToReference
 from fdattack.functional.intervals import NO_INTERVAL, interval_keys, mean_interval, positive_bootstrap_interval, wilson_interval_of_rate
 from fdattack.functional.inversion_metrics import (

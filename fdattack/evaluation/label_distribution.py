@@ -1,4 +1,4 @@
-"""Scoring of :class:`~fdattack.attacks.results.LabelDistributions` against the clients' true label proportions
+"""Scoring of :class:`~fdattack.fd.results.LabelDistributions` against the clients' true label proportions
 (Shi et al., PoPETs 2025, §4.1.3), with the Random and uniform-guess baselines.
 
 Each distance is computed per client and averaged over the clients, with the 95 % interval of that mean over the
@@ -14,10 +14,10 @@ from __future__ import annotations
 
 import torch
 
-from fdattack.attacks.results import LabelDistributions
 from fdattack.data.federated import FederatedSplit
 from fdattack.evaluation.report import Report
 from fdattack.evaluation.scoring import SCORERS, ScoringContext
+from fdattack.fd.results import LabelDistributions
 from fdattack.functional.intervals import interval_keys, mean_interval
 from fdattack.functional.label_distribution import distances, label_proportions, random_distributions
 

@@ -1,5 +1,5 @@
 """Membership ground truth: the candidate samples the attacker holds, whose members they are, and the scoring of
-:class:`~fdattack.attacks.results.MembershipScores` (Shi et al., PoPETs 2025, §4.1.4).
+:class:`~fdattack.fd.results.MembershipScores` (Shi et al., PoPETs 2025, §4.1.4).
 
 The attacker holds one candidate set (images and labels, :meth:`CandidatePool.as_known`): every client's
 private samples and the test samples, or a seeded random part of them, in a shuffled order. It never learns
@@ -18,11 +18,11 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from fdattack.attacks.results import MembershipScores
 from fdattack.data.federated import FederatedSplit
 from fdattack.data.imageset import ImageSet
 from fdattack.evaluation.report import Report
 from fdattack.evaluation.scoring import SCORERS, ScoringContext
+from fdattack.fd.results import MembershipScores
 from fdattack.functional.intervals import BOOTSTRAP_RESAMPLES, interval_keys
 from fdattack.functional.membership_bootstrap import ClientScores, membership_bootstrap
 from fdattack.functional.membership_metrics import FPR_LEVELS, membership_metrics, roc

@@ -1,4 +1,4 @@
-"""Ground-truth scoring of :class:`~fdattack.attacks.results.Reconstructions` (Takahashi et al., CVPR 2023, §4.1): it reads private data, so
+"""Ground-truth scoring of :class:`~fdattack.fd.results.Reconstructions` (Takahashi et al., CVPR 2023, §4.1): it reads private data, so
 attacks never hold it. The attack's reconstructions and the prior it starts from (``role="prior"``) are scored alike."""
 
 from __future__ import annotations
@@ -8,11 +8,11 @@ from typing import Optional
 import torch
 from torch import Tensor
 
-from fdattack.attacks.results import Reconstructions
 from fdattack.data.federated import FederatedSplit
 from fdattack.evaluation.identity import IdentityScorer, train_identity_scorer
 from fdattack.evaluation.report import Report
 from fdattack.evaluation.scoring import SCORERS, ScoringContext, check_labels
+from fdattack.fd.results import Reconstructions
 from fdattack.functional.attack_accuracy import attack_accuracy, class_means
 from fdattack.functional.image import standard_ssim
 from fdattack.functional.intervals import HIGH, LOW, interval_keys, mean_interval, wilson_interval, wilson_interval_of_rate

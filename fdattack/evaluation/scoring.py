@@ -1,4 +1,4 @@
-"""The scorer registry: every result type of :mod:`fdattack.attacks.results` has one scorer, ``scorer(attack, result) -> Report``.
+"""The scorer registry: every result type of :mod:`fdattack.fd.results` has one scorer, ``scorer(attack, result) -> Report``.
 
 Each scorer's module registers a factory that builds it from a :class:`ScoringContext`; a run builds the scorers of the
 result types its attacks declare in ``produces`` (:func:`fdattack.experiment.build_evaluator`). A new result type: its
@@ -14,9 +14,9 @@ from typing import TYPE_CHECKING, Any, Callable, Iterator, Optional, Protocol, S
 
 from omegaconf import DictConfig
 
-from fdattack.attacks.results import Inversions, Reconstructions
 from fdattack.evaluation.oracle import Oracle
 from fdattack.evaluation.report import Report
+from fdattack.fd.results import Inversions, Reconstructions
 
 if TYPE_CHECKING:
     from fdattack.evaluation.membership import CandidatePool

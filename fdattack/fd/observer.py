@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from fdattack.fd.record import RoundRecord
+from fdattack.randomness import GlobalStreams
 
 
 class Observer:
@@ -16,6 +17,12 @@ class Observer:
 
     def on_record(self, record: RoundRecord) -> None:
         """Called after every phase; ``record.query`` answers only during this call."""
+
+    def receive(self, record: RoundRecord, streams: GlobalStreams) -> None:
+        """How the orchestrator hands over a record: :meth:`on_record` with the global generators of this call
+        (an isolated attack's stand-in sends both to its worker instead)."""
+        with streams.active():
+            self.on_record(record)
 
     def state_dict(self) -> dict:
         return {}

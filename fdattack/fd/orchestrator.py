@@ -85,11 +85,15 @@ class RoundOrchestrator:
         Raises:
             BoundaryError: it returned something other than a list or tuple (whose iteration would run its code).
         """
-        with observer_streams(self.protocol.seed, observer.name, round, "round_end").active():
+        with self.round_end_streams(observer.name, round).active():
             results = observer.on_round_end(round)
         if type(results) is not list and type(results) is not tuple:
             raise BoundaryError(f"attack {observer.name} returned a {type_name(type(results))} from on_round_end; it must return a list")
         return list(results)
+
+    def round_end_streams(self, observer: str, round: int) -> GlobalStreams:
+        """The global streams of ``observer``'s ``on_round_end`` of ``round``."""
+        return observer_streams(self.protocol.seed, observer, round, "round_end")
 
     def _streams(self, round: int) -> GlobalStreams:
         """The protocol's own global streams for ``round``, seeded from the run seed and the round."""
@@ -108,8 +112,9 @@ class RoundOrchestrator:
                 for observer in self.observers:
                     query, desk = (None, None) if opener is None else opener(observer.name)
                     try:
-                        with observer_streams(self.protocol.seed, observer.name, ctx.round, phase.name).active():
-                            observer.on_record(self._snapshot(ctx, phase, query))
+                        observer.receive(
+                            self._snapshot(ctx, phase, query), observer_streams(self.protocol.seed, observer.name, ctx.round, phase.name)
+                        )
                     finally:
                         if desk is not None:
                             desk.close()

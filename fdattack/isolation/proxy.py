@@ -1,0 +1,349 @@
+"""The run's side of an isolated attack: it starts the worker, feeds it records, answers its asks, keeps its budget.
+
+:class:`IsolatedAttack` stands in the run where the attack would: the orchestrator hands it each record with the
+streams of that call, and it sends the worker the record as plain data (:func:`~fdattack.isolation.wire.record_to_wire`)
+and the streams' seed, then answers what the worker asks (queries on the record's handle, its adversary's actions:
+each carried out by the run's own objects, which check it) until the worker is done. Everything the worker sends is
+read by :func:`fdattack.isolation.codec.decode` (plain data only, no pickle) and results are rebuilt by exact type on
+the evaluation side as in process.
+
+A worker that fails, goes past its wall seconds or memory (:class:`Budget`), or sends what is not plain data is
+stopped with one line in the log; the run goes on without it, and the rounds after report
+``attack/<name>/stopped/<why>`` (``failed``, ``seconds`` or ``memory``).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import pickle
+import socket
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from multiprocessing.connection import Connection, wait
+from pathlib import Path
+from typing import Any, Optional, Sequence
+
+from fdattack.fd.adversary import Adversary
+from fdattack.fd.observer import Observer
+from fdattack.fd.record import PublicQuery, QueryRefusedError, RoundRecord, StaleQueryError
+from fdattack.fd.results import RESULT_TYPES
+from fdattack.isolation import codec
+from fdattack.isolation.wire import WorkerBrief, record_to_wire
+from fdattack.randomness import GlobalStreams
+
+log = logging.getLogger(__name__)
+
+#: environment variables a worker keeps (where Python, its packages and its threads are); nothing of the run
+WORKER_ENVIRONMENT = (
+    "PATH",
+    "PYTHONPATH",
+    "VIRTUAL_ENV",
+    "LD_LIBRARY_PATH",
+    "LANG",
+    "LC_ALL",
+    "LC_CTYPE",
+    "TMPDIR",
+    "OMP_NUM_THREADS",
+    "MKL_NUM_THREADS",
+    "CUDA_VISIBLE_DEVICES",
+    "SYSTEMROOT",
+)
+_POLL_S = 0.2  # how often a wait looks at the budgets
+
+
+@dataclass(frozen=True)
+class Budget:
+    """An attack's limits (``isolation.seconds``, ``isolation.memory_mb``); None = none."""
+
+    seconds: Optional[float] = None
+    memory_mb: Optional[int] = None
+
+
+class _Pending:
+    """A reply still on its way."""
+
+
+PENDING = _Pending()
+
+
+class IsolatedAttack(Observer):
+    """One attack in a worker process of its own.
+
+    Args:
+        brief: what the worker builds the attack from.
+        adversary: the run's adversary granted to the attack (its actions are carried out on it), or None.
+        budget: its wall seconds and memory.
+        folder: its working directory and state folder (``<state_root>/<attack>``); its output goes to ``worker.log`` there.
+    """
+
+    def __init__(self, brief: WorkerBrief, adversary: Optional[Adversary], budget: Budget, folder: Path) -> None:
+        self.name = brief.attack
+        self.adversary = adversary
+        self.budget = budget
+        self.log_path = folder / "worker.log"
+        self.spent_s = 0.0
+        self.stopped: Optional[tuple[str, str]] = None  # (why: failed | seconds | memory, the one line)
+        self.peak_rss_mb = 0.0
+        self._queries: dict[int, PublicQuery] = {}
+        self._serial = 0
+        self._started_at: Optional[float] = None
+        self._over_memory = False
+        folder.mkdir(parents=True, exist_ok=True)
+        ours, theirs = socket.socketpair()
+        with open(self.log_path, "ab") as output:
+            self._process = subprocess.Popen(
+                [sys.executable, "-m", "fdattack.isolation.worker", str(theirs.fileno())],
+                cwd=folder,
+                env={key: os.environ[key] for key in WORKER_ENVIRONMENT if key in os.environ},
+                stdin=subprocess.DEVNULL,
+                stdout=output,
+                stderr=subprocess.STDOUT,
+                pass_fds=(theirs.fileno(),),
+                close_fds=True,
+                start_new_session=True,  # a Ctrl-C reaches the run, which stops its workers itself
+            )
+        theirs.close()
+        self._conn = Connection(ours.detach())
+        self._call()
+        self._send(brief)
+
+    # ------------------------------------------------------------------ the calls the run makes
+    @property
+    def alive(self) -> bool:
+        return self.stopped is None
+
+    def wait_ready(self) -> None:
+        """Wait until the worker has built its attack."""
+        self._until("ready")
+
+    def receive(self, record: RoundRecord, streams: GlobalStreams) -> None:
+        """Send ``record`` and answer the worker's asks until it is done with it."""
+        if not self.alive:
+            return
+        self._serial += 1
+        if record.query is not None:
+            self._queries[self._serial] = record.query
+        fields, shape = record_to_wire(record)
+        self._call()
+        self._send(("record", streams.seed, self._serial, fields, shape))
+        self._until("done")
+
+    def dispatch_round_end(self, round_index: int, streams: GlobalStreams) -> None:
+        """Start the worker's ``on_round_end`` (:func:`collect_round_ends` gathers the results)."""
+        if self.alive:
+            self._call()
+            self._send(("round_end", streams.seed, round_index))
+
+    def state_dict(self) -> dict:
+        """The worker's state as bytes it alone reads back, with the seconds spent (and why it stopped, if it did)."""
+        if not self.alive:
+            assert self.stopped is not None
+            return {"isolation": {"stopped": list(self.stopped), "spent_s": self.spent_s}}
+        self._call()
+        self._send(("state",))
+        reply = self._until("state")
+        return {"isolation": {"state": None if reply is None else reply[1], "spent_s": self.spent_s}}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Restore a checkpoint's state: a worker's bytes, or an in-process attack's state dict."""
+        saved = state.get("isolation") if type(state) is dict else None
+        if saved is None:
+            self._call()
+            self._send(("load", state))
+            self._until("done")
+            return
+        self.spent_s = float(saved["spent_s"])
+        if "stopped" in saved:
+            why, line = saved["stopped"]
+            self._stop(why, line, quiet=True)
+            return
+        self._call()
+        self._send(("load", saved["state"]))
+        self._until("done")
+
+    def close(self) -> None:
+        """Stop the worker (asked first, then killed after 10 s)."""
+        if self._process.poll() is None:
+            try:
+                self._send(("stop",))
+                self._process.wait(timeout=10)
+            except (OSError, subprocess.TimeoutExpired):
+                self._process.kill()
+                self._process.wait()
+        self._conn.close()
+
+    def stopped_metrics(self) -> dict[str, float]:
+        """``attack/<name>/stopped/<why>`` = 1 once the worker was stopped; {} while it runs."""
+        return {} if self.stopped is None else {f"attack/{self.name}/stopped/{self.stopped[0]}": 1.0}
+
+    # ------------------------------------------------------------------ the channel
+    def _send(self, message: Any) -> None:
+        try:
+            self._conn.send_bytes(pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL))
+        except OSError:
+            pass  # the worker is gone: the next wait reads why
+
+    def _call(self) -> None:
+        self._started_at = time.perf_counter()
+
+    def _until(self, expected: str) -> Optional[tuple]:
+        """The worker's reply of kind ``expected``, answering its asks meanwhile; None when it was stopped instead."""
+        while self.alive:
+            wait([self._conn], timeout=_POLL_S)
+            reply = self.step(expected)
+            if reply is not PENDING:
+                return reply  # type: ignore[return-value]
+        return None
+
+    def step(self, expected: str) -> Any:
+        """Read one message if there is one: answer an ask, or return the reply ``expected`` (None: the worker was
+        stopped); :data:`PENDING` while neither. Stops the worker past its budget."""
+        if not self.alive:
+            return None
+        if self._over_memory:
+            return self._stop("memory", f"its worker went past isolation.memory_mb={self.budget.memory_mb} MiB")
+        elapsed = time.perf_counter() - (self._started_at or time.perf_counter())
+        if self.budget.seconds is not None and self.spent_s + elapsed > self.budget.seconds:
+            return self._stop("seconds", f"it took more than isolation.seconds={self.budget.seconds:g} s")
+        try:
+            if not self._conn.poll():
+                return PENDING
+            message = codec.decode(self._conn.recv_bytes(codec.MAX_MESSAGE_BYTES))
+        except (EOFError, OSError):
+            self._process.wait()
+            if self._over_memory:
+                return self._stop("memory", f"its worker went past isolation.memory_mb={self.budget.memory_mb} MiB")
+            return self._stop("failed", f"its worker exited with status {self._process.returncode}")
+        except codec.CodecError as err:
+            return self._stop("failed", f"its worker sent something that is not plain data ({err})")
+        if type(message) is not list or not message or type(message[0]) is not str:
+            return self._stop("failed", "its worker sent a message of no known form")
+        kind = message[0]
+        if kind == "ask" and len(message) == 3 and type(message[1]) is str and type(message[2]) is list:
+            self._answer(message[1], message[2])
+            return PENDING
+        if kind == "failed" and len(message) == 2 and type(message[1]) is str:
+            return self._stop("failed", message[1])
+        if kind != expected:
+            return self._stop("failed", f"its worker sent {kind!r} where the run waited for {expected!r}")
+        self.spent_s += time.perf_counter() - (self._started_at or time.perf_counter())
+        self._started_at = None
+        return message
+
+    def _answer(self, what: str, args: list) -> None:
+        """Carry out one ask on the run's own objects (each checks what it is given) and send the answer or refusal."""
+        try:
+            reply: tuple = ("answer", self._carry_out(what, args))
+        except Exception as err:  # noqa: BLE001 - every refusal or failure goes back to the worker as type and message
+            reply = ("refused", type(err).__name__, str(err))
+        self._send(reply)
+
+    def _carry_out(self, what: str, args: list) -> Any:
+        if what == "query":
+            serial, model, rows = args
+            query = self._queries.get(serial) if type(serial) is int else None
+            if query is None:
+                raise StaleQueryError("this record's query handle answers nothing (the record had none, or its phase ended)")
+            return query(model, rows)
+        adversary = self.adversary
+        if adversary is None:
+            raise QueryRefusedError(f"attack {self.name} was granted no adversary")
+        if what == "choose_public_rows":
+            return adversary.choose_public_rows(*args)
+        if what == "add_public_samples":
+            return adversary.add_public_samples(*args)
+        if what == "send_aggregate":
+            return adversary.send_aggregate(*args)
+        if what == "query_chosen":
+            return adversary.query(*args)
+        raise QueryRefusedError(f"the run carries out no {what!r}")
+
+    def _stop(self, why: str, line: str, quiet: bool = False) -> None:
+        """Stop the worker for good: the run goes on without the attack."""
+        self.stopped = (why, line)
+        self._queries.clear()
+        if self._process.poll() is None:
+            self._process.kill()
+            self._process.wait()
+        self._conn.close()
+        if not quiet:
+            log.warning("attack %s stopped: %s; the run goes on without it (its log: %s)", self.name, line, self.log_path)
+        return None
+
+    # ------------------------------------------------------------------ memory
+    def check_memory(self) -> None:
+        """Kill the worker if its resident memory is past its budget (called by :class:`MemoryWatch`)."""
+        if not self.alive or self._process.poll() is not None:
+            return
+        rss = resident_mb(self._process.pid)
+        self.peak_rss_mb = max(self.peak_rss_mb, rss)
+        if self.budget.memory_mb is not None and rss > self.budget.memory_mb:
+            self._over_memory = True
+            self._process.kill()
+
+
+def resident_mb(pid: int) -> float:
+    """Resident memory of process ``pid`` in MiB, from ``/proc/<pid>/status`` (0 when it cannot be read)."""
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return 0.0
+
+
+class MemoryWatch:
+    """A thread that looks at every worker's resident memory five times a second."""
+
+    def __init__(self, attacks: Sequence[IsolatedAttack]) -> None:
+        self._attacks = list(attacks)
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._watch, name="fdattack-memory-watch", daemon=True)
+        self._thread.start()
+
+    def _watch(self) -> None:
+        while not self._done.wait(_POLL_S):
+            for attack in self._attacks:
+                attack.check_memory()
+
+    def stop(self) -> None:
+        self._done.set()
+        self._thread.join()
+
+
+def collect_round_ends(attacks: Sequence[IsolatedAttack]) -> dict[str, list]:
+    """Every dispatched worker's ``on_round_end`` results, rebuilt by type (:func:`results_from_wire`); the workers run
+    at once, and each one's asks are answered as they come. A worker stopped meanwhile gives no results."""
+    pending = {id(a._conn): a for a in attacks if a.alive and a._started_at is not None}
+    results: dict[str, list] = {a.name: [] for a in attacks}
+    while pending:
+        wait([a._conn for a in pending.values()], timeout=_POLL_S)
+        for key, attack in list(pending.items()):
+            reply = attack.step("results")
+            if reply is PENDING:
+                continue
+            del pending[key]
+            if reply is not None:
+                try:
+                    results[attack.name] = results_from_wire(reply[1] if len(reply) == 2 else None, attack.name)
+                except (TypeError, ValueError) as err:
+                    attack._stop("failed", f"its worker sent results that are not results ({err})")
+    return results
+
+
+def results_from_wire(wire: Any, attack: str) -> list:
+    """``(type name, fields)`` pairs rebuilt as the result types they name (the evaluator checks each field again)."""
+    types = {kind.__name__: kind for kind in RESULT_TYPES}
+    if type(wire) is not list:
+        raise TypeError("not a list")
+    rebuilt = []
+    for item in wire:
+        if type(item) is not list or len(item) != 2 or type(item[0]) is not str or type(item[1]) is not dict or item[0] not in types:
+            raise TypeError("an item that is not (result type, fields)")
+        rebuilt.append(types[item[0]](**item[1]))
+    return rebuilt
