@@ -38,6 +38,7 @@ def validate(cfg: DictConfig) -> None:
     check_names(cfg)
     check_trainer(cfg.trainer)
     check_vectorise(cfg)
+    check_isolation(cfg)
     d = cfg.data
     if d.root is not None and d.name not in ("digits", "synthetic") and not d.download and not Path(d.root).expanduser().is_dir():
         raise ConfigError(
@@ -118,6 +119,29 @@ def check_trainer(trainer: DictConfig) -> None:
         raise ConfigError(f"trainer.devices={devices!r} with trainer.accelerator={accelerator}: {problem}")
 
 
+def check_isolation(cfg: DictConfig) -> None:
+    """The attack workers' keys: budgets apply to workers only; workers run beside one process, not under DDP; the
+    memory budget reads ``/proc``.
+
+    Raises:
+        ConfigError: ``isolation.seconds=60: budgets apply to attack workers; set isolation.mode=process``
+    """
+    iso, t = cfg.isolation, cfg.trainer
+    if iso.mode != "process":
+        for key in ("seconds", "memory_mb"):
+            if iso[key] is not None:
+                raise ConfigError(f"isolation.{key}={iso[key]}: budgets apply to attack workers; set isolation.mode=process")
+        return
+    devices, processes = _processes(t)
+    if processes > 1 or str(t.strategy).startswith(("ddp", "fsdp", "deepspeed")):
+        raise ConfigError(
+            f"isolation.mode=process runs each attack in a worker beside one process, not {processes} (trainer.devices={devices!r}, "
+            f"trainer.num_nodes={t.num_nodes}, trainer.strategy={t.strategy}); use isolation.mode=in_process with DDP"
+        )
+    if iso.memory_mb is not None and not Path("/proc/self/status").is_file():
+        raise ConfigError(f"isolation.memory_mb={iso.memory_mb}: this system has no /proc to read a worker's memory from; set it to null")
+
+
 def check_vectorise(cfg: DictConfig) -> None:
     """``trainer.vectorise=true`` is refused where the vectorised path cannot apply at all (:mod:`fdattack.engine.vectorised`).
 
@@ -127,10 +151,7 @@ def check_vectorise(cfg: DictConfig) -> None:
     t = cfg.trainer
     if t.vectorise is not True:
         return
-    accelerator = ACCELERATOR_REGISTRY[_accelerator_here(str(t.accelerator))]["accelerator"]
-    devices = OmegaConf.to_object(t.devices) if isinstance(t.devices, ListConfig) else t.devices
-    parsed = accelerator.auto_device_count() if devices == "auto" else accelerator.parse_devices(devices)
-    processes = (len(parsed) if isinstance(parsed, list) else int(parsed)) * int(t.num_nodes)
+    devices, processes = _processes(t)
     _, _, defenses = registries()
     from fdattack.defenses.base import TrainingDefense
 
@@ -148,6 +169,14 @@ def check_vectorise(cfg: DictConfig) -> None:
         raise ConfigError(
             f"trainer.vectorise=true: the clients cannot train as one vmapped batch: {problem}; use trainer.vectorise=auto or false"
         )
+
+
+def _processes(t: DictConfig) -> tuple[Any, int]:
+    """``trainer.devices`` as given, and how many processes (DDP ranks) the trainer runs."""
+    accelerator = ACCELERATOR_REGISTRY[_accelerator_here(str(t.accelerator))]["accelerator"]
+    devices = OmegaConf.to_object(t.devices) if isinstance(t.devices, ListConfig) else t.devices
+    parsed = accelerator.auto_device_count() if devices == "auto" else accelerator.parse_devices(devices)
+    return devices, (len(parsed) if isinstance(parsed, list) else int(parsed)) * int(t.num_nodes)
 
 
 def _accelerator_here(requested: str) -> str:
