@@ -202,8 +202,14 @@ def start_isolated_attacks(
             adversary=shape,  # type: ignore[arg-type]
         )
         attacks.append(IsolatedAttack(brief, adversaries.get(name), budget, state_root / name))
-    for attack in attacks:
-        attack.wait_ready()
+    confined = [attack.wait_ready() for attack in attacks]
+    if attacks and min(confined) == 0:
+        log.warning(
+            "attack workers: no Landlock sandbox on this system; each worker holds nothing of the run in memory but can read "
+            "the files the run's user can (docs/threat-model.md)"
+        )
+    elif attacks:
+        log.info("attack workers: each confined by Landlock (ABI %d) to reading Python's files and writing its state folder", min(confined))
     return attacks, adversaries
 
 
@@ -290,12 +296,10 @@ class Experiment:
         # only rank 0 writes the run directory; the other ranks keep their attack states in a scratch folder
         self._scratch = None if self.fabric.is_global_zero else tempfile.TemporaryDirectory(prefix="fdattack-attack-state-")
         state_root = self.output_dir / "attack_state" if self._scratch is None else Path(self._scratch.name)
-        self.attacks: list[Attack | IsolatedAttack]
-        if cfg.isolation.mode == "process":
-            self.progress.activity(f"starting {len(cfg.attacks)} attack worker(s)")
-            self.attacks, self.adversaries = start_isolated_attacks(cfg, self.view, self.protocol, state_root)
-            self._memory_watch = MemoryWatch(self.attacks) if cfg.isolation.memory_mb is not None else None
-        else:
+        self.attacks: list[Attack | IsolatedAttack] = []
+        self.adversaries: dict[str, Adversary] = {}
+        self._state_root = state_root
+        if cfg.isolation.mode != "process":  # workers start in run(), once the run directory is laid out
             # the attacks' own Fabric on the same devices: the run's Fabric lists every client module it set up
             attack_engine = LocalTrainer(
                 make_fabric(t.accelerator, t.devices, t.strategy, t.num_nodes, t.precision),
@@ -328,6 +332,10 @@ class Experiment:
         """:meth:`run` while the run directory is locked."""
         cfg, fabric, run_dir, progress = self.cfg, self.fabric, self.run_dir, self.progress
         self._on_rank_zero(self._prepare_run_dir)
+        if cfg.isolation.mode == "process":
+            progress.activity(f"starting {len(cfg.attacks)} attack worker(s)")
+            self.attacks, self.adversaries = start_isolated_attacks(cfg, self.view, self.protocol, self._state_root)
+            self._memory_watch = MemoryWatch(self.attacks) if cfg.isolation.memory_mb is not None else None
         start_round, elapsed_before, wandb_id = 0, 0.0, None
         last = run_dir.checkpoints.latest() if cfg.resume else None
         if last is not None:

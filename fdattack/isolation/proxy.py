@@ -17,6 +17,7 @@ from __future__ import annotations
 import logging
 import os
 import pickle
+import shutil
 import socket
 import subprocess
 import sys
@@ -88,17 +89,20 @@ class IsolatedAttack(Observer):
         self.spent_s = 0.0
         self.stopped: Optional[tuple[str, str]] = None  # (why: failed | seconds | memory, the one line)
         self.peak_rss_mb = 0.0
+        self.sandbox_abi = 0
         self._queries: dict[int, PublicQuery] = {}
         self._serial = 0
         self._started_at: Optional[float] = None
         self._over_memory = False
-        folder.mkdir(parents=True, exist_ok=True)
+        (folder / "tmp").mkdir(parents=True, exist_ok=True)
+        environment = {key: os.environ[key] for key in WORKER_ENVIRONMENT if key in os.environ}
+        environment["TMPDIR"] = str((folder / "tmp").resolve())  # inside what its sandbox lets it write
         ours, theirs = socket.socketpair()
         with open(self.log_path, "ab") as output:
             self._process = subprocess.Popen(
                 [sys.executable, "-m", "fdattack.isolation.worker", str(theirs.fileno())],
                 cwd=folder,
-                env={key: os.environ[key] for key in WORKER_ENVIRONMENT if key in os.environ},
+                env=environment,
                 stdin=subprocess.DEVNULL,
                 stdout=output,
                 stderr=subprocess.STDOUT,
@@ -116,9 +120,11 @@ class IsolatedAttack(Observer):
     def alive(self) -> bool:
         return self.stopped is None
 
-    def wait_ready(self) -> None:
-        """Wait until the worker has built its attack."""
-        self._until("ready")
+    def wait_ready(self) -> int:
+        """Wait until the worker has built its attack; the Landlock ABI that confines it (0: none, or it failed)."""
+        reply = self._until("ready")
+        self.sandbox_abi = int(reply[1]) if reply is not None and len(reply) == 2 and type(reply[1]) is int else 0
+        return self.sandbox_abi
 
     def receive(self, record: RoundRecord, streams: GlobalStreams) -> None:
         """Send ``record`` and answer the worker's asks until it is done with it."""
@@ -175,6 +181,7 @@ class IsolatedAttack(Observer):
                 self._process.kill()
                 self._process.wait()
         self._conn.close()
+        shutil.rmtree(self.log_path.parent / "tmp", ignore_errors=True)
 
     def stopped_metrics(self) -> dict[str, float]:
         """``attack/<name>/stopped/<why>`` = 1 once the worker was stopped; {} while it runs."""

@@ -22,6 +22,7 @@ from fdattack.fd.boundary import plain_tensor, plain_value
 from fdattack.fd.record import PublicQuery, Reply
 from fdattack.fd.threat import Capability
 from fdattack.isolation import codec
+from fdattack.isolation.sandbox import confine
 from fdattack.isolation.wire import REFUSALS, AdversaryShape, WorkerBrief, record_from_wire
 from fdattack.randomness import GlobalStreams, seed_globals
 
@@ -89,24 +90,30 @@ def _plain(value: Any, what: str) -> Any:
     return plain_tensor(value, what) if type(value) is np.ndarray else plain_value(value, what)
 
 
-def build_attack(brief: WorkerBrief, channel: Channel) -> Any:
-    """The attack of ``brief``, as the run would build it in its own process (:func:`fdattack.experiment.build_attacks`)."""
+def build_attack(brief: WorkerBrief, channel: Channel) -> tuple[Any, int]:
+    """The attack of ``brief``, as the run would build it in its own process (:func:`fdattack.experiment.build_attacks`),
+    constructed once the worker is confined (:func:`~fdattack.isolation.sandbox.confine`); and the Landlock ABI that
+    confines it (0: none)."""
     from fdattack.attacks import ATTACKS, AttackContext
-    from fdattack.attacks.state_store import ClientStateStore
+    from fdattack.attacks.state_store import SHARED, ClientStateStore
     from fdattack.engine import LocalTrainer, make_fabric
     from fdattack.plugins import load_plugins
 
     load_plugins(list(brief.plugins))
+    cls = ATTACKS.get(brief.attack)
     t = brief.trainer
     engine = LocalTrainer(make_fabric(t["accelerator"], t["devices"], "auto", 1, t["precision"]), t["batch_size"], vectorise=t["vectorise"])
+    own, shared = Path(brief.state_root) / brief.attack, Path(brief.state_root) / SHARED
+    shared.mkdir(parents=True, exist_ok=True)
+    abi = confine(writable=[own, shared], devices=str(t["accelerator"]) != "cpu")
     context = AttackContext(
         seed=brief.seed,
-        store=ClientStateStore(Path(brief.state_root) / brief.attack, keep=brief.keep),
+        store=ClientStateStore(own, keep=brief.keep),
         progress="never",
         engine=engine,
         adversary=None if brief.adversary is None else RemoteAdversary(brief.adversary, channel),  # type: ignore[arg-type]
     )
-    return ATTACKS.get(brief.attack)(brief.view, brief.settings, context)
+    return cls(brief.view, brief.settings, context), abi
 
 
 def results_to_wire(results: Any, attack: str) -> list:
@@ -189,8 +196,8 @@ def main(argv: list[str]) -> NoReturn:
         brief: WorkerBrief = channel.receive()
         torch.set_num_threads(brief.threads)
         seed_globals(brief.globals_seed)
-        attack = build_attack(brief, channel)
-        channel.send("ready")
+        attack, abi = build_attack(brief, channel)
+        channel.send("ready", abi)
         serve(channel, attack)
     except (EOFError, BrokenPipeError, ConnectionResetError):
         sys.exit(0)  # the run is gone or stopped this worker
