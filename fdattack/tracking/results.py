@@ -3,8 +3,9 @@
 Every place that takes a result from disk instead of computing it (a seed replica, a matrix simulation, a sweep trial,
 a resumed run's stored config) goes through :func:`check_made_with`: the stored ``config.yaml`` must exist and agree
 with the config of the run being asked for in every key that can change a result. The keys that cannot
-(:data:`RESULT_FREE_KEYS`: the run's ``name``, ``resume``, ``output_dir`` and the whole ``logger`` group, where and how a
-run logs, its W&B group and name included) are left out, so a moved or copied folder is still its own result.
+(:data:`RESULT_FREE_KEYS`: the run's ``name``, ``resume``, ``output_dir``, ``plugins`` and the whole ``logger`` group,
+where and how a run logs, its W&B group and name included; and ``isolation.mode``, where the attacks run) are left out,
+so a moved or copied folder is still its own result.
 """
 
 from __future__ import annotations
@@ -18,16 +19,28 @@ from omegaconf import DictConfig, OmegaConf
 from fdattack.errors import CheckpointError, DataError
 from fdattack.tracking.report_runs import read_metrics
 
-#: Top-level config keys that change no result: a result made with other values of them is still this config's.
-RESULT_FREE_KEYS = ("name", "resume", "output_dir", "logger")
+#: Top-level config keys that change no result: a result made with other values of them is still this config's
+#: (``plugins`` only makes names known; the names a run uses are in ``attacks``, ``defenses`` and ``protocol.name``).
+RESULT_FREE_KEYS = ("name", "resume", "output_dir", "logger", "plugins")
+#: The ``isolation`` keys that decide a result (its budgets, which can stop an attack), with the values a stored config
+#: written before they existed had in effect; ``isolation.mode`` decides none (isolated attacks give the in-process
+#: results: tests/test_isolation.py).
+ISOLATION_BUDGETS = {"seconds": None, "memory_mb": None}
 
 
 def result_tree(cfg: DictConfig) -> dict:
-    """The plain, resolved config tree without :data:`RESULT_FREE_KEYS`: what decides a run's results."""
+    """The plain, resolved config tree without :data:`RESULT_FREE_KEYS` and ``isolation.mode``: what decides a run's
+    results."""
     tree = OmegaConf.to_container(cfg, resolve=True, enum_to_str=True)
     if not isinstance(tree, dict):
         return {}
-    return {key: value for key, value in tree.items() if key not in RESULT_FREE_KEYS}
+    kept = {key: value for key, value in tree.items() if key not in RESULT_FREE_KEYS}
+    isolation = kept.get("isolation")
+    kept["isolation"] = {
+        **ISOLATION_BUDGETS,
+        **{k: v for k, v in (isolation if isinstance(isolation, dict) else {}).items() if k != "mode"},
+    }
+    return kept
 
 
 def first_difference(old: Any, new: Any, prefix: str = "") -> str | None:
