@@ -54,6 +54,7 @@ WORKER_ENVIRONMENT = (
     "SYSTEMROOT",
 )
 _POLL_S = 0.2  # how often a wait looks at the budgets
+START_S = 600  # the longest a worker may take to start (import, build its attack) before it is stopped
 
 
 @dataclass(frozen=True)
@@ -123,6 +124,7 @@ class IsolatedAttack(Observer):
     def wait_ready(self) -> int:
         """Wait until the worker has built its attack; the Landlock ABI that confines it (0: none, or it failed)."""
         reply = self._until("ready")
+        self.spent_s = 0.0  # its start (Python, torch, its sandbox) is not the attack's to pay for
         self.sandbox_abi = int(reply[1]) if reply is not None and len(reply) == 2 and type(reply[1]) is int else 0
         return self.sandbox_abi
 
@@ -214,7 +216,9 @@ class IsolatedAttack(Observer):
         if self._over_memory:
             return self._stop("memory", f"its worker went past isolation.memory_mb={self.budget.memory_mb} MiB")
         elapsed = time.perf_counter() - (self._started_at or time.perf_counter())
-        if self.budget.seconds is not None and self.spent_s + elapsed > self.budget.seconds:
+        if expected == "ready" and elapsed > START_S:
+            return self._stop("failed", f"its worker did not start within {START_S} s")
+        if expected != "ready" and self.budget.seconds is not None and self.spent_s + elapsed > self.budget.seconds:
             return self._stop("seconds", f"it took more than isolation.seconds={self.budget.seconds:g} s")
         try:
             if not self._conn.poll():

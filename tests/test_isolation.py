@@ -1,0 +1,225 @@
+"""Attacks in worker processes of their own (``isolation.mode=process``, issue 47).
+
+An isolated run gives exactly the in-process results and resumes alike; hostile attacks that reach the run in process
+(hooks, a ``TorchFunctionMode``, ``gc``, frames, descriptors, argv, the parent's ``/proc``, the run directory's files)
+find nothing of it isolated; a worker that fails, sends what is not plain data, or goes past its wall seconds or memory
+is stopped with one line while the run goes on; and what a worker sends is read without unpickling it.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from fdattack.cli import main
+from fdattack.isolation import codec
+from fdattack.isolation.sandbox import landlock_abi
+from fdattack.randomness import derive_seed
+from tests.conftest import REPO
+
+#: a two-client, two-round run of the digits with small attacks: seconds a round
+SMALL = [
+    "protocol.num_clients=2",
+    "protocol.transfer_public_epochs=1",
+    "protocol.transfer_private_epochs=1",
+    "logger.wandb.mode=disabled",
+    "logger.progress=never",
+    "evaluation.confidence_gap.enabled=false",
+    "evaluation.classifier=null",
+    "data.max_per_class=30",
+    "attack.pli.max_width=16",
+    "attack.tbi.max_width=16",
+    "attack.pli.epochs_per_round=1",
+    "attack.tbi.epochs_per_round=1",
+    "attack.pli.prior.epochs=1",
+    "attack.pli.prior.width=8",
+]
+HOSTILE = ["hostile_globals", "hostile_walk", "hostile_hooks", "hostile_proc", "hostile_stale"]
+
+
+def _rows(out: Path) -> list[dict]:
+    return [
+        {k: v for k, v in json.loads(line).items() if not k.startswith("time/")} for line in (out / "rounds.jsonl").read_text().splitlines()
+    ]
+
+
+def _metrics(out: Path) -> dict:
+    return {k: v for k, v in json.loads((out / "metrics.json").read_text()).items() if not k.startswith("time/")}
+
+
+def _run_process(cwd: Path, out: Path, *overrides: str) -> subprocess.CompletedProcess:
+    """``fdattack run`` in a process of its own, in ``cwd``, with the hostile attacks importable as a plugin."""
+    cwd.mkdir(parents=True, exist_ok=True)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]), "OMP_NUM_THREADS": "1"}
+    return subprocess.run(
+        [sys.executable, "-m", "fdattack", "run", *SMALL, "plugins=[tests.hostile_attacks]", f"output_dir={out}", *overrides],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+
+
+# ---------------------------------------------------------------------------------------------------------- the codec
+def test_plain_data_round_trips_through_the_codec() -> None:
+    tensors = [torch.arange(6, dtype=d).reshape(2, 3) for d in (torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64)]
+    tensors += [torch.randn(2, 3, dtype=d) for d in (torch.float16, torch.bfloat16, torch.float32, torch.float64)]
+    tensors += [torch.tensor([True, False]), torch.empty(0, 4), torch.tensor(3.5), torch.randn(4, 4).t()]
+    value = [
+        "results",
+        {"a": tensors, "big": 2**70, "neg": -3, "f": 0.1, "inf": math.inf, "ninf": -math.inf},
+        (1, "x", None, True),
+        b"\x00\xff",
+    ]
+    back = codec.decode(codec.encode(value))
+    assert back[0] == "results" and back[2] == (1, "x", None, True) and back[3] == b"\x00\xff"
+    assert back[1]["big"] == 2**70 and back[1]["neg"] == -3 and back[1]["f"] == 0.1 and back[1]["inf"] == math.inf
+    assert back[1]["ninf"] == -math.inf
+    for sent, got in zip(tensors, back[1]["a"]):
+        assert type(got) is torch.Tensor and got.dtype == sent.dtype and got.shape == sent.shape and torch.equal(got, sent)
+    assert math.isnan(codec.decode(codec.encode([math.nan]))[0])
+
+
+class Sneaky(str):
+    pass
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        Sneaky("x"),
+        np.zeros(3),
+        object(),
+        {1: "a"},
+        torch.zeros(2).as_subclass(type("T", (torch.Tensor,), {})),
+        torch.zeros(2, dtype=torch.complex64),
+    ],
+    ids=["str-subclass", "ndarray", "object", "int-keyed-dict", "tensor-subclass", "complex"],
+)
+def test_the_codec_refuses_to_encode_what_is_not_plain_data(value: object) -> None:
+    with pytest.raises(codec.CodecError):
+        codec.encode([value])
+
+
+@pytest.mark.parametrize(
+    "message",
+    [
+        b"\x80\x04\x95",  # a pickle
+        codec.encode([1])[:-1],  # cut short
+        codec.encode([torch.zeros(3)]) + b"\x00",  # a byte no field accounts for
+        (lambda h: len(h).to_bytes(8, "little") + h)(b'{"t":"float32","s":[4],"n":4}') + b"\x00" * 4,  # bytes that do not fit the shape
+        (lambda h: len(h).to_bytes(8, "little") + h)(b'{"t":"object","s":[1],"n":8}') + b"\x00" * 8,  # no such dtype
+        (lambda h: len(h).to_bytes(8, "little") + h)(b'{"py/object":"os.system"}'),  # a node of no known kind
+        (lambda h: len(h).to_bytes(8, "little") + h)(b"3"),  # a bare JSON number (ints travel as strings)
+    ],
+    ids=["pickle", "short", "trailing", "misfit", "dtype", "unknown-node", "bare-number"],
+)
+def test_the_codec_refuses_crafted_messages(message: bytes) -> None:
+    with pytest.raises(codec.CodecError):
+        codec.decode(message)
+
+
+# ------------------------------------------------------------------------------------------------ results and resume
+@pytest.mark.slow
+def test_isolated_attacks_give_the_in_process_results_and_resume_alike(tmp_path: Path) -> None:
+    """The same run in process and isolated: every metric of every round equal (the workers draw from the streams the
+    run would have given each call); an isolated run resumed from an older checkpoint ends equal too, and so does the
+    isolated run's checkpoint resumed in process (``isolation.mode`` decides no result)."""
+    args = ["run", *SMALL, "attacks=[pli,tbi,ldia]", "protocol.rounds=3", "keep_checkpoints=2"]
+    in_process, isolated = tmp_path / "in_process", tmp_path / "isolated"
+    assert main([*args, f"output_dir={in_process}"]) == 0
+    assert main([*args, f"output_dir={isolated}", "isolation.mode=process"]) == 0
+    assert _rows(isolated) == _rows(in_process)
+    assert _metrics(isolated) == _metrics(in_process)
+    assert {p.name for p in (isolated / "attack_state").iterdir()} >= {"pli", "tbi", "ldia"}
+
+    (isolated / "checkpoints" / "round_0003.pt").unlink()
+    assert main([*args, f"output_dir={isolated}", "isolation.mode=process", "resume=true"]) == 0
+    assert _rows(isolated) == _rows(in_process) and _metrics(isolated) == _metrics(in_process)
+
+    (isolated / "checkpoints" / "round_0003.pt").unlink()
+    assert main([*args, f"output_dir={isolated}", "resume=true"]) == 0  # the workers' states, read in process
+    assert _rows(isolated) == _rows(in_process) and _metrics(isolated) == _metrics(in_process)
+
+
+# ------------------------------------------------------------------------------------------------ hostile attacks
+@pytest.mark.slow
+def test_hostile_attacks_reach_the_run_in_process_and_find_nothing_of_it_isolated(tmp_path: Path) -> None:
+    """The same five hostile attacks (tests/hostile_attacks.py), run in process and isolated on one round of FedMD.
+
+    In process (the paths docs/threat-model.md lists as needing isolation) the hooks count the clients' forward passes,
+    the walks meet the run's objects, and the descriptors and argv lead to the run directory; isolated each finds
+    nothing, its parent's command line and the run's partition.json stay unreadable (Landlock), and in both modes the
+    global generators hold no run seed and a kept query handle answers nothing after its phase."""
+    overrides = [f"attacks=[{','.join(HOSTILE)}]", "protocol.rounds=1", "protocol.name=fedmd"]
+    found = {}
+    for mode in ("in_process", "process"):
+        folder, out = tmp_path / mode, tmp_path / mode / "run"
+        done = _run_process(folder, out, *overrides, f"isolation.mode={mode}")
+        assert done.returncode == 0, done.stderr[-2000:]
+        states = out / "attack_state"
+        paths = {name: folder / f"found_{name}.json" if mode == "in_process" else states / name / f"found_{name}.json" for name in HOSTILE}
+        found[mode] = {name: json.loads(path.read_text()) for name, path in paths.items()}
+
+    inside, isolated = found["in_process"], found["process"]
+    assert inside["hostile_hooks"]["forwards_seen"] > 0 and inside["hostile_hooks"]["images_seen"] > 0
+    assert inside["hostile_hooks"]["functions_seen"] > 0
+    assert inside["hostile_walk"]["run_objects"] > 0 and inside["hostile_walk"]["frames_with_run_objects"] > 0
+    assert inside["hostile_walk"]["networks"] > 0
+    assert inside["hostile_proc"]["argv_secrets"] > 0 and inside["hostile_proc"]["lock_or_run_files"] > 0
+
+    assert isolated["hostile_hooks"] == {"forwards_seen": 0, "images_seen": 0, "functions_seen": 0}
+    assert isolated["hostile_walk"] == {"run_objects": 0, "networks": 0, "frames_with_run_objects": 0, "answering_threads": 0}
+    proc = isolated["hostile_proc"]
+    assert proc["argv_secrets"] == 0 and proc["lock_or_run_files"] == 0 and proc["environment_secrets"] == 0
+    if landlock_abi():
+        assert proc["parent_cmdline"] == 0 and proc["partition"] == 0
+    for seen in (inside, isolated):
+        assert seen["hostile_stale"] == {"stale_answered": 0, "refusal": "StaleQueryError"}
+        run_seed_words = np.random.RandomState(42).get_state()[1][:2].tolist()
+        assert seen["hostile_globals"]["torch_initial_seed"] not in (42, derive_seed(42, "globals"))
+        assert seen["hostile_globals"]["numpy_words"] != run_seed_words
+
+
+@pytest.mark.slow
+def test_a_dishonest_failing_slow_or_hungry_worker_is_stopped_and_the_run_goes_on(tmp_path: Path) -> None:
+    """Isolated, in one round: a result whose ``role`` is a ``str`` subclass is refused in the worker, which stops; a
+    worker past ``isolation.seconds`` or ``isolation.memory_mb`` is stopped; each with one line, and LDIA beside them
+    is scored as in a run of its own."""
+    out = tmp_path / "run"
+    done = _run_process(
+        tmp_path,
+        out,
+        "attacks=[hostile_result,slow_attack,hungry_attack,ldia]",
+        "protocol.rounds=1",
+        "isolation.mode=process",
+        "isolation.seconds=10",
+        "isolation.memory_mb=1500",
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    metrics = _metrics(out)
+    assert metrics["attack/hostile_result/stopped/failed"] == 1.0
+    assert metrics["attack/slow_attack/stopped/seconds"] == 1.0
+    assert metrics["attack/hungry_attack/stopped/memory"] == 1.0
+    assert not any(key.startswith("attack/hostile_result/") and "stopped" not in key for key in metrics)
+    for name, why in (
+        ("hostile_result", "BoundaryError"),
+        ("slow_attack", "isolation.seconds=10"),
+        ("hungry_attack", "isolation.memory_mb=1500"),
+    ):
+        lines = [line for line in done.stderr.splitlines() if f"attack {name} stopped" in line]
+        assert len(lines) == 1 and why in lines[0], done.stderr[-2000:]
+
+    alone = tmp_path / "alone"
+    assert main(["run", *SMALL, "attacks=[ldia]", "protocol.rounds=1", f"output_dir={alone}"]) == 0
+    ldia = {k: v for k, v in _metrics(alone).items() if k.startswith("attack/ldia/")}
+    assert ldia and {k: metrics[k] for k in ldia} == ldia
