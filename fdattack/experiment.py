@@ -390,13 +390,14 @@ class Experiment:
         return final
 
     def _round(self, orchestrator: RoundOrchestrator, round_index: int) -> Report:
-        """One round: the protocol's phases (records go to the attacks), then the evaluator scores the protocol and each attack."""
+        """One round: the protocol's phases (records go to the attacks), then the evaluator scores the protocol and each
+        attack. Isolated attacks end the round at once, in their workers, while the evaluator scores the protocol."""
         protocol_metrics = orchestrator.run_round(round_index).metrics
+        isolated = [a for a in self.attacks if isinstance(a, IsolatedAttack)]
+        for attack in isolated:
+            attack.dispatch_round_end(round_index, orchestrator.round_end_streams(attack.name, round_index))
         report = self.evaluator.round_report()
         report.metrics = {**protocol_metrics, **report.metrics}
-        isolated = [a for a in self.attacks if isinstance(a, IsolatedAttack)]
-        for attack in isolated:  # the workers end the round at once
-            attack.dispatch_round_end(round_index, orchestrator.round_end_streams(attack.name, round_index))
         if isolated:
             self.progress.activity(f"round {round_index}: {len(isolated)} attack worker(s)")
         results = collect_round_ends(isolated)

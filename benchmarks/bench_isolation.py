@@ -1,0 +1,131 @@
+"""What running each attack in a worker process of its own (``isolation.mode=process``) costs and gains.
+
+For three runs — the embedded default (``fdattack run``: PLI, TBI and LDIA on the digits), one AT&T faces cell of the
+small matrix (``conf/matrix/small.yaml``, FedMD without defense: six attacks) and the PDA-FD digits run
+(``conf/experiment/ldia_lira_fedmd_digits.yaml``) — it times ``fdattack run`` in process and isolated, alternating the
+two modes ``--repeats`` times, and samples the resident memory of the whole process tree (the run and its workers)
+five times a second. It prints, per run and mode, the median wall time and peak memory with their range, and the
+isolated-to-in-process ratios of the medians; and it checks that both modes gave the same metrics.
+
+Every run gets ``OMP_NUM_THREADS=--threads`` (default: the machine's cores), the workers the run's thread count. Run
+it on an otherwise idle machine and note the machine.
+
+Usage: ``python benchmarks/bench_isolation.py [--repeats 3] [--threads 2] [--runs default att_faces pdafd_digits]``
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from fdattack.matrix.plan import plan_cell  # noqa: E402
+from fdattack.matrix.spec import load_matrix  # noqa: E402
+
+QUIET = ["logger.wandb.mode=disabled", "logger.progress=never"]
+
+
+def runs() -> dict[str, list[str]]:
+    """The ``fdattack run`` arguments of each benchmarked run."""
+    spec = load_matrix(REPO / "conf" / "matrix" / "small.yaml")
+    cell = plan_cell(spec, "att_faces", "fedmd", "none")
+    return {
+        "default": [],
+        "att_faces": [*([str(cell.experiment)] if cell.experiment else []), *cell.overrides, "seed=0"],
+        "pdafd_digits": [str(REPO / "conf" / "experiment" / "ldia_lira_fedmd_digits.yaml")],
+    }
+
+
+def tree_rss_mb(root: int) -> float:
+    """Resident memory of ``root`` and all its descendants, in MiB (Linux ``/proc``)."""
+    children: dict[int, list[int]] = {}
+    rss: dict[int, float] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            status = Path(f"/proc/{entry}/status").read_text()
+        except OSError:
+            continue
+        fields = dict(line.split(":", 1) for line in status.splitlines() if ":" in line)
+        pid = int(entry)
+        children.setdefault(int(fields.get("PPid", "0").strip()), []).append(pid)
+        rss[pid] = int(fields.get("VmRSS", "0 kB").split()[0]) / 1024 if "VmRSS" in fields else 0.0
+    total, stack = 0.0, [root]
+    while stack:
+        pid = stack.pop()
+        total += rss.get(pid, 0.0)
+        stack.extend(children.get(pid, []))
+    return total
+
+
+def timed_run(args: list[str], out: Path, threads: int) -> tuple[float, float, dict]:
+    """Wall seconds, peak tree memory (MiB) and final metrics of one ``fdattack run``."""
+    env = {**os.environ, "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)}
+    command = [sys.executable, "-m", "fdattack", "run", *args, *QUIET, f"output_dir={out}"]
+    started = time.perf_counter()
+    proc = subprocess.Popen(command, cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    peak, done = [0.0], threading.Event()
+
+    def sample() -> None:
+        while not done.wait(0.2):
+            peak[0] = max(peak[0], tree_rss_mb(proc.pid))
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
+    _, errors = proc.communicate()
+    wall = time.perf_counter() - started
+    done.set()
+    sampler.join()
+    if proc.returncode != 0:
+        raise SystemExit(f"{' '.join(command)} failed:\n{errors[-2000:]}")
+    metrics = json.loads((out / "metrics.json").read_text())
+    return wall, peak[0], {k: v for k, v in metrics.items() if not k.startswith("time/")}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--threads", type=int, default=os.cpu_count() or 1)
+    parser.add_argument("--runs", nargs="+", default=list(runs()))
+    options = parser.parse_args()
+    chosen = {name: args for name, args in runs().items() if name in options.runs}
+    print(f"{len(chosen)} runs x 2 modes x {options.repeats} repeats, OMP_NUM_THREADS={options.threads}, {os.cpu_count()} cores")
+    table = []
+    with tempfile.TemporaryDirectory(prefix="bench-isolation-") as scratch:
+        for name, args in chosen.items():
+            measured: dict[str, list[tuple[float, float]]] = {"in_process": [], "process": []}
+            metrics: dict[str, dict] = {}
+            for repeat in range(options.repeats):
+                for mode in ("in_process", "process") if repeat % 2 == 0 else ("process", "in_process"):
+                    out = Path(scratch) / f"{name}-{mode}-{repeat}"
+                    wall, peak, metrics[mode] = timed_run([*args, f"isolation.mode={mode}"], out, options.threads)
+                    measured[mode].append((wall, peak))
+                    print(f"  {name:<13} {mode:<10} repeat {repeat}: {wall:6.1f} s, peak {peak:6.0f} MiB", flush=True)
+            same = metrics["in_process"] == metrics["process"]
+            table.append((name, measured, same))
+    print(f"\n{'run':<13} {'mode':<10} {'wall s, median [min-max]':>26} {'peak MiB, median [min-max]':>28} {'same metrics':>13}")
+    for name, measured, same in table:
+        for mode in ("in_process", "process"):
+            walls, peaks = [w for w, _ in measured[mode]], [p for _, p in measured[mode]]
+            print(
+                f"{name:<13} {mode:<10} {statistics.median(walls):8.1f} [{min(walls):5.1f}-{max(walls):5.1f}]"
+                f" {statistics.median(peaks):10.0f} [{min(peaks):5.0f}-{max(peaks):5.0f}] {str(same):>13}"
+            )
+        ratio_wall = statistics.median(w for w, _ in measured["process"]) / statistics.median(w for w, _ in measured["in_process"])
+        ratio_peak = statistics.median(p for _, p in measured["process"]) / statistics.median(p for _, p in measured["in_process"])
+        print(f"{name:<13} {'ratio':<10} {ratio_wall:8.2f} x{'':>15} {ratio_peak:10.2f} x")
+
+
+if __name__ == "__main__":
+    main()
