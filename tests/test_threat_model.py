@@ -1,6 +1,6 @@
 """Attacks see exactly their threat model, at run time.
 
-For every protocol x attack pair, on real runs:
+On real runs of FedMD, FedGEMS and DS-FL with PLI and TBI, and of Cronus with TBI (``ATTACKS``):
 (a) the outputs an attack trains on equal the clients' outputs at the attack point, recomputed from the
     models saved in that phase, and a query used after its phase raises;
 (b) an object-graph walk from every attack and every record it receives finds no private tensor, no
