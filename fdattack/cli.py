@@ -147,11 +147,13 @@ def _disk_error(err: BaseException) -> str | None:
 
 def _run(args: argparse.Namespace) -> int:
     from fdattack.config import compose, help_config
+    from fdattack.config.composition import load_named_plugins
 
+    experiment, overrides = _split_experiment(list(args.tokens))
     if args.help_config:
+        load_named_plugins(experiment, overrides)  # plugins=[...] among the tokens: their keys are listed too
         print(help_config())
         return 0
-    experiment, overrides = _split_experiment(list(args.tokens))
     cfg = compose(experiment, overrides)
     if args.print_config:
         from omegaconf import OmegaConf

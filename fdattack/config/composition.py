@@ -11,6 +11,9 @@ A run's config is composed in this order, later layers winning:
 3. the experiment YAML's own keys;
 4. ``key=value`` dotlist overrides (``attack.pli.tau=1``).
 
+Before the schema is built, the modules that ``plugins`` names (the last layer that sets it wins) are imported and the
+installed entry points loaded (:mod:`fdattack.plugins`), so that ``attack.<name>`` holds their components' settings.
+
 A run without a ``name`` is named after its protocol, data and attacks (``dsfl_att_faces_pli-tbi``).
 
 The schema is struct-mode: a misspelt key or a value of the wrong type is a :class:`ConfigError`
@@ -32,6 +35,7 @@ from fdattack.config.registries import registries
 from fdattack.config.schema import ExperimentConfig
 from fdattack.config.validation import validate
 from fdattack.errors import ConfigError
+from fdattack.plugins import check_module_name, load_plugins
 
 PACKAGE_ROOT = Path(__file__).resolve().parents[1]
 REPO_CONF_DIR = PACKAGE_ROOT.parent / "conf"
@@ -185,6 +189,35 @@ def check_moved_keys(layer: DictConfig, source: str, attack_names: list[str]) ->
         raise ConfigError(f"{source}: attack.{key} has moved to {new} (each attack has its own knobs under attack.<name>)")
 
 
+def _plugins_of(layers: list[tuple[str, DictConfig]]) -> list[str]:
+    """The ``plugins`` list the composed config will hold: that of the last layer that sets it, its names checked."""
+    chosen = next(((source, layer) for source, layer in reversed(layers) if "plugins" in layer), None)
+    if chosen is None:
+        return []
+    source, layer = chosen
+    value = layer.get("plugins")
+    names = OmegaConf.to_container(value) if isinstance(value, ListConfig) else value
+    if not isinstance(names, list):
+        raise ConfigError(f"{source}: plugins={value!r} must be a list of importable module names, e.g. plugins=[mypkg.attack]")
+    try:
+        return [check_module_name(name) for name in names]
+    except ConfigError as err:
+        raise ConfigError(f"{source}: {err}") from None
+
+
+def load_named_plugins(experiment: str | Path | None = None, overrides: list[str] | None = None) -> None:
+    """Load the installed entry points and the plugins that the experiment YAML and the overrides name
+    (``plugins=[mypkg.attack]``), as :func:`compose` does first: for callers that list the registered components before
+    a run is composed (``--help-config``, a matrix file's attacks).
+
+    Raises:
+        ConfigError: a ``plugins`` value that is not a list of module names, or a plugin that fails its checks.
+    """
+    layers = [] if experiment is None else [(str(experiment), _load_yaml(Path(experiment), "experiment"))]
+    layers.append(("command line", _from_dotlist(_split_tokens(list(overrides or []))[1])))
+    load_plugins(_plugins_of(layers))
+
+
 def default_name(cfg: DictConfig) -> str:
     """``<protocol>_<data>[_<attack>-<attack>...]``, e.g. ``dsfl_att_faces_pli-tbi``: the name of a run that gives none."""
     return "_".join([str(cfg.protocol.name), str(cfg.data.name), *(["-".join(map(str, cfg.attacks))] if cfg.attacks else [])])
@@ -248,6 +281,7 @@ def compose_unchecked(experiment: str | Path | None = None, overrides: list[str]
         layers.append((str(experiment), exp_cfg))
     layers.append(("command line", _from_dotlist(dotlist)))
 
+    load_plugins(_plugins_of(layers))  # the registries, and so the schema, hold the plugins' components from here on
     protocol_name = "fedmd"
     for _, layer in layers:
         name = OmegaConf.select(layer, "protocol.name", default=None)

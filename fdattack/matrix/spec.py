@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from fdattack.config.composition import load_named_plugins
 from fdattack.config.registries import registries
 from fdattack.config.schema import SEED_MAX
 from fdattack.config.yaml_files import quote, read_yaml_file
@@ -153,10 +154,15 @@ def load_matrix(path: Path) -> MatrixSpec:
     if experiment is not None and not isinstance(experiment, str):
         raise ConfigError(f"{path}: experiment must be the path of an experiment YAML, got {quote(repr(experiment))}")
     data, protocols, defenses = (_axis(path, key, raw[key]) for key in AXES)
+    overrides = _tokens(path, "overrides", raw.get("overrides"))
+    try:  # plugins=[...] in the experiment or the overrides: their attacks may be among attacks
+        load_named_plugins(experiment or None, list(overrides))
+    except ConfigError as err:
+        raise ConfigError(f"{path}: {err}") from None
     return MatrixSpec(
         name=name,
         experiment=Path(experiment) if experiment else None,
-        overrides=_tokens(path, "overrides", raw.get("overrides")),
+        overrides=overrides,
         seeds=_seeds(path, raw["seeds"]),
         data=data,
         protocols=protocols,
