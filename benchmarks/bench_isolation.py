@@ -5,7 +5,9 @@ small matrix (``conf/matrix/small.yaml``, FedMD without defense: six attacks) an
 (``conf/experiment/ldia_lira_fedmd_digits.yaml``) — it times ``fdattack run`` in process and isolated, alternating the
 two modes ``--repeats`` times, and samples the resident memory of the whole process tree (the run and its workers)
 five times a second. It prints, per run and mode, the median wall time and peak memory with their range, and the
-isolated-to-in-process ratios of the medians; and it checks that both modes gave the same metrics.
+isolated-to-in-process ratios of the medians; and it checks that both modes gave the same metrics. Memory is the
+peak over the run of the tree's RSS (a library page mapped by several processes counted in each) and of its PSS
+(shared pages split among the processes that map them: what the tree really holds).
 
 Every run gets ``OMP_NUM_THREADS=--threads`` (default: the machine's cores), the workers the run's thread count. Run
 it on an otherwise idle machine and note the machine.
@@ -46,40 +48,44 @@ def runs() -> dict[str, list[str]]:
     }
 
 
-def tree_rss_mb(root: int) -> float:
-    """Resident memory of ``root`` and all its descendants, in MiB (Linux ``/proc``)."""
+def tree_memory_mb(root: int) -> tuple[float, float]:
+    """Resident and proportional memory (RSS, PSS) of ``root`` and all its descendants, in MiB (Linux ``/proc``). RSS
+    counts a shared page (torch's libraries, mapped by the run and by every worker) in each process that maps it; PSS
+    splits it among them, so it adds up across processes."""
     children: dict[int, list[int]] = {}
-    rss: dict[int, float] = {}
     for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            status = Path(f"/proc/{entry}/status").read_text()
-        except OSError:
-            continue
-        fields = dict(line.split(":", 1) for line in status.splitlines() if ":" in line)
-        pid = int(entry)
-        children.setdefault(int(fields.get("PPid", "0").strip()), []).append(pid)
-        rss[pid] = int(fields.get("VmRSS", "0 kB").split()[0]) / 1024 if "VmRSS" in fields else 0.0
-    total, stack = 0.0, [root]
+        if entry.isdigit():
+            try:
+                stat = Path(f"/proc/{entry}/stat").read_text()
+            except OSError:
+                continue
+            children.setdefault(int(stat.rsplit(")", 1)[1].split()[1]), []).append(int(entry))
+    rss = pss = 0.0
+    stack = [root]
     while stack:
         pid = stack.pop()
-        total += rss.get(pid, 0.0)
         stack.extend(children.get(pid, []))
-    return total
+        try:
+            rollup = dict(line.split(":", 1) for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines()[1:])
+        except (OSError, ValueError):
+            continue
+        rss += int(rollup.get("Rss", "0 kB").split()[0]) / 1024
+        pss += int(rollup.get("Pss", "0 kB").split()[0]) / 1024
+    return rss, pss
 
 
-def timed_run(args: list[str], out: Path, threads: int) -> tuple[float, float, dict]:
-    """Wall seconds, peak tree memory (MiB) and final metrics of one ``fdattack run``."""
+def timed_run(args: list[str], out: Path, threads: int) -> tuple[float, tuple[float, float], dict]:
+    """Wall seconds, peak tree memory (RSS and PSS, MiB) and final metrics of one ``fdattack run``."""
     env = {**os.environ, "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)}
     command = [sys.executable, "-m", "fdattack", "run", *args, *QUIET, f"output_dir={out}"]
     started = time.perf_counter()
     proc = subprocess.Popen(command, cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    peak, done = [0.0], threading.Event()
+    peak, done = [0.0, 0.0], threading.Event()
 
     def sample() -> None:
         while not done.wait(0.2):
-            peak[0] = max(peak[0], tree_rss_mb(proc.pid))
+            rss, pss = tree_memory_mb(proc.pid)
+            peak[0], peak[1] = max(peak[0], rss), max(peak[1], pss)
 
     sampler = threading.Thread(target=sample, daemon=True)
     sampler.start()
@@ -90,7 +96,7 @@ def timed_run(args: list[str], out: Path, threads: int) -> tuple[float, float, d
     if proc.returncode != 0:
         raise SystemExit(f"{' '.join(command)} failed:\n{errors[-2000:]}")
     metrics = json.loads((out / "metrics.json").read_text())
-    return wall, peak[0], {k: v for k, v in metrics.items() if not k.startswith("time/")}
+    return wall, (peak[0], peak[1]), {k: v for k, v in metrics.items() if not k.startswith("time/")}
 
 
 def main() -> None:
@@ -104,27 +110,27 @@ def main() -> None:
     table = []
     with tempfile.TemporaryDirectory(prefix="bench-isolation-") as scratch:
         for name, args in chosen.items():
-            measured: dict[str, list[tuple[float, float]]] = {"in_process": [], "process": []}
+            measured: dict[str, list[tuple[float, float, float]]] = {"in_process": [], "process": []}
             metrics: dict[str, dict] = {}
             for repeat in range(options.repeats):
                 for mode in ("in_process", "process") if repeat % 2 == 0 else ("process", "in_process"):
                     out = Path(scratch) / f"{name}-{mode}-{repeat}"
-                    wall, peak, metrics[mode] = timed_run([*args, f"isolation.mode={mode}"], out, options.threads)
-                    measured[mode].append((wall, peak))
-                    print(f"  {name:<13} {mode:<10} repeat {repeat}: {wall:6.1f} s, peak {peak:6.0f} MiB", flush=True)
-            same = metrics["in_process"] == metrics["process"]
-            table.append((name, measured, same))
-    print(f"\n{'run':<13} {'mode':<10} {'wall s, median [min-max]':>26} {'peak MiB, median [min-max]':>28} {'same metrics':>13}")
+                    wall, (rss, pss), metrics[mode] = timed_run([*args, f"isolation.mode={mode}"], out, options.threads)
+                    measured[mode].append((wall, rss, pss))
+                    print(
+                        f"  {name:<13} {mode:<10} repeat {repeat}: {wall:6.1f} s, peak RSS {rss:6.0f} MiB, PSS {pss:6.0f} MiB", flush=True
+                    )
+            table.append((name, measured, metrics["in_process"] == metrics["process"]))
+    print(f"\n{'run':<13} {'mode':<10} {'wall s, median [range]':>24} {'peak RSS MiB':>22} {'peak PSS MiB':>22} {'same metrics':>13}")
     for name, measured, same in table:
+        medians = {}
         for mode in ("in_process", "process"):
-            walls, peaks = [w for w, _ in measured[mode]], [p for _, p in measured[mode]]
-            print(
-                f"{name:<13} {mode:<10} {statistics.median(walls):8.1f} [{min(walls):5.1f}-{max(walls):5.1f}]"
-                f" {statistics.median(peaks):10.0f} [{min(peaks):5.0f}-{max(peaks):5.0f}] {str(same):>13}"
-            )
-        ratio_wall = statistics.median(w for w, _ in measured["process"]) / statistics.median(w for w, _ in measured["in_process"])
-        ratio_peak = statistics.median(p for _, p in measured["process"]) / statistics.median(p for _, p in measured["in_process"])
-        print(f"{name:<13} {'ratio':<10} {ratio_wall:8.2f} x{'':>15} {ratio_peak:10.2f} x")
+            columns = list(zip(*measured[mode]))
+            medians[mode] = [statistics.median(c) for c in columns]
+            cells = [f"{statistics.median(c):8.1f} [{min(c):5.0f}-{max(c):5.0f}]" for c in columns]
+            print(f"{name:<13} {mode:<10} {cells[0]:>24} {cells[1]:>22} {cells[2]:>22} {str(same):>13}")
+        ratios = [f"{p / i:8.2f} x" for p, i in zip(medians["process"], medians["in_process"])]
+        print(f"{name:<13} {'ratio':<10} {ratios[0]:>24} {ratios[1]:>22} {ratios[2]:>22}")
 
 
 if __name__ == "__main__":

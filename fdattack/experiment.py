@@ -129,6 +129,13 @@ def attacker_seed(run_seed: int) -> int:
     return derive_seed(run_seed, "attacker")
 
 
+def _declared(cfg: DictConfig, name: str) -> tuple[type[Attack], object, frozenset]:
+    """Attack ``name``'s class, its settings from ``attack.<name>`` and the server powers they need."""
+    cls = ATTACKS.get(name)
+    settings = OmegaConf.to_object(cfg.attack[name])
+    return cls, settings, cls.adversary_powers(settings)
+
+
 def build_attacks(
     cfg: DictConfig, view: AttackerView, protocol: Protocol, engine: LocalTrainer | None = None, state_root: Path | None = None
 ) -> tuple[list[Attack], dict[str, Adversary]]:
@@ -149,9 +156,7 @@ def build_attacks(
     attacks: list[Attack] = []
     adversaries: dict[str, Adversary] = {}
     for name in cfg.attacks:
-        cls = ATTACKS.get(name)
-        settings = OmegaConf.to_object(cfg.attack[name])
-        powers = cls.adversary_powers(settings)
+        cls, settings, powers = _declared(cfg, name)
         if powers:
             adversaries[name] = protocol.grant_adversary(powers)
         context = AttackContext(
@@ -182,9 +187,7 @@ def start_isolated_attacks(
     attacks: list[IsolatedAttack] = []
     adversaries: dict[str, Adversary] = {}
     for name in cfg.attacks:
-        cls = ATTACKS.get(name)
-        settings = OmegaConf.to_object(cfg.attack[name])
-        powers = cls.adversary_powers(settings)
+        cls, settings, powers = _declared(cfg, name)
         if powers:
             adversaries[name] = protocol.grant_adversary(powers)
         shape = AdversaryShape(frozenset(powers), len(protocol.split.public), tuple(protocol.split.image_shape)) if powers else None

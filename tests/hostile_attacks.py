@@ -218,3 +218,17 @@ class Hungry(Hostile):
         held = torch.ones(3 * 2**28)  # 3 GiB of float32, every page touched
         time.sleep(10)
         return [] if held.sum() < 0 else []
+
+
+@ATTACKS.register("hostile_mutation")
+class Mutation(Hostile):
+    """Writes zeros into every tensor of its records, in place (issue 47, item 5)."""
+
+    name = "hostile_mutation"
+
+    def on_record(self, record: RoundRecord) -> None:
+        for upload in record.uploads.values():
+            for tensor in upload.tensors():
+                tensor.zero_()
+        if record.aggregate is not None:
+            record.aggregate.zero_()

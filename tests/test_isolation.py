@@ -43,6 +43,8 @@ SMALL = [
     "attack.pli.prior.width=8",
 ]
 HOSTILE = ["hostile_globals", "hostile_walk", "hostile_hooks", "hostile_proc", "hostile_stale"]
+#: attacks the isolated run stops: a result that is not plain data, past isolation.seconds, past isolation.memory_mb
+STOPPED = ["hostile_result", "slow_attack", "hungry_attack"]
 
 
 def _rows(out: Path) -> list[dict]:
@@ -152,25 +154,47 @@ def test_isolated_attacks_give_the_in_process_results_and_resume_alike(tmp_path:
 
 
 # ------------------------------------------------------------------------------------------------ hostile attacks
+@pytest.fixture(scope="module")
+def hostile_runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Path, subprocess.CompletedProcess]]:
+    """One round of FedMD with the hostile attacks and LDIA, in process and isolated (with the dishonest, slow and
+    hungry attacks, each over its budget, beside them); each mode's folder and finished process."""
+    root = tmp_path_factory.mktemp("hostile")
+    common = ["protocol.rounds=1", "protocol.name=fedmd"]
+    runs = {
+        "in_process": [f"attacks=[{','.join([*HOSTILE, 'ldia'])}]", "isolation.mode=in_process"],
+        "process": [
+            f"attacks=[{','.join([*HOSTILE, *STOPPED, 'hostile_mutation', 'ldia'])}]",
+            "isolation.mode=process",
+            "isolation.seconds=10",
+            "isolation.memory_mb=1500",
+        ],
+    }
+    done = {}
+    for mode, overrides in runs.items():
+        folder = root / mode
+        done[mode] = (folder, _run_process(folder, folder / "run", *common, *overrides))
+        assert done[mode][1].returncode == 0, done[mode][1].stderr[-2000:]
+    return done
+
+
+def _found(runs: dict[str, tuple[Path, subprocess.CompletedProcess]], mode: str) -> dict[str, dict]:
+    folder = runs[mode][0]
+    states = folder / "run" / "attack_state"
+    return {
+        name: json.loads((folder / f"found_{name}.json" if mode == "in_process" else states / name / f"found_{name}.json").read_text())
+        for name in HOSTILE
+    }
+
+
 @pytest.mark.slow
-def test_hostile_attacks_reach_the_run_in_process_and_find_nothing_of_it_isolated(tmp_path: Path) -> None:
-    """The same five hostile attacks (tests/hostile_attacks.py), run in process and isolated on one round of FedMD.
+def test_hostile_attacks_reach_the_run_in_process_and_find_nothing_of_it_isolated(hostile_runs: dict) -> None:
+    """The same five hostile attacks (tests/hostile_attacks.py), in process and isolated.
 
     In process (the paths docs/threat-model.md lists as needing isolation) the hooks count the clients' forward passes,
-    the walks meet the run's objects, and the descriptors and argv lead to the run directory; isolated each finds
-    nothing, its parent's command line and the run's partition.json stay unreadable (Landlock), and in both modes the
-    global generators hold no run seed and a kept query handle answers nothing after its phase."""
-    overrides = [f"attacks=[{','.join(HOSTILE)}]", "protocol.rounds=1", "protocol.name=fedmd"]
-    found = {}
-    for mode in ("in_process", "process"):
-        folder, out = tmp_path / mode, tmp_path / mode / "run"
-        done = _run_process(folder, out, *overrides, f"isolation.mode={mode}")
-        assert done.returncode == 0, done.stderr[-2000:]
-        states = out / "attack_state"
-        paths = {name: folder / f"found_{name}.json" if mode == "in_process" else states / name / f"found_{name}.json" for name in HOSTILE}
-        found[mode] = {name: json.loads(path.read_text()) for name, path in paths.items()}
-
-    inside, isolated = found["in_process"], found["process"]
+    the walks meet the run's objects and networks, and the descriptors and argv lead to the run directory; isolated each
+    finds nothing, its parent's command line and the run's partition.json stay unreadable (Landlock), and in both modes
+    the global generators hold no run seed and a kept query handle answers nothing after its phase."""
+    inside, isolated = _found(hostile_runs, "in_process"), _found(hostile_runs, "process")
     assert inside["hostile_hooks"]["forwards_seen"] > 0 and inside["hostile_hooks"]["images_seen"] > 0
     assert inside["hostile_hooks"]["functions_seen"] > 0
     assert inside["hostile_walk"]["run_objects"] > 0 and inside["hostile_walk"]["frames_with_run_objects"] > 0
@@ -183,43 +207,28 @@ def test_hostile_attacks_reach_the_run_in_process_and_find_nothing_of_it_isolate
     assert proc["argv_secrets"] == 0 and proc["lock_or_run_files"] == 0 and proc["environment_secrets"] == 0
     if landlock_abi():
         assert proc["parent_cmdline"] == 0 and proc["partition"] == 0
+    run_seed_words = np.random.RandomState(42).get_state()[1][:2].tolist()
     for seen in (inside, isolated):
         assert seen["hostile_stale"] == {"stale_answered": 0, "refusal": "StaleQueryError"}
-        run_seed_words = np.random.RandomState(42).get_state()[1][:2].tolist()
         assert seen["hostile_globals"]["torch_initial_seed"] not in (42, derive_seed(42, "globals"))
         assert seen["hostile_globals"]["numpy_words"] != run_seed_words
 
 
 @pytest.mark.slow
-def test_a_dishonest_failing_slow_or_hungry_worker_is_stopped_and_the_run_goes_on(tmp_path: Path) -> None:
-    """Isolated, in one round: a result whose ``role`` is a ``str`` subclass is refused in the worker, which stops; a
-    worker past ``isolation.seconds`` or ``isolation.memory_mb`` is stopped; each with one line, and LDIA beside them
-    is scored as in a run of its own."""
-    out = tmp_path / "run"
-    done = _run_process(
-        tmp_path,
-        out,
-        "attacks=[hostile_result,slow_attack,hungry_attack,ldia]",
-        "protocol.rounds=1",
-        "isolation.mode=process",
-        "isolation.seconds=10",
-        "isolation.memory_mb=1500",
-    )
-    assert done.returncode == 0, done.stderr[-2000:]
-    metrics = _metrics(out)
+def test_a_dishonest_failing_slow_or_hungry_worker_is_stopped_and_the_run_goes_on(hostile_runs: dict) -> None:
+    """Isolated: a result whose ``role`` is a ``str`` subclass is refused in the worker, which stops; workers past
+    ``isolation.seconds`` or ``isolation.memory_mb`` are stopped; each with one line; and LDIA beside them, and beside
+    an attack that zeroes every tensor of its records in place, scores as LDIA in process."""
+    folder, done = hostile_runs["process"]
+    metrics = _metrics(folder / "run")
     assert metrics["attack/hostile_result/stopped/failed"] == 1.0
     assert metrics["attack/slow_attack/stopped/seconds"] == 1.0
     assert metrics["attack/hungry_attack/stopped/memory"] == 1.0
     assert not any(key.startswith("attack/hostile_result/") and "stopped" not in key for key in metrics)
-    for name, why in (
-        ("hostile_result", "BoundaryError"),
-        ("slow_attack", "isolation.seconds=10"),
-        ("hungry_attack", "isolation.memory_mb=1500"),
-    ):
+    reasons = {"hostile_result": "BoundaryError", "slow_attack": "isolation.seconds=10", "hungry_attack": "isolation.memory_mb=1500"}
+    for name, why in reasons.items():
         lines = [line for line in done.stderr.splitlines() if f"attack {name} stopped" in line]
         assert len(lines) == 1 and why in lines[0], done.stderr[-2000:]
-
-    alone = tmp_path / "alone"
-    assert main(["run", *SMALL, "attacks=[ldia]", "protocol.rounds=1", f"output_dir={alone}"]) == 0
-    ldia = {k: v for k, v in _metrics(alone).items() if k.startswith("attack/ldia/")}
+    in_process = _metrics(hostile_runs["in_process"][0] / "run")
+    ldia = {k: v for k, v in in_process.items() if k.startswith("attack/ldia/")}
     assert ldia and {k: metrics[k] for k in ldia} == ldia

@@ -88,7 +88,7 @@ def run_installed_plugin(site: Path, out: Path, *extra: str) -> dict[str, float]
     return json.loads((out / "run" / "metrics.json").read_text())
 
 
-@pytest.mark.parametrize("extra", [pytest.param((), id="in_process")])
+@pytest.mark.parametrize("extra", [pytest.param((), id="in_process"), pytest.param(("isolation.mode=process",), id="isolated")])
 def test_an_installed_plugins_attack_runs_from_the_command_line_and_is_scored(
     plugin_site: Path, tmp_path: Path, extra: tuple[str, ...]
 ) -> None:

@@ -50,6 +50,8 @@ SYSTEM_READABLE = (
     "/dev/urandom",
     "/dev/random",
 )
+#: what a worker on a GPU also reads (the driver's settings and the devices' topology)
+DEVICE_READABLE = ("/sys", "/proc/driver")
 #: what every worker may write
 SYSTEM_WRITABLE = ("/dev/null", "/dev/shm")
 
@@ -99,7 +101,8 @@ def python_folders() -> list[Path]:
 def confine(writable: Iterable[Path], readable: Iterable[Path] = (), devices: bool = False) -> int:
     """Restrict this process, for good, to reading :data:`SYSTEM_READABLE`, Python's folders and ``readable``, and to
     reading and writing :data:`SYSTEM_WRITABLE` and ``writable``; no TCP, and no signal or abstract socket outside its
-    sandbox, where the kernel can. ``devices``: also read, write and ``ioctl`` ``/dev`` (a GPU's device files).
+    sandbox, where the kernel can. ``devices``: also read, write and ``ioctl`` ``/dev`` (a GPU's device files) and read
+    :data:`DEVICE_READABLE`.
 
     Returns:
         The Landlock ABI used; 0 when the kernel offers none (nothing was confined).
@@ -118,7 +121,7 @@ def confine(writable: Iterable[Path], readable: Iterable[Path] = (), devices: bo
     if ruleset < 0:
         raise _error("landlock_create_ruleset")
     try:
-        for path in [*SYSTEM_READABLE, *python_folders(), *readable]:
+        for path in [*SYSTEM_READABLE, *python_folders(), *readable, *(DEVICE_READABLE if devices else ())]:
             _allow(libc, ruleset, Path(path), READ & handled)
         for path in [*SYSTEM_WRITABLE, *writable, *(["/dev"] if devices else [])]:
             _allow(libc, ruleset, Path(path), handled)

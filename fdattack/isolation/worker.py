@@ -7,6 +7,7 @@ adversary's actions. Hooks, frames, ``gc``, ``/proc/self`` and ``sys.argv`` show
 
 from __future__ import annotations
 
+import io
 import logging
 import pickle
 import sys
@@ -168,24 +169,16 @@ def serve(channel: Channel, attack: Any) -> None:
             channel.send("state", _saved(attack.state_dict()))
         elif kind == "load":
             state = message[1]
-            attack.load_state_dict(torch.load(_buffer(state), weights_only=False) if type(state) is bytes else state)
+            attack.load_state_dict(torch.load(io.BytesIO(state), weights_only=False) if type(state) is bytes else state)
             channel.send("done")
         else:
             raise RuntimeError(f"the run sent a message of no known kind: {kind!r}")
 
 
 def _saved(state: dict) -> bytes:
-    import io
-
     buffer = io.BytesIO()
     torch.save(state, buffer)
     return buffer.getvalue()
-
-
-def _buffer(data: bytes) -> Any:
-    import io
-
-    return io.BytesIO(data)
 
 
 def main(argv: list[str]) -> NoReturn:
