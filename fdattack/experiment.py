@@ -43,6 +43,7 @@ from fdattack.isolation import (
     MemoryWatch,
     WorkerBrief,
     collect_round_ends,
+    concurrent_workers,
     in_process_state,
 )
 from fdattack.randomness import derive_seed, seed_everything_quietly
@@ -394,16 +395,20 @@ class Experiment:
 
     def _round(self, orchestrator: RoundOrchestrator, round_index: int) -> Report:
         """One round: the protocol's phases (records go to the attacks), then the evaluator scores the protocol and each
-        attack. Isolated attacks end the round at once, in their workers, while the evaluator scores the protocol."""
+        attack. Isolated attacks end the round in their workers, as many at once as the cores give each the run's
+        threads (:func:`~fdattack.isolation.concurrent_workers`)."""
         protocol_metrics = orchestrator.run_round(round_index).metrics
-        isolated = [a for a in self.attacks if isinstance(a, IsolatedAttack)]
-        for attack in isolated:
-            attack.dispatch_round_end(round_index, orchestrator.round_end_streams(attack.name, round_index))
         report = self.evaluator.round_report()
         report.metrics = {**protocol_metrics, **report.metrics}
-        if isolated:
-            self.progress.activity(f"round {round_index}: {len(isolated)} attack worker(s)")
-        results = collect_round_ends(isolated)
+        isolated = [a for a in self.attacks if isinstance(a, IsolatedAttack)]
+        results: dict[str, list] = {}
+        at_once = concurrent_workers(torch.get_num_threads())
+        for first in range(0, len(isolated), at_once):
+            wave = isolated[first : first + at_once]
+            self.progress.activity(f"round {round_index}: attack worker(s) {', '.join(a.name for a in wave)}")
+            for attack in wave:
+                attack.dispatch_round_end(round_index, orchestrator.round_end_streams(attack.name, round_index))
+            results.update(collect_round_ends(wave))
         for attack in self.attacks:
             stop_if_terminated()
             self.progress.activity(f"round {round_index}: attack {attack.name}")

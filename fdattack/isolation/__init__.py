@@ -7,8 +7,17 @@ with the run's own objects and keeps its budget), :mod:`~fdattack.isolation.work
 messages are read without unpickling them.
 """
 
-from fdattack.isolation.proxy import Budget, IsolatedAttack, MemoryWatch, collect_round_ends
+from fdattack.isolation.proxy import Budget, IsolatedAttack, MemoryWatch, collect_round_ends, concurrent_workers
 from fdattack.isolation.state import in_process_state
 from fdattack.isolation.wire import AdversaryShape, WorkerBrief
 
-__all__ = ["AdversaryShape", "Budget", "IsolatedAttack", "MemoryWatch", "WorkerBrief", "collect_round_ends", "in_process_state"]
+__all__ = [
+    "AdversaryShape",
+    "Budget",
+    "IsolatedAttack",
+    "MemoryWatch",
+    "WorkerBrief",
+    "collect_round_ends",
+    "concurrent_workers",
+    "in_process_state",
+]

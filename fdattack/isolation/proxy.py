@@ -327,6 +327,13 @@ class MemoryWatch:
         self._thread.join()
 
 
+def concurrent_workers(threads: int) -> int:
+    """How many workers may end a round at once: as many as this process's cores give ``threads`` each (at least one),
+    so that no worker trains with fewer threads than the run would (the same threads give the same float sums)."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    return max(1, cores // max(1, threads))
+
+
 def collect_round_ends(attacks: Sequence[IsolatedAttack]) -> dict[str, list]:
     """Every dispatched worker's ``on_round_end`` results, rebuilt by type (:func:`results_from_wire`); the workers run
     at once, and each one's asks are answered as they come. A worker stopped meanwhile gives no results."""

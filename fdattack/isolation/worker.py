@@ -7,9 +7,12 @@ adversary's actions. Hooks, frames, ``gc``, ``/proc/self`` and ``sys.argv`` show
 
 from __future__ import annotations
 
+import ctypes
 import io
 import logging
+import os
 import pickle
+import signal
 import sys
 import traceback
 from multiprocessing.connection import Connection
@@ -28,6 +31,7 @@ from fdattack.isolation.wire import REFUSALS, AdversaryShape, WorkerBrief, recor
 from fdattack.randomness import GlobalStreams, seed_globals
 
 log = logging.getLogger("fdattack.worker")
+_PR_SET_PDEATHSIG = 1
 
 
 class Channel:
@@ -181,9 +185,21 @@ def _saved(state: dict) -> bytes:
     return buffer.getvalue()
 
 
+def die_with_parent() -> None:
+    """Have the kernel kill this worker when the run's process ends, however it ends (Linux ``PR_SET_PDEATHSIG``; a
+    busy worker would notice its closed channel only at its next message)."""
+    if not sys.platform.startswith("linux"):
+        return
+    parent = os.getppid()
+    ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    if os.getppid() != parent:  # the run ended before the request took hold
+        os._exit(0)
+
+
 def main(argv: list[str]) -> NoReturn:
     """Read the brief from descriptor ``argv[0]``, build the attack, serve; a failure is one line to the run."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
+    die_with_parent()
     channel = Channel(Connection(int(argv[0])))
     try:
         brief: WorkerBrief = channel.receive()
