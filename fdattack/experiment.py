@@ -42,6 +42,7 @@ from fdattack.isolation import (
     IsolatedAttack,
     MemoryWatch,
     WorkerBrief,
+    Zygote,
     collect_round_ends,
     concurrent_workers,
     in_process_state,
@@ -172,10 +173,11 @@ def build_attacks(
 
 
 def start_isolated_attacks(
-    cfg: DictConfig, view: AttackerView, protocol: Protocol, state_root: Path
+    cfg: DictConfig, view: AttackerView, protocol: Protocol, state_root: Path, zygote: Zygote
 ) -> tuple[list[IsolatedAttack], dict[str, Adversary]]:
-    """``isolation.mode=process``: the attacks of ``cfg.attacks``, each in a worker process of its own built from the
-    brief :func:`build_attacks` would build it from (:mod:`fdattack.isolation`); the workers start at once."""
+    """``isolation.mode=process``: the attacks of ``cfg.attacks``, each in a worker process of its own (forked by
+    ``zygote``) built from the brief :func:`build_attacks` would build it from (:mod:`fdattack.isolation`); the workers
+    build their attacks at once."""
     t = cfg.trainer
     trainer = {
         "accelerator": str(t.accelerator),
@@ -205,7 +207,7 @@ def start_isolated_attacks(
             trainer=trainer,
             adversary=shape,  # type: ignore[arg-type]
         )
-        attacks.append(IsolatedAttack(brief, adversaries.get(name), budget, state_root / name))
+        attacks.append(IsolatedAttack(brief, adversaries.get(name), budget, state_root / name, zygote))
     confined = [attack.wait_ready() for attack in attacks]
     if attacks and min(confined) == 0:
         log.warning(
@@ -283,6 +285,8 @@ class Experiment:
     def _build(self) -> None:
         """Data, protocol, attacker view, attacks and evaluator (the evaluation classifier trains here)."""
         cfg, t = self.cfg, self.cfg.trainer
+        # the workers' zygote imports what they need while the run builds (isolation.mode=process)
+        self._zygote = Zygote() if cfg.isolation.mode == "process" else None
         seed_everything_quietly(cfg.seed)
         self.progress.activity(f"loading data ({cfg.data.name})")
         self.data = FederatedData(cfg.data, cfg.protocol.num_clients, cfg.seed)
@@ -331,6 +335,9 @@ class Experiment:
         for attack in getattr(self, "attacks", []):
             if isinstance(attack, IsolatedAttack):
                 attack.close()
+        if getattr(self, "_zygote", None) is not None:
+            self._zygote.close()
+            self._zygote = None
 
     def _run(self) -> dict[str, float]:
         """:meth:`run` while the run directory is locked."""
@@ -338,7 +345,8 @@ class Experiment:
         self._on_rank_zero(self._prepare_run_dir)
         if cfg.isolation.mode == "process":
             progress.activity(f"starting {len(cfg.attacks)} attack worker(s)")
-            self.attacks, self.adversaries = start_isolated_attacks(cfg, self.view, self.protocol, self._state_root)
+            assert self._zygote is not None
+            self.attacks, self.adversaries = start_isolated_attacks(cfg, self.view, self.protocol, self._state_root, self._zygote)
             self._memory_watch = MemoryWatch(self.attacks) if cfg.isolation.memory_mb is not None else None
         start_round, elapsed_before, wandb_id = 0, 0.0, None
         last = run_dir.checkpoints.latest() if cfg.resume else None

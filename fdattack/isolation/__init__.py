@@ -1,13 +1,14 @@
 """Attacks in worker processes of their own (``isolation.mode=process``): the boundary that holds against attack code
 written to cheat (docs/threat-model.md).
 
-:mod:`~fdattack.isolation.proxy` is the run's side (it starts a worker per attack, feeds it records, answers its asks
-with the run's own objects and keeps its budget), :mod:`~fdattack.isolation.worker` the worker's,
+:mod:`~fdattack.isolation.proxy` is the run's side (it has the :mod:`~fdattack.isolation.zygote` fork a worker per
+attack, feeds it records, answers its asks with the run's own objects and keeps its budget),
+:mod:`~fdattack.isolation.worker` the worker's (confined by :mod:`~fdattack.isolation.sandbox`),
 :mod:`~fdattack.isolation.wire` what travels between them and :mod:`~fdattack.isolation.codec` how the worker's
 messages are read without unpickling them.
 """
 
-from fdattack.isolation.proxy import Budget, IsolatedAttack, MemoryWatch, collect_round_ends, concurrent_workers
+from fdattack.isolation.proxy import Budget, IsolatedAttack, MemoryWatch, Zygote, collect_round_ends, concurrent_workers
 from fdattack.isolation.state import in_process_state
 from fdattack.isolation.wire import AdversaryShape, WorkerBrief
 
@@ -17,6 +18,7 @@ __all__ = [
     "IsolatedAttack",
     "MemoryWatch",
     "WorkerBrief",
+    "Zygote",
     "collect_round_ends",
     "concurrent_workers",
     "in_process_state",

@@ -14,13 +14,16 @@ stopped with one line in the log; the run goes on without it, and the rounds aft
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import pickle
 import shutil
+import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from dataclasses import dataclass
@@ -57,6 +60,76 @@ _POLL_S = 0.2  # how often a wait looks at the budgets
 START_S = 600  # the longest a worker may take to start (import, build its attack) before it is stopped
 
 
+def worker_environment(tmpdir: Path) -> dict[str, str]:
+    """A worker's (and the zygote's) environment: :data:`WORKER_ENVIRONMENT` from the run's, and its own ``TMPDIR``."""
+    return {**{key: os.environ[key] for key in WORKER_ENVIRONMENT if key in os.environ}, "TMPDIR": str(tmpdir)}
+
+
+class Zygote:
+    """The run's handle on the workers' zygote (:mod:`fdattack.isolation.zygote`): started at once, it imports what the
+    workers need while the run builds; :meth:`fork` then starts each worker in a fraction of a second.
+
+    Raises:
+        RuntimeError: it did not start within :data:`START_S` (its log says why).
+    """
+
+    def __init__(self) -> None:
+        self.folder = Path(tempfile.mkdtemp(prefix="fdattack-zygote-"))
+        kind = socket.SOCK_SEQPACKET if hasattr(socket, "SOCK_SEQPACKET") else socket.SOCK_STREAM
+        ours, theirs = socket.socketpair(socket.AF_UNIX, kind)
+        with open(self.folder / "zygote.log", "ab") as output:
+            self._process = subprocess.Popen(
+                [sys.executable, "-m", "fdattack.isolation.zygote", str(theirs.fileno())],
+                cwd=self.folder,
+                env=worker_environment(self.folder),
+                stdin=subprocess.DEVNULL,
+                stdout=output,
+                stderr=subprocess.STDOUT,
+                pass_fds=(theirs.fileno(),),
+                close_fds=True,
+                start_new_session=True,  # a Ctrl-C reaches the run, which stops the zygote itself
+            )
+        theirs.close()
+        self._control = ours
+        self._ready = False
+
+    def fork(self, folder: Path, log: Path) -> tuple[Connection, int]:
+        """A new worker in ``folder`` writing to ``log``: the run's end of its channel, and its pid."""
+        self._wait_ready()
+        ours, theirs = socket.socketpair()
+        with open(log, "ab") as output:
+            request = json.dumps({"folder": str(folder.resolve()), "tmpdir": str((folder / "tmp").resolve())}).encode()
+            socket.send_fds(self._control, [request], [theirs.fileno(), output.fileno()])
+        theirs.close()
+        return Connection(ours.detach()), int(json.loads(self._reply())["pid"])
+
+    def close(self) -> None:
+        """Stop the zygote (its workers are stopped by the run first) and remove its folder."""
+        self._control.close()
+        try:
+            self._process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self._process.kill()
+            self._process.wait()
+        shutil.rmtree(self.folder, ignore_errors=True)
+
+    def _wait_ready(self) -> None:
+        if not self._ready:
+            self._reply()
+            self._ready = True
+
+    def _reply(self) -> bytes:
+        self._control.settimeout(START_S)
+        try:
+            reply = self._control.recv(65536)
+        except OSError:
+            reply = b""
+        if not reply:
+            log_tail = (self.folder / "zygote.log").read_text(errors="replace").strip().splitlines()[-1:] or ["(empty log)"]
+            raise RuntimeError(f"the attack workers' zygote did not start or answer: {log_tail[0]}")
+        return reply
+
+
 @dataclass(frozen=True)
 class Budget:
     """An attack's limits (``isolation.seconds``, ``isolation.memory_mb``); None = none."""
@@ -82,37 +155,20 @@ class IsolatedAttack(Observer):
         folder: its working directory and state folder (``<state_root>/<attack>``); its output goes to ``worker.log`` there.
     """
 
-    def __init__(self, brief: WorkerBrief, adversary: Optional[Adversary], budget: Budget, folder: Path) -> None:
+    def __init__(self, brief: WorkerBrief, adversary: Optional[Adversary], budget: Budget, folder: Path, zygote: Zygote) -> None:
         self.name = brief.attack
         self.adversary = adversary
         self.budget = budget
         self.log_path = folder / "worker.log"
         self.spent_s = 0.0
         self.stopped: Optional[tuple[str, str]] = None  # (why: failed | seconds | memory, the one line)
-        self.peak_rss_mb = 0.0
         self.sandbox_abi = 0
         self._queries: dict[int, PublicQuery] = {}
         self._serial = 0
         self._started_at: Optional[float] = None
         self._over_memory = False
         (folder / "tmp").mkdir(parents=True, exist_ok=True)
-        environment = {key: os.environ[key] for key in WORKER_ENVIRONMENT if key in os.environ}
-        environment["TMPDIR"] = str((folder / "tmp").resolve())  # inside what its sandbox lets it write
-        ours, theirs = socket.socketpair()
-        with open(self.log_path, "ab") as output:
-            self._process = subprocess.Popen(
-                [sys.executable, "-m", "fdattack.isolation.worker", str(theirs.fileno())],
-                cwd=folder,
-                env=environment,
-                stdin=subprocess.DEVNULL,
-                stdout=output,
-                stderr=subprocess.STDOUT,
-                pass_fds=(theirs.fileno(),),
-                close_fds=True,
-                start_new_session=True,  # a Ctrl-C reaches the run, which stops its workers itself
-            )
-        theirs.close()
-        self._conn = Connection(ours.detach())
+        self._conn, self._pid = zygote.fork(folder, self.log_path)
         self._call()
         self._send(brief)
 
@@ -120,6 +176,15 @@ class IsolatedAttack(Observer):
     @property
     def alive(self) -> bool:
         return self.stopped is None
+
+    @property
+    def waiting(self) -> bool:
+        """Whether a call to the worker awaits its reply."""
+        return self.alive and self._started_at is not None
+
+    def fileno(self) -> int:
+        """The channel's descriptor (what :func:`multiprocessing.connection.wait` waits on)."""
+        return self._conn.fileno()
 
     def wait_ready(self) -> int:
         """Wait until the worker has built its attack; the Landlock ABI that confines it (0: none, or it failed)."""
@@ -167,7 +232,7 @@ class IsolatedAttack(Observer):
         self.spent_s = float(saved["spent_s"])
         if "stopped" in saved:
             why, line = saved["stopped"]
-            self._stop(why, line, quiet=True)
+            self.stop(why, line, quiet=True)
             return
         self._call()
         self._send(("load", saved["state"]))
@@ -175,13 +240,10 @@ class IsolatedAttack(Observer):
 
     def close(self) -> None:
         """Stop the worker (asked first, then killed after 10 s)."""
-        if self._process.poll() is None:
-            try:
-                self._send(("stop",))
-                self._process.wait(timeout=10)
-            except (OSError, subprocess.TimeoutExpired):
-                self._process.kill()
-                self._process.wait()
+        if self._running():
+            self._send(("stop",))
+            if not self._gone_within(10.0):
+                self._kill()
         self._conn.close()
         shutil.rmtree(self.log_path.parent / "tmp", ignore_errors=True)
 
@@ -214,33 +276,33 @@ class IsolatedAttack(Observer):
         if not self.alive:
             return None
         if self._over_memory:
-            return self._stop("memory", f"its worker went past isolation.memory_mb={self.budget.memory_mb} MiB")
+            return self.stop("memory", f"its worker went past isolation.memory_mb={self.budget.memory_mb} MiB")
         elapsed = time.perf_counter() - (self._started_at or time.perf_counter())
         if expected == "ready" and elapsed > START_S:
-            return self._stop("failed", f"its worker did not start within {START_S} s")
+            return self.stop("failed", f"its worker did not start within {START_S} s")
         if expected != "ready" and self.budget.seconds is not None and self.spent_s + elapsed > self.budget.seconds:
-            return self._stop("seconds", f"it took more than isolation.seconds={self.budget.seconds:g} s")
+            return self.stop("seconds", f"it took more than isolation.seconds={self.budget.seconds:g} s")
         try:
             if not self._conn.poll():
                 return PENDING
             message = codec.decode(self._conn.recv_bytes(codec.MAX_MESSAGE_BYTES))
         except (EOFError, OSError):
-            self._process.wait()
+            self._gone_within(10.0)
             if self._over_memory:
-                return self._stop("memory", f"its worker went past isolation.memory_mb={self.budget.memory_mb} MiB")
-            return self._stop("failed", f"its worker exited with status {self._process.returncode}")
+                return self.stop("memory", f"its worker went past isolation.memory_mb={self.budget.memory_mb} MiB")
+            return self.stop("failed", "its worker exited")
         except codec.CodecError as err:
-            return self._stop("failed", f"its worker sent something that is not plain data ({err})")
+            return self.stop("failed", f"its worker sent something that is not plain data ({err})")
         if type(message) is not list or not message or type(message[0]) is not str:
-            return self._stop("failed", "its worker sent a message of no known form")
+            return self.stop("failed", "its worker sent a message of no known form")
         kind = message[0]
         if kind == "ask" and len(message) == 3 and type(message[1]) is str and type(message[2]) is list:
             self._answer(message[1], message[2])
             return PENDING
         if kind == "failed" and len(message) == 2 and type(message[1]) is str:
-            return self._stop("failed", message[1])
+            return self.stop("failed", message[1])
         if kind != expected:
-            return self._stop("failed", f"its worker sent {kind!r} where the run waited for {expected!r}")
+            return self.stop("failed", f"its worker sent {kind!r} where the run waited for {expected!r}")
         self.spent_s += time.perf_counter() - (self._started_at or time.perf_counter())
         self._started_at = None
         return message
@@ -273,28 +335,48 @@ class IsolatedAttack(Observer):
             return adversary.query(*args)
         raise QueryRefusedError(f"the run carries out no {what!r}")
 
-    def _stop(self, why: str, line: str, quiet: bool = False) -> None:
+    def stop(self, why: str, line: str, quiet: bool = False) -> None:
         """Stop the worker for good: the run goes on without the attack."""
         self.stopped = (why, line)
         self._queries.clear()
-        if self._process.poll() is None:
-            self._process.kill()
-            self._process.wait()
+        self._kill()
         self._conn.close()
         if not quiet:
             log.warning("attack %s stopped: %s; the run goes on without it (its log: %s)", self.name, line, self.log_path)
         return None
 
+    # ------------------------------------------------------------------ the process (a child of the zygote, by pid)
+    def _running(self) -> bool:
+        try:
+            os.kill(self._pid, 0)
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            return True
+        return True
+
+    def _kill(self) -> None:
+        try:
+            os.kill(self._pid, signal.SIGKILL)
+        except ProcessLookupError:
+            return
+        self._gone_within(10.0)
+
+    def _gone_within(self, seconds: float) -> bool:
+        """Wait up to ``seconds`` for the worker to be gone (the zygote reaps it); whether it is."""
+        deadline = time.monotonic() + seconds
+        while self._running() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        return not self._running()
+
     # ------------------------------------------------------------------ memory
     def check_memory(self) -> None:
         """Kill the worker if its resident memory is past its budget (called by :class:`MemoryWatch`)."""
-        if not self.alive or self._process.poll() is not None:
+        if not self.alive or not self._running():
             return
-        rss = resident_mb(self._process.pid)
-        self.peak_rss_mb = max(self.peak_rss_mb, rss)
-        if self.budget.memory_mb is not None and rss > self.budget.memory_mb:
+        if self.budget.memory_mb is not None and resident_mb(self._pid) > self.budget.memory_mb:
             self._over_memory = True
-            self._process.kill()
+            self._kill()
 
 
 def resident_mb(pid: int) -> float:
@@ -337,24 +419,24 @@ def concurrent_workers(threads: int) -> int:
 def collect_round_ends(attacks: Sequence[IsolatedAttack]) -> dict[str, list]:
     """Every dispatched worker's ``on_round_end`` results, rebuilt by type (:func:`results_from_wire`); the workers run
     at once, and each one's asks are answered as they come. A worker stopped meanwhile gives no results."""
-    pending = {id(a._conn): a for a in attacks if a.alive and a._started_at is not None}
+    pending = [a for a in attacks if a.waiting]
     results: dict[str, list] = {a.name: [] for a in attacks}
     while pending:
-        wait([a._conn for a in pending.values()], timeout=_POLL_S)
-        for key, attack in list(pending.items()):
+        wait(pending, timeout=_POLL_S)
+        for attack in list(pending):
             reply = attack.step("results")
             if reply is PENDING:
                 continue
-            del pending[key]
+            pending.remove(attack)
             if reply is not None:
                 try:
-                    results[attack.name] = results_from_wire(reply[1] if len(reply) == 2 else None, attack.name)
+                    results[attack.name] = results_from_wire(reply[1] if len(reply) == 2 else None)
                 except (TypeError, ValueError) as err:
-                    attack._stop("failed", f"its worker sent results that are not results ({err})")
+                    attack.stop("failed", f"its worker sent results that are not results ({err})")
     return results
 
 
-def results_from_wire(wire: Any, attack: str) -> list:
+def results_from_wire(wire: Any) -> list:
     """``(type name, fields)`` pairs rebuilt as the result types they name (the evaluator checks each field again)."""
     types = {kind.__name__: kind for kind in RESULT_TYPES}
     if type(wire) is not list:
