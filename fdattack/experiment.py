@@ -286,7 +286,7 @@ class Experiment:
         """Data, protocol, attacker view, attacks and evaluator (the evaluation classifier trains here)."""
         cfg, t = self.cfg, self.cfg.trainer
         # the workers' zygote imports what they need while the run builds (isolation.mode=process)
-        self._zygote = Zygote() if cfg.isolation.mode == "process" else None
+        self._zygote = Zygote() if cfg.isolation.mode == "process" and cfg.attacks else None
         seed_everything_quietly(cfg.seed)
         self.progress.activity(f"loading data ({cfg.data.name})")
         self.data = FederatedData(cfg.data, cfg.protocol.num_clients, cfg.seed)
@@ -343,9 +343,8 @@ class Experiment:
         """:meth:`run` while the run directory is locked."""
         cfg, fabric, run_dir, progress = self.cfg, self.fabric, self.run_dir, self.progress
         self._on_rank_zero(self._prepare_run_dir)
-        if cfg.isolation.mode == "process":
+        if self._zygote is not None:
             progress.activity(f"starting {len(cfg.attacks)} attack worker(s)")
-            assert self._zygote is not None
             self.attacks, self.adversaries = start_isolated_attacks(cfg, self.view, self.protocol, self._state_root, self._zygote)
             self._memory_watch = MemoryWatch(self.attacks) if cfg.isolation.memory_mb is not None else None
         start_round, elapsed_before, wandb_id = 0, 0.0, None
