@@ -3,11 +3,11 @@
 For three runs — the embedded default (``fdattack run``: PLI, TBI and LDIA on the digits), one AT&T faces cell of the
 small matrix (``conf/matrix/small.yaml``, FedMD without defense: six attacks) and the PDA-FD digits run
 (``conf/experiment/ldia_lira_fedmd_digits.yaml``) — it times ``fdattack run`` in process and isolated, alternating the
-two modes ``--repeats`` times, and samples the resident memory of the whole process tree (the run and its workers)
-five times a second. It prints, per run and mode, the median wall time and peak memory with their range, and the
-isolated-to-in-process ratios of the medians; and it checks that both modes gave the same metrics. Memory is the
-peak over the run of the tree's RSS (a library page mapped by several processes counted in each) and of its PSS
-(shared pages split among the processes that map them: what the tree really holds).
+two modes ``--repeats`` times, and samples the resident memory of the whole process tree (the run, the zygote and the
+workers): RSS twice a second, PSS every 3 s. It prints, per run and mode, the median wall time and peak memory with
+their range, and the isolated-to-in-process ratios of the medians; and it checks that both modes gave the same
+metrics. Memory is the peak over the run of the tree's RSS (a library page mapped by several processes counted in
+each) and of its PSS (shared pages split among the processes that map them: what the tree really holds).
 
 Every run gets ``OMP_NUM_THREADS=--threads`` (default: the machine's cores), the workers the run's thread count. Run
 it on an otherwise idle machine and note the machine.
@@ -48,10 +48,8 @@ def runs() -> dict[str, list[str]]:
     }
 
 
-def tree_memory_mb(root: int) -> tuple[float, float]:
-    """Resident and proportional memory (RSS, PSS) of ``root`` and all its descendants, in MiB (Linux ``/proc``). RSS
-    counts a shared page (torch's libraries, mapped by the run and by every worker) in each process that maps it; PSS
-    splits it among them, so it adds up across processes."""
+def tree_pids(root: int) -> list[int]:
+    """``root`` and all its descendants (Linux ``/proc``)."""
     children: dict[int, list[int]] = {}
     for entry in os.listdir("/proc"):
         if entry.isdigit():
@@ -60,18 +58,30 @@ def tree_memory_mb(root: int) -> tuple[float, float]:
             except OSError:
                 continue
             children.setdefault(int(stat.rsplit(")", 1)[1].split()[1]), []).append(int(entry))
-    rss = pss = 0.0
-    stack = [root]
+    found, stack = [], [root]
     while stack:
         pid = stack.pop()
+        found.append(pid)
         stack.extend(children.get(pid, []))
+    return found
+
+
+def tree_memory_mb(root: int, proportional: bool) -> float:
+    """Resident memory of ``root`` and its descendants in MiB: RSS (``/proc/<pid>/statm``, cheap), or with
+    ``proportional`` PSS (``smaps_rollup``, which walks each process's page tables and stalls it meanwhile: sampled
+    seldom). RSS counts a shared page (torch's libraries, mapped by the run and by every worker) in each process that
+    maps it; PSS splits it among them, so it adds up across processes."""
+    total = 0.0
+    for pid in tree_pids(root):
         try:
-            rollup = dict(line.split(":", 1) for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines()[1:])
-        except (OSError, ValueError):
+            if proportional:
+                lines = Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines()[1:]
+                total += int(dict(line.split(":", 1) for line in lines).get("Pss", "0 kB").split()[0]) / 1024
+            else:
+                total += int(Path(f"/proc/{pid}/statm").read_text().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+        except (OSError, ValueError, IndexError):
             continue
-        rss += int(rollup.get("Rss", "0 kB").split()[0]) / 1024
-        pss += int(rollup.get("Pss", "0 kB").split()[0]) / 1024
-    return rss, pss
+    return total
 
 
 def timed_run(args: list[str], out: Path, threads: int) -> tuple[float, tuple[float, float], dict]:
@@ -83,9 +93,12 @@ def timed_run(args: list[str], out: Path, threads: int) -> tuple[float, tuple[fl
     peak, done = [0.0, 0.0], threading.Event()
 
     def sample() -> None:
-        while not done.wait(0.2):
-            rss, pss = tree_memory_mb(proc.pid)
-            peak[0], peak[1] = max(peak[0], rss), max(peak[1], pss)
+        ticks = 0
+        while not done.wait(0.5):
+            ticks += 1
+            peak[0] = max(peak[0], tree_memory_mb(proc.pid, proportional=False))
+            if ticks % 6 == 0:  # PSS every 3 s: its reads stall the processes they read
+                peak[1] = max(peak[1], tree_memory_mb(proc.pid, proportional=True))
 
     sampler = threading.Thread(target=sample, daemon=True)
     sampler.start()
