@@ -13,13 +13,13 @@ import pytest
 import torch
 from torch import Tensor
 
-import fdattack.attacks.results as results
+import fdattack.fd.results as results
 from fdattack.attacks import ATTACKS, Attack
-from fdattack.attacks.results import RESULT_TYPES, MembershipScores
 from fdattack.config import compose
 from fdattack.evaluation import SCORERS, Evaluator, Report, ScoringContext
 from fdattack.evaluation.scoring import ScorerRegistry
 from fdattack.experiment import Experiment
+from fdattack.fd.results import RESULT_TYPES, MembershipScores
 from fdattack.fd.threat import Capability
 from fdattack.knobs import knob
 from tests.conftest import tiny

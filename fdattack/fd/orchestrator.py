@@ -112,14 +112,24 @@ class RoundOrchestrator:
                 for observer in self.observers:
                     query, desk = (None, None) if opener is None else opener(observer.name)
                     try:
-                        observer.receive(
-                            self._snapshot(ctx, phase, query), observer_streams(self.protocol.seed, observer.name, ctx.round, phase.name)
-                        )
+                        self._deliver(observer, self._snapshot(ctx, phase, query), ctx.round, phase.name)
                     finally:
                         if desk is not None:
                             desk.close()
             finally:
                 self.protocol.close_phase()
+
+    def _deliver(self, observer: Observer, record: RoundRecord, round: int, phase: str) -> None:
+        """``record`` to ``observer`` with the global streams of that call: through its ``receive`` where it has one
+        (:class:`~fdattack.fd.observer.Observer`'s, or an isolated attack's, which sends both to its worker), else
+        ``on_record`` inside them."""
+        streams = observer_streams(self.protocol.seed, observer.name, round, phase)
+        receive = getattr(observer, "receive", None)
+        if receive is None:
+            with streams.active():
+                observer.on_record(record)
+        else:
+            receive(record, streams)
 
     def _check_uploads(self, ctx: RoundContext, phase: str) -> None:
         """Refuse (or drop, when configured) uploads that carry NaN or inf."""
