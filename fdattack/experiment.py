@@ -208,13 +208,15 @@ def start_isolated_attacks(
             adversary=shape,  # type: ignore[arg-type]
         )
         attacks.append(IsolatedAttack(brief, adversaries.get(name), budget, state_root / name, zygote))
-    confined = [attack.wait_ready() for attack in attacks]
-    if attacks and min(confined) == 0:
+    for attack in attacks:
+        attack.wait_ready()
+    confined = [attack.sandbox_abi for attack in attacks if attack.alive]  # a worker that failed to start said why
+    if confined and min(confined) == 0:
         log.warning(
             "attack workers: no Landlock sandbox on this system; each worker holds nothing of the run in memory but can read "
             "the files the run's user can (docs/threat-model.md)"
         )
-    elif attacks:
+    elif confined:
         log.info("attack workers: each confined by Landlock (ABI %d) to reading Python's files and writing its state folder", min(confined))
     return attacks, adversaries
 
