@@ -27,7 +27,8 @@ from pathlib import Path
 
 import numpy as np
 
-from fdattack.functional.intervals import t_interval
+from fdattack.functional.comparisons import holm, paired_difference
+from fdattack.functional.intervals import mean_interval
 
 REPO = Path(__file__).resolve().parents[1]
 ATTACKS = ("kedmi", "gmi")
@@ -80,10 +81,14 @@ def run(defense: str, seed: int, root: Path) -> dict:
     return json.loads((out / "metrics.json").read_text())
 
 
-def mean_and_interval(values: list[float]) -> str:
-    low, high = t_interval(np.asarray(values))
+def shown(mean: float, low: float, high: float) -> str:
     same = not math.isfinite(low) or f"{low:.3g}" == f"{high:.3g}"  # one value at every seed: no interval to show
-    return f"{np.mean(values):.3g}" if same else f"{np.mean(values):.3g} [{low:.3g}, {high:.3g}]"
+    return f"{mean:.3g}" if same else f"{mean:.3g} [{low:.3g}, {high:.3g}]"
+
+
+def mean_and_interval(key: str, values: list[float]) -> str:
+    """The mean over the seeds with the 95 % interval that fits ``key``'s kind (a rate stays in [0, 1])."""
+    return shown(float(np.mean(values)), *mean_interval(key, values))
 
 
 def main() -> None:
@@ -93,24 +98,36 @@ def main() -> None:
     parser.add_argument("--root", type=Path, default=REPO / "runs" / "inversion_defenses")
     args = parser.parse_args()
     results = {d: [run(d, s, args.root) for s in args.seeds] for d in dict.fromkeys(["none", *args.defenses])}
-    print(f"\n### GMI and KED-MI vs MID and BiDO, FedAvg on MNIST (16 px, 1 round): mean over seeds {args.seeds} [95 % t interval]\n")
+    print(
+        f"\n### GMI and KED-MI vs MID and BiDO, FedAvg on MNIST (16 px, 1 round): mean over seeds {args.seeds} "
+        "[95 % interval of its kind: rates on the logit scale, distances on the log scale]\n"
+    )
     print("| defense | " + " | ".join(title for _, title in METRICS) + " |")
     print("|---|" + "---|" * len(METRICS))
     for defense, runs in results.items():
-        print(f"| {defense} | " + " | ".join(mean_and_interval([r[key] for r in runs]) for key, _ in METRICS) + " |")
+        print(f"| {defense} | " + " | ".join(mean_and_interval(key, [r[key] for r in runs]) for key, _ in METRICS) + " |")
     print("\nPer-seed values (seeds in order):")
     for defense, runs in results.items():
         print(f"- {defense}: " + "; ".join(f"{title} " + " / ".join(f"{r[key]:.2f}" for r in runs) for key, title in METRICS))
-    print("\nPaired differences to the undefended run (defense − none), mean [95 % t interval]; * where the interval excludes 0:")
-    for defense, runs in results.items():
-        if defense == "none":
-            continue
-        cells = []
-        for key, title in METRICS:
-            diffs = [r[key] - n[key] for r, n in zip(runs, results["none"])]
-            low, high = t_interval(np.asarray(diffs))
-            cells.append(f"{title} {mean_and_interval(diffs)}{' *' if low > 0 or high < 0 else ''}")
-        print(f"- {defense}: " + "; ".join(cells))
+    differences = {
+        (defense, key): paired_difference([r[key] for r in runs], [n[key] for n in results["none"]])
+        for defense, runs in results.items()
+        if defense != "none"
+        for key, _ in METRICS
+    }
+    survives = dict(zip(differences, holm([d.p_value if math.isfinite(d.p_value) else 1.0 for d in differences.values()])))
+    print(
+        f"\nPaired differences to the undefended run (defense − none, seed by seed), mean [95 % paired t interval]; "
+        f"* where it survives Holm's correction over the {len(differences)} comparisons:"
+    )
+    for defense in results:
+        if defense != "none":
+            cells = [
+                f"{title} {shown(d.mean, d.low, d.high)}{' *' if survives[(defense, key)] else ''}"
+                for key, title in METRICS
+                for d in [differences[(defense, key)]]
+            ]
+            print(f"- {defense}: " + "; ".join(cells))
 
 
 if __name__ == "__main__":
