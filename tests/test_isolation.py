@@ -165,7 +165,7 @@ def hostile_runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Pa
         "process": [
             f"attacks=[{','.join([*HOSTILE, *STOPPED, 'hostile_mutation', 'ldia'])}]",
             "isolation.mode=process",
-            "isolation.seconds=10",
+            "isolation.seconds=5",
             "isolation.memory_mb=1500",
         ],
     }
@@ -225,7 +225,7 @@ def test_a_dishonest_failing_slow_or_hungry_worker_is_stopped_and_the_run_goes_o
     assert metrics["attack/slow_attack/stopped/seconds"] == 1.0
     assert metrics["attack/hungry_attack/stopped/memory"] == 1.0
     assert not any(key.startswith("attack/hostile_result/") and "stopped" not in key for key in metrics)
-    reasons = {"hostile_result": "BoundaryError", "slow_attack": "isolation.seconds=10", "hungry_attack": "isolation.memory_mb=1500"}
+    reasons = {"hostile_result": "BoundaryError", "slow_attack": "isolation.seconds=5", "hungry_attack": "isolation.memory_mb=1500"}
     for name, why in reasons.items():
         lines = [line for line in done.stderr.splitlines() if f"attack {name} stopped" in line]
         assert len(lines) == 1 and why in lines[0], done.stderr[-2000:]

@@ -24,14 +24,14 @@ from conftest import REPO
 
 from fdattack.cli import main
 
-#: 4 simulations (2 defenses x 2 seeds) of 4 rounds each, a checkpoint every round: a few seconds each on this machine
+#: 4 simulations (2 defenses x 2 seeds) of 3 rounds each, a checkpoint every round: a few seconds each on this machine
 MATRIX = {
     "name": "stoppable",
     "overrides": [
         "logger.wandb.mode=disabled",
         "logger.progress=never",
         "protocol.num_clients=2",
-        "protocol.rounds=4",
+        "protocol.rounds=3",
         "checkpoint_every=1",
         "evaluation.confidence_gap.enabled=false",
         "evaluation.classifier=null",
