@@ -29,6 +29,10 @@ class UploadError(FdattackError):
     """A client upload is invalid (NaN/inf), naming the client and round."""
 
 
+class WorkerError(FdattackError):
+    """The attacks' workers cannot be started (``isolation.mode=process``), with what their zygote said."""
+
+
 class Terminated(SystemExit):
     """A signal asked the run to stop; the exit status is ``128 + signal number`` (SIGTERM: 143).
 

@@ -20,7 +20,8 @@ import pytest
 import torch
 
 from fdattack.cli import main
-from fdattack.isolation import codec
+from fdattack.errors import WorkerError
+from fdattack.isolation import Zygote, codec
 from fdattack.isolation.sandbox import landlock_abi
 from fdattack.randomness import derive_seed
 from tests.conftest import REPO
@@ -232,3 +233,15 @@ def test_a_dishonest_failing_slow_or_hungry_worker_is_stopped_and_the_run_goes_o
     in_process = _metrics(hostile_runs["in_process"][0] / "run")
     ldia = {k: v for k, v in in_process.items() if k.startswith("attack/ldia/")}
     assert ldia and {k: metrics[k] for k in ldia} == ldia
+
+
+def test_workers_that_cannot_start_are_one_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A zygote whose interpreter exits at once (here ``/bin/false``) is a :class:`WorkerError` naming the way out."""
+    monkeypatch.setattr(sys, "executable", "/bin/false")
+    zygote = Zygote()
+    try:
+        with pytest.raises(WorkerError, match="did not start or answer.*isolation.mode=in_process"):
+            zygote.fork(tmp_path / "worker", tmp_path / "worker.log")
+    finally:
+        zygote.close()
+    assert not zygote.folder.exists()

@@ -31,6 +31,7 @@ from multiprocessing.connection import Connection, wait
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
+from fdattack.errors import WorkerError
 from fdattack.fd.adversary import Adversary
 from fdattack.fd.observer import Observer
 from fdattack.fd.record import PublicQuery, QueryRefusedError, RoundRecord, StaleQueryError
@@ -70,7 +71,7 @@ class Zygote:
     workers need while the run builds; :meth:`fork` then starts each worker in a fraction of a second.
 
     Raises:
-        RuntimeError: it did not start within :data:`START_S` (its log says why).
+        WorkerError: it did not start within :data:`START_S` or exited (the last line of its log says why).
     """
 
     def __init__(self) -> None:
@@ -126,7 +127,7 @@ class Zygote:
             reply = b""
         if not reply:
             log_tail = (self.folder / "zygote.log").read_text(errors="replace").strip().splitlines()[-1:] or ["(empty log)"]
-            raise RuntimeError(f"the attack workers' zygote did not start or answer: {log_tail[0]}")
+            raise WorkerError(f"the attack workers' zygote did not start or answer ({log_tail[0]}); run with isolation.mode=in_process")
         return reply
 
 
