@@ -25,23 +25,17 @@ from fdattack.isolation import Zygote, codec
 from fdattack.isolation.sandbox import landlock_abi
 from fdattack.randomness import derive_seed
 from tests.conftest import REPO
+from tests.test_threat_model import SMALL as SMALL_ATTACKS
 
-#: a two-client, two-round run of the digits with small attacks: seconds a round
+#: a two-client run of the digits with small attacks (test_threat_model's): seconds a round
 SMALL = [
     "protocol.num_clients=2",
     "protocol.transfer_public_epochs=1",
     "protocol.transfer_private_epochs=1",
     "logger.wandb.mode=disabled",
     "logger.progress=never",
-    "evaluation.confidence_gap.enabled=false",
-    "evaluation.classifier=null",
     "data.max_per_class=30",
-    "attack.pli.max_width=16",
-    "attack.tbi.max_width=16",
-    "attack.pli.epochs_per_round=1",
-    "attack.tbi.epochs_per_round=1",
-    "attack.pli.prior.epochs=1",
-    "attack.pli.prior.width=8",
+    *SMALL_ATTACKS,
 ]
 HOSTILE = ["hostile_globals", "hostile_walk", "hostile_hooks", "hostile_proc", "hostile_stale"]
 #: attacks the isolated run stops: a result that is not plain data, past isolation.seconds, past isolation.memory_mb
