@@ -374,9 +374,13 @@ def main() -> None:
         print(f"\n### {table}: mean over seeds {', '.join(map(str, args.seeds))} [95 % interval across the seeds] (each seed)\n")
         print("| row | " + " | ".join(title for _, title in columns) + " |")
         print("|---|" + "---|" * len(columns))
+        missing = [row.name for row, folder in results if not (folder / "metrics.json").is_file()]
+        results = [(row, folder) for row, folder in results if row.name not in missing]  # a row still running
         for row, folder in results:
             metrics, values = json.loads((folder / "metrics.json").read_text()), per_seed(folder)
             print(f"| {row.name} | " + " | ".join(cell(metrics, values.get(key, {}), key) for key, _ in columns) + " |")
+        if missing:
+            print(f"\nNot run yet (no aggregate under {args.root / table}): {', '.join(missing)}")
         print("\nSeed by seed (paired difference, 95 % t interval):")
         print("\n".join(f"- {line}" for line in comparisons(results, BASELINES[table], columns)))
 
