@@ -131,11 +131,15 @@ def attacker_seed(run_seed: int) -> int:
     return derive_seed(run_seed, "attacker")
 
 
-def _declared(cfg: DictConfig, name: str) -> tuple[type[Attack], object, frozenset]:
-    """Attack ``name``'s class, its settings from ``attack.<name>`` and the server powers they need."""
+def _declared(cfg: DictConfig, name: str, protocol: Protocol, adversaries: dict[str, Adversary]) -> tuple[type[Attack], object, frozenset]:
+    """Attack ``name``'s class, its settings from ``attack.<name>`` and the server powers they need; an adversary with
+    those powers, where it needs any, is granted by ``protocol`` and kept in ``adversaries`` under ``name``."""
     cls = ATTACKS.get(name)
     settings = OmegaConf.to_object(cfg.attack[name])
-    return cls, settings, cls.adversary_powers(settings)
+    powers = cls.adversary_powers(settings)
+    if powers:
+        adversaries[name] = protocol.grant_adversary(powers)
+    return cls, settings, powers
 
 
 def build_attacks(
@@ -158,9 +162,7 @@ def build_attacks(
     attacks: list[Attack] = []
     adversaries: dict[str, Adversary] = {}
     for name in cfg.attacks:
-        cls, settings, powers = _declared(cfg, name)
-        if powers:
-            adversaries[name] = protocol.grant_adversary(powers)
+        cls, settings, powers = _declared(cfg, name, protocol, adversaries)
         context = AttackContext(
             seed=attacker_seed(cfg.seed),
             store=ClientStateStore(state_root / name if state_root is not None else None, keep=cfg.keep_checkpoints),
@@ -190,9 +192,7 @@ def start_isolated_attacks(
     attacks: list[IsolatedAttack] = []
     adversaries: dict[str, Adversary] = {}
     for name in cfg.attacks:
-        cls, settings, powers = _declared(cfg, name)
-        if powers:
-            adversaries[name] = protocol.grant_adversary(powers)
+        cls, settings, powers = _declared(cfg, name, protocol, adversaries)
         shape = AdversaryShape(frozenset(powers), len(protocol.split.public), tuple(protocol.split.image_shape)) if powers else None
         brief = WorkerBrief(
             attack=name,
