@@ -1,18 +1,20 @@
 """What running each attack in a worker process of its own (``isolation.mode=process``) costs and gains.
 
-For three runs — the embedded default (``fdattack run``: PLI, TBI and LDIA on the digits), one AT&T faces cell of the
-small matrix (``conf/matrix/small.yaml``, FedMD without defense: six attacks) and the PDA-FD digits run
-(``conf/experiment/ldia_lira_fedmd_digits.yaml``) — it times ``fdattack run`` in process and isolated, alternating the
-two modes ``--repeats`` times, and samples the resident memory of the whole process tree (the run, the zygote and the
-workers): RSS twice a second, PSS every 3 s. It prints, per run and mode, the median wall time and peak memory with
-their range, and the isolated-to-in-process ratios of the medians; and it checks that both modes gave the same
-metrics. Memory is the peak over the run of the tree's RSS (a library page mapped by several processes counted in
-each) and of its PSS (shared pages split among the processes that map them: what the tree really holds).
+For four runs — the embedded default (``fdattack run``: PLI, TBI and LDIA on the digits), one AT&T faces cell of the
+small matrix (``conf/matrix/small.yaml``, FedMD without defense: six attacks), the PDA-FD digits run
+(``conf/experiment/ldia_lira_fedmd_digits.yaml``) and the default on DS-FL (whose clients train before they upload, so
+an overlapping worker's round end has the next round's training beside it) — it times ``fdattack run`` in process,
+isolated, and isolated with ``isolation.overlap=true``, rotating the modes' order ``--repeats`` times, and samples the
+resident memory of the whole process tree (the run, the zygote and the workers): RSS twice a second, PSS every 3 s.
+It prints, per run and mode, the median wall time and peak memory with their range, and each mode's ratio of the
+medians to in process; and it checks that every mode gave the in-process metrics. Memory is the peak over the run of
+the tree's RSS (a library page mapped by several processes counted in each) and of its PSS (shared pages split among
+the processes that map them: what the tree really holds).
 
 Every run gets ``OMP_NUM_THREADS=--threads`` (default: the machine's cores), the workers the run's thread count. Run
 it on an otherwise idle machine and note the machine.
 
-Usage: ``python benchmarks/bench_isolation.py [--repeats 3] [--threads 2] [--runs default att_faces pdafd_digits]``
+Usage: ``python benchmarks/bench_isolation.py [--repeats 3] [--threads 2] [--runs default att_faces pdafd_digits dsfl_digits]``
 """
 
 from __future__ import annotations
@@ -45,7 +47,16 @@ def runs() -> dict[str, list[str]]:
         "default": [],
         "att_faces": [*([str(cell.experiment)] if cell.experiment else []), *cell.overrides, "seed=0"],
         "pdafd_digits": [str(REPO / "conf" / "experiment" / "ldia_lira_fedmd_digits.yaml")],
+        "dsfl_digits": ["protocol=dsfl"],
     }
+
+
+#: the benchmarked modes and their overrides
+MODES = {
+    "in_process": ["isolation.mode=in_process"],
+    "process": ["isolation.mode=process"],
+    "overlap": ["isolation.mode=process", "isolation.overlap=true"],
+}
 
 
 def tree_pids(root: int) -> list[int]:
@@ -119,31 +130,33 @@ def main() -> None:
     parser.add_argument("--runs", nargs="+", default=list(runs()))
     options = parser.parse_args()
     chosen = {name: args for name, args in runs().items() if name in options.runs}
-    print(f"{len(chosen)} runs x 2 modes x {options.repeats} repeats, OMP_NUM_THREADS={options.threads}, {os.cpu_count()} cores")
+    print(f"{len(chosen)} runs x {len(MODES)} modes x {options.repeats} repeats, OMP_NUM_THREADS={options.threads}, {os.cpu_count()} cores")
     table = []
     with tempfile.TemporaryDirectory(prefix="bench-isolation-") as scratch:
         for name, args in chosen.items():
-            measured: dict[str, list[tuple[float, float, float]]] = {"in_process": [], "process": []}
+            measured: dict[str, list[tuple[float, float, float]]] = {mode: [] for mode in MODES}
             metrics: dict[str, dict] = {}
             for repeat in range(options.repeats):
-                for mode in ("in_process", "process") if repeat % 2 == 0 else ("process", "in_process"):
+                order = list(MODES)[repeat % len(MODES) :] + list(MODES)[: repeat % len(MODES)]
+                for mode in order:
                     out = Path(scratch) / f"{name}-{mode}-{repeat}"
-                    wall, (rss, pss), metrics[mode] = timed_run([*args, f"isolation.mode={mode}"], out, options.threads)
+                    wall, (rss, pss), metrics[mode] = timed_run([*args, *MODES[mode]], out, options.threads)
                     measured[mode].append((wall, rss, pss))
                     print(
                         f"  {name:<13} {mode:<10} repeat {repeat}: {wall:6.1f} s, peak RSS {rss:6.0f} MiB, PSS {pss:6.0f} MiB", flush=True
                     )
-            table.append((name, measured, metrics["in_process"] == metrics["process"]))
+            table.append((name, measured, all(metrics[mode] == metrics["in_process"] for mode in MODES)))
     print(f"\n{'run':<13} {'mode':<10} {'wall s, median [range]':>24} {'peak RSS MiB':>22} {'peak PSS MiB':>22} {'same metrics':>13}")
     for name, measured, same in table:
         medians = {}
-        for mode in ("in_process", "process"):
+        for mode in MODES:
             columns = list(zip(*measured[mode]))
             medians[mode] = [statistics.median(c) for c in columns]
             cells = [f"{statistics.median(c):8.1f} [{min(c):5.0f}-{max(c):5.0f}]" for c in columns]
             print(f"{name:<13} {mode:<10} {cells[0]:>24} {cells[1]:>22} {cells[2]:>22} {str(same):>13}")
-        ratios = [f"{p / i:8.2f} x" for p, i in zip(medians["process"], medians["in_process"])]
-        print(f"{name:<13} {'ratio':<10} {ratios[0]:>24} {ratios[1]:>22} {ratios[2]:>22}")
+        for mode in list(MODES)[1:]:
+            ratios = [f"{p / i:8.2f} x" for p, i in zip(medians[mode], medians["in_process"])]
+            print(f"{name:<13} {mode + ' / in':<10} {ratios[0]:>24} {ratios[1]:>22} {ratios[2]:>22}")
 
 
 if __name__ == "__main__":

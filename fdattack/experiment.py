@@ -11,10 +11,12 @@ import json
 import logging
 import tempfile
 import time
+from copy import deepcopy
+from dataclasses import dataclass
 from datetime import datetime
 from functools import partial
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Optional, Sequence
 
 import torch
 from omegaconf import DictConfig, OmegaConf
@@ -32,10 +34,11 @@ from fdattack.errors import CheckpointError, ConfigError, FdattackError, stop_if
 from fdattack.evaluation import SCORERS, ConfidenceGapDiagnostic, Evaluator, Oracle, Report, ScoringContext
 from fdattack.evaluation.membership import CandidatePool, candidate_pool
 from fdattack.fd.adversary import Adversary
+from fdattack.fd.observer import Observer
 from fdattack.fd.orchestrator import RoundOrchestrator
 from fdattack.fd.protocols import PROTOCOLS
 from fdattack.fd.protocols.base import Protocol
-from fdattack.fd.threat import AttackerView, Degradation, ViewPart, attacker_view
+from fdattack.fd.threat import AttackerView, Capability, Degradation, ViewPart, attacker_view
 from fdattack.isolation import (
     AdversaryShape,
     Budget,
@@ -46,6 +49,7 @@ from fdattack.isolation import (
     collect_round_ends,
     concurrent_workers,
     in_process_state,
+    worker_devices,
 )
 from fdattack.randomness import derive_seed, seed_everything_quietly
 from fdattack.seeds import run_seeds
@@ -179,19 +183,19 @@ def start_isolated_attacks(
 ) -> tuple[list[IsolatedAttack], dict[str, Adversary]]:
     """``isolation.mode=process``: the attacks of ``cfg.attacks``, each in a worker process of its own (forked by
     ``zygote``) built from the brief :func:`build_attacks` would build it from (:mod:`fdattack.isolation`); the workers
-    build their attacks at once."""
+    build their attacks at once, each on a GPU of its own where the machine has more than the run's
+    (:func:`~fdattack.isolation.worker_devices`). With ``isolation.overlap``, the first attacks that :func:`can_overlap`
+    end their rounds beside the next round's simulation, as many as the cores give the run's threads to each beside it
+    (:func:`~fdattack.isolation.concurrent_workers` less one)."""
     t = cfg.trainer
-    trainer = {
-        "accelerator": str(t.accelerator),
-        "devices": 1,
-        "precision": str(t.precision),
-        "vectorise": t.vectorise,
-        "batch_size": int(cfg.protocol.optim.batch_size),
-    }
+    trainer = {"precision": str(t.precision), "vectorise": t.vectorise, "batch_size": int(cfg.protocol.optim.batch_size)}
+    gpus = torch.cuda.device_count() if protocol.engine.fabric.device.type == "cuda" else 0
+    devices = worker_devices(str(protocol.engine.fabric.device), gpus, len(cfg.attacks))
     budget = Budget(cfg.isolation.seconds, cfg.isolation.memory_mb)
+    beside = concurrent_workers(torch.get_num_threads()) - 1 if cfg.isolation.overlap else 0  # the simulation keeps its share
     attacks: list[IsolatedAttack] = []
     adversaries: dict[str, Adversary] = {}
-    for name in cfg.attacks:
+    for name, (accelerator, on) in zip(cfg.attacks, devices):
         cls, settings, powers = _declared(cfg, name, protocol, adversaries)
         shape = AdversaryShape(frozenset(powers), len(protocol.split.public), tuple(protocol.split.image_shape)) if powers else None
         brief = WorkerBrief(
@@ -204,10 +208,11 @@ def start_isolated_attacks(
             state_root=str(state_root.resolve()),
             keep=int(cfg.keep_checkpoints),
             threads=torch.get_num_threads(),
-            trainer=trainer,
+            trainer={**trainer, "accelerator": accelerator, "devices": on},
             adversary=shape,  # type: ignore[arg-type]
         )
-        attacks.append(IsolatedAttack(brief, adversaries.get(name), budget, state_root / name, zygote))
+        overlaps = len([a for a in attacks if a.overlaps]) < beside and can_overlap(cls, name in adversaries)
+        attacks.append(IsolatedAttack(brief, adversaries.get(name), budget, state_root / name, zygote, overlaps))
     for attack in attacks:
         attack.wait_ready()
     confined = [attack.sandbox_abi for attack in attacks if attack.alive]  # a worker that failed to start said why
@@ -219,6 +224,29 @@ def start_isolated_attacks(
     elif confined:
         log.info("attack workers: each confined by Landlock (ABI %d) to reading Python's files and writing its state folder", min(confined))
     return attacks, adversaries
+
+
+def can_overlap(cls: type[Attack], has_adversary: bool) -> bool:
+    """Whether an attack may end its rounds beside the next round's simulation: not with an adversary (its actions
+    shape the next round), nor with results scored on the round's networks
+    (:meth:`~fdattack.evaluation.scoring.ScorerRegistry.on_round_models`)."""
+    return not has_adversary and not any(SCORERS.on_round_models(t) for t in cls.produces)
+
+
+def _say_what_overlaps(workers: Sequence[IsolatedAttack]) -> None:
+    """Log which attacks end their rounds beside the simulation (``isolation.overlap``), or why none does here."""
+    threads = torch.get_num_threads()
+    overlapping = [w.name for w in workers if w.overlaps]
+    if overlapping:
+        log.info("isolation.overlap: %s end each round beside the next round's simulation", ", ".join(overlapping))
+    elif concurrent_workers(threads) < 2:
+        log.warning(
+            "isolation.overlap=true: this machine's cores leave no room beside the simulation for a worker of %d thread(s), so the "
+            "attacks end their rounds in step (with fewer threads a process, e.g. OMP_NUM_THREADS=1, one can overlap)",
+            threads,
+        )
+    else:
+        log.info("isolation.overlap: no attack here ends its rounds beside the simulation (each holds an adversary or is scored live)")
 
 
 def build_evaluator(
@@ -237,6 +265,18 @@ def build_evaluator(
     produced = set().union(*(cls.produces for cls in attack_classes(cfg)))
     context = ScoringContext(cfg, oracle, derive_seed(cfg.seed, "evaluation"), progress, candidates, cache_dir)
     return Evaluator(oracle, {t: SCORERS.get(t)(context) for t in sorted(produced, key=lambda t: t.__name__)}, diagnostics)
+
+
+@dataclass
+class EndingRound:
+    """A round whose attacks are not all scored yet: its report so far, when it started, the workers still ending it
+    (``isolation.overlap``) and the run's side of its checkpoint (None when none is due)."""
+
+    round: int
+    report: Report
+    started: float
+    overlapping: list[IsolatedAttack]
+    state: Optional[dict]
 
 
 def _flat_config(cfg: DictConfig) -> dict:
@@ -308,7 +348,12 @@ class Experiment:
         state_root = self.output_dir / "attack_state" if self._scratch is None else Path(self._scratch.name)
         self.attacks: list[Attack | IsolatedAttack] = []
         self.adversaries: dict[str, Adversary] = {}
+        self._observers: list[Observer] = []  # added by :meth:`observe`, after the attacks
         self._state_root = state_root
+        # the attacks whose records carry a query handle, read from their classes before any attack is built
+        self._queriers = frozenset(
+            name for name in cfg.attacks if Capability.public_outputs in ATTACKS.get(name).required(OmegaConf.to_object(cfg.attack[name]))
+        )
         if cfg.isolation.mode != "process":  # workers start in run(), once the run directory is laid out
             # the attacks' own Fabric on the same devices: the run's Fabric lists every client module it set up
             attack_engine = LocalTrainer(
@@ -318,6 +363,14 @@ class Experiment:
             )
             self.attacks, self.adversaries = build_attacks(cfg, self.view, self.protocol, attack_engine, state_root)
         self.evaluator = build_evaluator(cfg, self.oracle, self.progress, candidates, self.output_dir / "artifacts")
+
+    def observe(self, observer: Observer, query: bool = False) -> None:
+        """Hand ``observer`` (a probe, a logger of one's own) every round record after the attacks, and end its rounds
+        with theirs; ``query``: its records carry a query handle, as an attack's that declares ``public_outputs``."""
+        self._observers.append(observer)
+        self.attacks.append(observer)  # type: ignore[arg-type]
+        if query:
+            self._queriers = self._queriers | {observer.name}
 
     def run(self) -> dict[str, float]:
         """Run (or resume) every round; write the run directory; return the final metrics. The run directory's lock is
@@ -347,8 +400,11 @@ class Experiment:
         self._on_rank_zero(self._prepare_run_dir)
         if self._zygote is not None:
             progress.activity(f"starting {len(cfg.attacks)} attack worker(s)")
-            self.attacks, self.adversaries = start_isolated_attacks(cfg, self.view, self.protocol, self._state_root, self._zygote)
-            self._memory_watch = MemoryWatch(self.attacks) if cfg.isolation.memory_mb is not None else None
+            workers, self.adversaries = start_isolated_attacks(cfg, self.view, self.protocol, self._state_root, self._zygote)
+            self.attacks = [*workers, *self._observers]  # type: ignore[list-item]
+            self._memory_watch = MemoryWatch(workers) if cfg.isolation.memory_mb is not None else None
+            if cfg.isolation.overlap:
+                _say_what_overlaps(workers)
         start_round, elapsed_before, wandb_id = 0, 0.0, None
         last = run_dir.checkpoints.latest() if cfg.resume else None
         if last is not None:
@@ -368,7 +424,7 @@ class Experiment:
             log.info("data: %s", ", ".join(f"{k}={v}" for k, v in self.data.split.info.items()))
 
         rounds = int(cfg.protocol.rounds)
-        orchestrator = RoundOrchestrator(self.protocol, self.attacks, cfg.protocol.on_bad_upload, on_phase=self._on_phase)
+        orchestrator = RoundOrchestrator(self.protocol, self.attacks, cfg.protocol.on_bad_upload, self._on_phase, self._queriers)
         wandb_cfg = cfg.logger.wandb if fabric.is_global_zero else _disabled(cfg)
         tracker = WandbRun.start(wandb_cfg, self.output_dir, {**_flat_config(cfg), "machine": machine}, resume_id=wandb_id)
         with exit_record(run_dir), tracker:
@@ -378,19 +434,22 @@ class Experiment:
                 report = self.evaluator.setup_report()
                 report.metrics = {**setup_metrics, **report.metrics}
                 _record(run_dir, tracker, 0, report)
-                self._checkpoint(0, elapsed_before, tracker)
+                self._save_checkpoint(self._run_side_state(0, copy=False), {}, elapsed_before, tracker)
             # metrics.json holds every metric's latest value (an attack of round 1 stays in it), as W&B's summary does
             final = _latest_metrics(self.output_dir) if last is not None and fabric.is_global_zero else {}
+            ending: EndingRound | None = None
             for round_index in range(start_round + 1, rounds + 1):
                 round_started = time.perf_counter()
-                report = self._round(orchestrator, round_index)
-                report.metrics["time/round_s"] = time.perf_counter() - round_started
-                _record(run_dir, tracker, round_index, report)
-                final.update(report.metrics)
-                if round_index % cfg.checkpoint_every == 0 or round_index == rounds:
-                    progress.activity(f"round {round_index}: checkpoint")
-                    self._checkpoint(round_index, elapsed_before, tracker)
-                progress.advance()
+                report = self._simulate(orchestrator, round_index)
+                if ending is not None:  # the overlapping workers ended the last round while this one simulated
+                    final.update(self._finish(ending, round_started, elapsed_before, tracker))
+                due = round_index % cfg.checkpoint_every == 0 or round_index == rounds
+                ending = self._end_round(orchestrator, round_index, report, round_started, due)
+                if not ending.overlapping:
+                    final.update(self._finish(ending, time.perf_counter(), elapsed_before, tracker))
+                    ending = None
+            if ending is not None:
+                final.update(self._finish(ending, time.perf_counter(), elapsed_before, tracker))
             progress.close()
             final["time/total_s"] = elapsed_before + time.perf_counter() - self.started
             run_dir.write_metrics(final)
@@ -402,36 +461,74 @@ class Experiment:
             print(f"fdattack: results in {self.output_dir.resolve()} (metrics.json, rounds.jsonl)")
         return final
 
-    def _round(self, orchestrator: RoundOrchestrator, round_index: int) -> Report:
-        """One round: the protocol's phases (records go to the attacks), then the evaluator scores the protocol and each
-        attack. Isolated attacks end the round in their workers, as many at once as the cores give each the run's
-        threads (:func:`~fdattack.isolation.concurrent_workers`)."""
+    def _simulate(self, orchestrator: RoundOrchestrator, round_index: int) -> Report:
+        """The round's protocol phases (records go to the attacks), then the evaluator's report on the protocol."""
         protocol_metrics = orchestrator.run_round(round_index).metrics
         report = self.evaluator.round_report()
         report.metrics = {**protocol_metrics, **report.metrics}
+        return report
+
+    def _end_round(
+        self, orchestrator: RoundOrchestrator, round_index: int, report: Report, started: float, checkpoint_due: bool
+    ) -> EndingRound:
+        """The attacks' end of the round. The overlapping workers' round ends start (:meth:`_finish` collects them, after
+        the next round simulated); the other attacks end the round now and are scored: isolated ones in their workers,
+        as many at once as the cores the overlapping ones leave give each the run's threads
+        (:func:`~fdattack.isolation.concurrent_workers`).
+        With a checkpoint due, the run's side of it is taken now (copied where the protocol moves on before it is written)."""
         isolated = [a for a in self.attacks if isinstance(a, IsolatedAttack)]
+        overlapping = [a for a in isolated if a.overlaps and a.alive]
+        for attack in overlapping:
+            attack.dispatch_round_end(round_index, orchestrator.round_end_streams(attack.name, round_index), with_state=checkpoint_due)
+        in_step = [a for a in isolated if a not in overlapping]
         results: dict[str, list] = {}
-        at_once = concurrent_workers(torch.get_num_threads())
-        for first in range(0, len(isolated), at_once):
-            wave = isolated[first : first + at_once]
+        at_once = max(1, concurrent_workers(torch.get_num_threads()) - len(overlapping))
+        for first in range(0, len(in_step), at_once):
+            wave = in_step[first : first + at_once]
             self.progress.activity(f"round {round_index}: attack worker(s) {', '.join(a.name for a in wave)}")
             for attack in wave:
                 attack.dispatch_round_end(round_index, orchestrator.round_end_streams(attack.name, round_index))
             results.update(collect_round_ends(wave))
         for attack in self.attacks:
+            if attack in overlapping:
+                continue
             stop_if_terminated()
             self.progress.activity(f"round {round_index}: attack {attack.name}")
             if isinstance(attack, IsolatedAttack):
-                scored = self.evaluator.score(attack.name, results[attack.name])
-                scored.metrics.update(attack.stopped_metrics())
+                self._score(report, round_index, attack, results[attack.name])
             else:
-                scored = self.evaluator.score(attack.name, orchestrator.end_round(attack, round_index))
-            self.progress.scores(round_index, attack.name, scored.metrics)
-            report.update(scored)
+                self._score(report, round_index, attack, orchestrator.end_round(attack, round_index))
             adversary = self.adversaries.get(attack.name)
             if adversary is not None:
                 report.metrics.update({f"adversary/{attack.name}/{key}": value for key, value in adversary.end_round().items()})
-        return report
+        state = self._run_side_state(round_index, copy=bool(overlapping), skip=overlapping) if checkpoint_due else None
+        return EndingRound(round_index, report, started, overlapping, state)
+
+    def _finish(self, ending: EndingRound, ended: float, elapsed_before: float, tracker: WandbRun) -> dict[str, float]:
+        """Score the overlapping workers' results of ``ending``, record the round (its time: from its start to ``ended``)
+        and write its checkpoint if one is due; the round's metrics."""
+        round_index, report = ending.round, ending.report
+        collected = collect_round_ends(ending.overlapping)
+        for attack in ending.overlapping:
+            stop_if_terminated()
+            self._score(report, round_index, attack, collected[attack.name])
+            report.metrics.update(attack.overlap_metrics())
+        report.metrics["time/round_s"] = ended - ending.started
+        _record(self.run_dir, tracker, round_index, report)
+        if ending.state is not None:
+            self.progress.activity(f"round {round_index}: checkpoint")
+            workers = {attack.name: attack.state_dict() for attack in ending.overlapping}
+            self._save_checkpoint(ending.state, workers, elapsed_before, tracker)
+        self.progress.advance()
+        return report.metrics
+
+    def _score(self, report: Report, round_index: int, attack: Attack | IsolatedAttack, results: list) -> None:
+        """Score ``attack``'s results of the round into ``report`` (with why its worker stopped, if it did)."""
+        scored = self.evaluator.score(attack.name, results)
+        if isinstance(attack, IsolatedAttack):
+            scored.metrics.update(attack.stopped_metrics())
+        self.progress.scores(round_index, attack.name, scored.metrics)
+        report.update(scored)
 
     def _on_phase(self, round_index: int, name: str) -> None:
         """Before each protocol phase: stop for a SIGTERM whose first exception Python dropped, then show the phase."""
@@ -475,15 +572,26 @@ class Experiment:
         if error is not None:
             raise error
 
-    def _checkpoint(self, round_index: int, elapsed_before: float, tracker: WandbRun) -> None:
+    def _run_side_state(self, round_index: int, copy: bool, skip: Sequence[IsolatedAttack] = ()) -> dict:
+        """The run's side of the checkpoint of ``round_index``: the protocol's, the attacks' (but ``skip``'s: their workers
+        send theirs later) and the RNGs' states; deep copies with ``copy`` (the protocol moves on before it is written)."""
+        state = {
+            "round": round_index,
+            "config_fingerprint": self._fingerprint,
+            "protocol": self.protocol.state_dict(),
+            "attacks": {a.name: a.state_dict() for a in self.attacks if a not in skip},
+            "rng": rng_state(),
+        }
+        return deepcopy(state) if copy else state
+
+    def _save_checkpoint(self, state: dict, workers: dict[str, dict], elapsed_before: float, tracker: WandbRun) -> None:
+        """Write the checkpoint of ``state`` with the overlapping ``workers``' states, in the attacks' order."""
+        saved = {**state["attacks"], **workers}
         self.run_dir.checkpoints.save(
-            round_index,
+            state["round"],
             {
-                "round": round_index,
-                "config_fingerprint": self._fingerprint,
-                "protocol": self.protocol.state_dict(),
-                "attacks": {a.name: a.state_dict() for a in self.attacks},
-                "rng": rng_state(),
+                **state,
+                "attacks": {a.name: saved[a.name] for a in self.attacks},
                 "elapsed_s": elapsed_before + time.perf_counter() - self.started,
                 "wandb_id": tracker.run_id,
             },

@@ -28,7 +28,7 @@ from torch.overrides import TorchFunctionMode
 from fdattack.attacks import ATTACKS, Attack
 from fdattack.attacks.results import Reconstructions
 from fdattack.fd.record import RoundRecord
-from fdattack.fd.threat import ViewPart
+from fdattack.fd.threat import Capability, ViewPart
 
 #: class names of the run's objects a walk of memory must not meet in a worker
 RUN_OBJECTS = ("Protocol", "Oracle", "FederatedSplit", "FederatedData", "QueryAnswerer", "Desk", "Experiment", "RunDirectory")
@@ -155,6 +155,7 @@ class StaleHandle(Hostile):
     """Keeps a record's query handle and asks it after the phase ended (issue 47, item 3)."""
 
     name = "hostile_stale"
+    needs = frozenset({Capability.public_outputs})
 
     def __init__(self, *args: Any) -> None:
         super().__init__(*args)

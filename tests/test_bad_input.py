@@ -358,6 +358,16 @@ def test_more_clients_than_target_labels_is_refused_by_the_split_or_at_config_ti
             ["protocol.optim.batch_size=1: evaluation.classifier=fedinverse_cnn has BatchNorm"],
             id="batch_norm_evaluation_classifier",
         ),
+        pytest.param(
+            ["isolation.seconds=60"],
+            ["isolation.seconds=60.0: budgets apply to attack workers; set isolation.mode=process"],
+            id="budget_without_workers",
+        ),
+        pytest.param(
+            ["isolation.overlap=true"],
+            ["isolation.overlap=true: only attack workers end rounds beside the simulation; set isolation.mode=process"],
+            id="overlap_without_workers",
+        ),
     ],
 )
 def test_settings_no_run_could_use_are_refused_at_config_time(

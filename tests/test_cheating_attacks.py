@@ -92,7 +92,10 @@ def _cheater(
     needs: frozenset[Capability] = frozenset(),
     result: Callable[[CheatingAttack], Any] | None = None,
     reads: frozenset[ViewPart] = frozenset({ViewPart.public}),
+    queries: bool = True,
 ) -> type[CheatingAttack]:
+    """A registered cheating attack; ``queries``: it declares ``public_outputs`` (its records carry a query handle)."""
+    needs = needs | {Capability.public_outputs} if queries else needs
     cls = type(
         "Cheater",
         (CheatingAttack,),
@@ -530,7 +533,7 @@ def test_fedavgs_participating_client_sees_the_global_model_and_no_ones_upload(t
         attack.outcome.setdefault("uploads", []).append(dict(record.uploads))  # type: ignore[union-attr]
         attack.outcome["global"] = attack.outcome.get("global") or record.global_state is not None
 
-    cheater = _cheater(monkeypatch, cheat)
+    cheater = _cheater(monkeypatch, cheat, queries=False)
     Experiment(
         compose(
             REPO / "conf" / "experiment" / "fedavg_digits.yaml",
@@ -613,7 +616,7 @@ def test_every_passive_cheat_at_once_gains_nothing_under_each_protocol_with_defe
         _tries(out, "prior", lambda: attack.view.prior_data.images)
         _tries(out, "candidates", lambda: len(attack.view.candidates))
 
-    cheater = _cheater(monkeypatch, cheat)
+    cheater = _cheater(monkeypatch, cheat, queries=protocol != "fedavg")
     experiment, switched_on = GAUNTLET[protocol]
     exp = Experiment(
         compose(

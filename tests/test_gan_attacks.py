@@ -385,7 +385,7 @@ def test_gan_attacks_reach_nothing_private_and_no_protocol_object(tmp_path: Path
         )
     )
     probe = _Probe(exp)
-    exp.attacks.append(probe)
+    exp.observe(probe)
     exp.run()
     assert probe.walks >= 4 and len(inversions) == 3
     for attack in exp.attacks[:3]:

@@ -19,9 +19,10 @@ import numpy as np
 import pytest
 import torch
 
+from fdattack import experiment
 from fdattack.cli import main
 from fdattack.errors import WorkerError
-from fdattack.isolation import Zygote, codec
+from fdattack.isolation import Zygote, codec, worker_devices
 from fdattack.isolation.sandbox import landlock_abi
 from fdattack.randomness import derive_seed
 from tests.conftest import REPO
@@ -127,25 +128,38 @@ def test_the_codec_refuses_crafted_messages(message: bytes) -> None:
 
 # ------------------------------------------------------------------------------------------------ results and resume
 @pytest.mark.slow
-def test_isolated_attacks_give_the_in_process_results_and_resume_alike(tmp_path: Path) -> None:
-    """The same run in process and isolated: every metric of every round equal (the workers draw from the streams the
-    run would have given each call); an isolated run resumed from an older checkpoint ends equal too, and so does the
-    isolated run's checkpoint resumed in process (``isolation.mode`` decides no result)."""
-    args = ["run", *SMALL, "attacks=[pli,tbi,ldia]", "protocol.rounds=3", "keep_checkpoints=2"]
-    in_process, isolated = tmp_path / "in_process", tmp_path / "isolated"
+def test_isolated_attacks_give_the_in_process_results_and_resume_alike(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The same run in process, isolated, and isolated with overlapping round ends: every metric of every round equal
+    (the workers draw from the streams the run would have given each call, in the order it would have called them);
+    an overlapping run resumed from the checkpoint it wrote while its workers ended the round ends equal too, and so
+    does that checkpoint resumed in process (``isolation.mode`` and ``overlap`` decide no result).
+
+    DS-FL's clients train before they upload, so LDIA's round end overlaps that training; PLI and TBI, whose records
+    carry a query, catch up at the upload."""
+    dsfl = [key for key in SMALL if not key.startswith("protocol.transfer_")]  # FedMD's set-up keys
+    args = ["run", *dsfl, "protocol=dsfl", "attacks=[pli,tbi,ldia]", "protocol.rounds=3", "keep_checkpoints=2"]
+    in_process, isolated, overlapping = tmp_path / "in_process", tmp_path / "isolated", tmp_path / "overlapping"
     assert main([*args, f"output_dir={in_process}"]) == 0
     assert main([*args, f"output_dir={isolated}", "isolation.mode=process"]) == 0
     assert _rows(isolated) == _rows(in_process)
     assert _metrics(isolated) == _metrics(in_process)
     assert {p.name for p in (isolated / "attack_state").iterdir()} >= {"pli", "tbi", "ldia"}
 
-    (isolated / "checkpoints" / "round_0003.pt").unlink()
-    assert main([*args, f"output_dir={isolated}", "isolation.mode=process", "resume=true"]) == 0
-    assert _rows(isolated) == _rows(in_process) and _metrics(isolated) == _metrics(in_process)
+    overlap = [f"output_dir={overlapping}", "isolation.mode=process", "isolation.overlap=true"]
+    monkeypatch.setattr(experiment, "concurrent_workers", lambda threads: 4)  # cores for all three beside the run's, anywhere
+    assert main([*args, *overlap]) == 0
+    assert _rows(overlapping) == _rows(in_process) and _metrics(overlapping) == _metrics(in_process)
+    # LDIA's round end ran beside the whole next round (no query to wait at); the last round had nothing beside it
+    beside = [json.loads(line)["time/ldia/overlap_s"] for line in (overlapping / "rounds.jsonl").read_text().splitlines()[1:]]
+    assert min(beside[:-1]) > 10 * beside[-1], beside
 
-    (isolated / "checkpoints" / "round_0003.pt").unlink()
-    assert main([*args, f"output_dir={isolated}", "resume=true"]) == 0  # the workers' states, read in process
-    assert _rows(isolated) == _rows(in_process) and _metrics(isolated) == _metrics(in_process)
+    (overlapping / "checkpoints" / "round_0003.pt").unlink()
+    assert main([*args, *overlap, "resume=true"]) == 0
+    assert _rows(overlapping) == _rows(in_process) and _metrics(overlapping) == _metrics(in_process)
+
+    (overlapping / "checkpoints" / "round_0003.pt").unlink()
+    assert main([*args, f"output_dir={overlapping}", "resume=true"]) == 0  # the workers' states, read in process
+    assert _rows(overlapping) == _rows(in_process) and _metrics(overlapping) == _metrics(in_process)
 
 
 # ------------------------------------------------------------------------------------------------ hostile attacks
@@ -227,6 +241,19 @@ def test_a_dishonest_failing_slow_or_hungry_worker_is_stopped_and_the_run_goes_o
     in_process = _metrics(hostile_runs["in_process"][0] / "run")
     ldia = {k: v for k, v in in_process.items() if k.startswith("attack/ldia/")}
     assert ldia and {k: metrics[k] for k in ldia} == ldia
+
+
+@pytest.mark.parametrize(
+    ("run_device", "gpus", "workers", "expected"),
+    [
+        pytest.param("cpu", 0, 2, [("cpu", 1)] * 2, id="cpu"),
+        pytest.param("cuda:0", 1, 3, [("cuda", [0])] * 3, id="one_gpu_shared"),
+        pytest.param("cuda:0", 4, 5, [("cuda", [g]) for g in (1, 2, 3, 1, 2)], id="four_gpus"),
+        pytest.param("cuda:2", 3, 3, [("cuda", [g]) for g in (0, 1, 0)], id="run_on_the_third"),
+    ],
+)
+def test_each_worker_takes_a_gpu_the_run_does_not_simulate_on(run_device: str, gpus: int, workers: int, expected: list) -> None:
+    assert worker_devices(run_device, gpus, workers) == expected
 
 
 def test_workers_that_cannot_start_are_one_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

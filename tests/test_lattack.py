@@ -198,7 +198,7 @@ class _Spy(Attack):
 def _spied(exp: Experiment) -> tuple[_Spy, dict[int, Tensor]]:
     """A :class:`_Spy` after the run's attacks, and the soft targets each client last trained toward (filled as it runs)."""
     spy = _Spy(exp)
-    exp.attacks.append(spy)
+    exp.observe(spy)
     targets: dict[int, Tensor] = {}
     fit_many = exp.engine.fit_many
 

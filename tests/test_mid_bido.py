@@ -294,7 +294,7 @@ def test_defended_fedavg_run_trains_and_its_global_model_is_the_vib_model(tmp_pa
         compose(None, tiny(tmp_path, *FEDINVERSE_DIGITS, "protocol.rounds=1", "protocol.optim.batch_size=16", "defenses=[bido,mid]"))
     )
     probe = Probe(exp)
-    exp.attacks.append(probe)
+    exp.observe(probe)
     exp.run()
     row = json.loads((tmp_path / "run" / "rounds.jsonl").read_text().splitlines()[-1])
     assert row["protocol/server_acc"] > 0.5  # 5 classes: chance is 0.2

@@ -272,6 +272,7 @@ def test_the_shadow_target_trains_only_on_the_public_rows_its_target_answered(tm
         return on_record(self, record)
 
     monkeypatch.setattr(CoopLiRAAttack, "on_record", keep)
+    monkeypatch.setattr(CoopLiRAAttack, "needs", CoopLiRAAttack.needs | {Capability.public_outputs})  # its records carry a query
     exp = Experiment(
         compose(
             None,

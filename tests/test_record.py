@@ -19,8 +19,9 @@ from tests.conftest import REPO, tiny
 class Collector(Attack):
     name = "collector"
 
-    def __init__(self) -> None:
+    def __init__(self, name: str = "collector") -> None:
         super().__init__(None, None, AttackContext(seed=0))  # type: ignore[arg-type]  # a test observer: no view needed
+        self.name = name
         self.records: list[RoundRecord] = []
 
     def on_record(self, record: RoundRecord) -> None:
@@ -49,9 +50,11 @@ def test_records_hold_no_private_data(tmp_path: Path, protocol: str) -> None:
     name = {"fedmd": "fedmd_digits", "fedgems": "fedgems_digits", "dsfl": "dsfl_digits", "cronus": "cronus_digits"}[protocol]
     cfg = compose(REPO / "conf" / "experiment" / f"{name}.yaml", tiny(tmp_path, "protocol.rounds=1"))
     exp = Experiment(cfg)
-    collector = Collector()
-    exp.attacks.append(collector)
+    collector, silent = Collector(), Collector("silent")
+    exp.observe(collector, query=True)
+    exp.observe(silent)  # declares no public_outputs: it gets the records without a query handle
     exp.run()
+    assert len(silent.records) == len(collector.records) and all(r.query is None for r in silent.records)
     split = exp.data.split
     private_images = torch.cat([p.images for p in split.private]).flatten(1)
     assert collector.records, "no record was published"

@@ -113,7 +113,7 @@ def _run(tmp_path: Path, protocol: str) -> tuple[Experiment, Probe]:
     )
     exp = Experiment(cfg)
     probe = Probe(exp)
-    exp.attacks.append(probe)
+    exp.observe(probe, query=True)
     exp.run()
     return exp, probe
 
@@ -235,7 +235,7 @@ def test_query_grants_the_round_rows_and_answers_as_uploads(tmp_path: Path) -> N
                 query(5, rows)
             Checker.checked += 1
 
-    exp.attacks.append(Checker(exp.view, None, AttackContext(seed=0)))
+    exp.observe(Checker(exp.view, None, AttackContext(seed=0)), query=True)
     exp.run()
     assert Checker.checked == 1
 
@@ -256,7 +256,7 @@ def test_fedmd_queries_may_ask_for_any_public_row(tmp_path: Path) -> None:
                 assert record.batch is not None and len(record.batch) == 30 and len(record.query.rows) == n
                 seen.append(record.query(1, torch.tensor([0, n - 1])).shape[0])
 
-    exp.attacks.append(Checker(exp.view, None, AttackContext(seed=0)))
+    exp.observe(Checker(exp.view, None, AttackContext(seed=0)), query=True)
     exp.run()
     assert seen == [2]
 

@@ -250,6 +250,12 @@ class IsolationConfig:
         "null = no limit",
         ge=64,
     )
+    overlap: bool = knob(
+        False,
+        "isolation=process: each worker ends a round while the next round simulates, up to the next record it may query on (the "
+        "query must be answered in its phase); an attack with an adversary, or whose results are scored on the round's models "
+        "(the L-Attack's gradient check), ends its rounds in step. Same results; the round's line is written once its attacks are scored",
+    )
 
 
 @dataclass

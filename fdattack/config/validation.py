@@ -120,17 +120,19 @@ def check_trainer(trainer: DictConfig) -> None:
 
 
 def check_isolation(cfg: DictConfig) -> None:
-    """The attack workers' keys: budgets apply to workers only; workers run beside one process, not under DDP; the
+    """The attack workers' keys: budgets and overlap apply to workers only; workers run beside one process, not under DDP; the
     memory budget reads ``/proc``.
 
     Raises:
-        ConfigError: ``isolation.seconds=60: budgets apply to attack workers; set isolation.mode=process``
+        ConfigError: ``isolation.seconds=60.0: budgets apply to attack workers; set isolation.mode=process``
     """
     iso, t = cfg.isolation, cfg.trainer
     if iso.mode != "process":
         for key in ("seconds", "memory_mb"):
             if iso[key] is not None:
                 raise ConfigError(f"isolation.{key}={iso[key]}: budgets apply to attack workers; set isolation.mode=process")
+        if iso.overlap:
+            raise ConfigError("isolation.overlap=true: only attack workers end rounds beside the simulation; set isolation.mode=process")
         return
     devices, processes = _processes(t)
     if processes > 1 or str(t.strategy).startswith(("ddp", "fsdp", "deepspeed")):

@@ -65,7 +65,7 @@ class GradientCheck:
         )
 
 
-@SCORERS.register(GradientProbe)
+@SCORERS.register(GradientProbe, on_round_models=True)
 def build_gradient_check(context: ScoringContext) -> GradientCheck:
     """The check against the clients' networks of the run."""
     return GradientCheck(context.oracle)

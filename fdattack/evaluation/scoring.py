@@ -64,17 +64,26 @@ class ScorerRegistry:
 
     def __init__(self) -> None:
         self._factories: dict[type, ScorerFactory] = {}
+        self._on_round_models: set[type] = set()
 
-    def register(self, result_type: type) -> Callable[[F], F]:
-        """Decorator that registers ``factory(context) -> scorer`` for exactly ``result_type`` (not its subclasses)."""
+    def register(self, result_type: type, on_round_models: bool = False) -> Callable[[F], F]:
+        """Decorator that registers ``factory(context) -> scorer`` for exactly ``result_type`` (not its subclasses);
+        ``on_round_models``: its scorer reads the networks as they are at the round's end, so results of this type are
+        scored before the next round simulates (an attack producing them never ends rounds beside it)."""
 
         def add(factory: F) -> F:
             if result_type in self._factories:
                 raise ValueError(f"a scorer of {result_type.__name__} is registered twice")
             self._factories[result_type] = factory
+            if on_round_models:
+                self._on_round_models.add(result_type)
             return factory
 
         return add
+
+    def on_round_models(self, result_type: type) -> bool:
+        """Whether ``result_type``'s scorer reads the networks as they are at the round's end."""
+        return result_type in self._on_round_models
 
     def get(self, result_type: type) -> ScorerFactory:
         """The factory of ``result_type``'s scorer.

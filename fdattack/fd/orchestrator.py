@@ -15,7 +15,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 from types import MappingProxyType
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Collection, Sequence
 from typing import Protocol as Interface
 
 from fdattack.errors import UploadError
@@ -52,6 +52,8 @@ class RoundOrchestrator:
         observers: attacks (and any other record observer), called after every phase.
         on_bad_upload: ``"error"`` stops at a NaN/inf upload; ``"drop"`` leaves that client out of the round.
         on_phase: called with the round and the phase name before the phase runs (progress display).
+        queriers: the observers (by name) whose records carry a query handle: the attacks that declare
+            ``public_outputs`` (the run's own list, made when it built them); None = every observer.
     """
 
     def __init__(
@@ -60,9 +62,11 @@ class RoundOrchestrator:
         observers: Sequence[Observer],
         on_bad_upload: str = "error",
         on_phase: Callable[[int, str], None] | None = None,
+        queriers: Collection[str] | None = None,
     ) -> None:
         self.protocol = protocol
         self.observers = list(observers)
+        self.queriers = None if queriers is None else frozenset(queriers)
         self.on_bad_upload = on_bad_upload
         self.on_phase = on_phase or (lambda round, name: None)
 
@@ -110,7 +114,8 @@ class RoundOrchestrator:
             opener = self.protocol.open_phase(ctx, phase.name) if phase.attack_point or phase.name == UPLOAD_PHASE else None
             try:
                 for observer in self.observers:
-                    query, desk = (None, None) if opener is None else opener(observer.name)
+                    asks = opener is not None and (self.queriers is None or observer.name in self.queriers)
+                    query, desk = opener(observer.name) if asks else (None, None)
                     try:
                         self._deliver(observer, self._snapshot(ctx, phase, query), ctx.round, phase.name)
                     finally:

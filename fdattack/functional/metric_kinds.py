@@ -105,6 +105,9 @@ POSITIVE = frozenset(
         "download_bytes",
         "round_s",
         "total_s",
+        "overlap_s",
+        "wall_s",  # the benchmarks' (benchmarks/peers)
+        "peak_rss_mib",
         "epsilon",
         "epsilon_mean",
         # entropies of the confidence-gap diagnostic

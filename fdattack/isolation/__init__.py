@@ -8,7 +8,15 @@ attack, feeds it records, answers its asks with the run's own objects and keeps 
 messages are read without unpickling them.
 """
 
-from fdattack.isolation.proxy import Budget, IsolatedAttack, MemoryWatch, Zygote, collect_round_ends, concurrent_workers
+from fdattack.isolation.proxy import (
+    Budget,
+    IsolatedAttack,
+    MemoryWatch,
+    Zygote,
+    collect_round_ends,
+    concurrent_workers,
+    worker_devices,
+)
 from fdattack.isolation.state import in_process_state
 from fdattack.isolation.wire import AdversaryShape, WorkerBrief
 
@@ -22,4 +30,5 @@ __all__ = [
     "collect_round_ends",
     "concurrent_workers",
     "in_process_state",
+    "worker_devices",
 ]

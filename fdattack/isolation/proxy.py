@@ -26,6 +26,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections import deque
 from dataclasses import dataclass
 from multiprocessing.connection import Connection, wait
 from pathlib import Path
@@ -139,13 +140,6 @@ class Budget:
     memory_mb: Optional[int] = None
 
 
-class _Pending:
-    """A reply still on its way."""
-
-
-PENDING = _Pending()
-
-
 class IsolatedAttack(Observer):
     """One attack in a worker process of its own.
 
@@ -154,9 +148,14 @@ class IsolatedAttack(Observer):
         adversary: the run's adversary granted to the attack (its actions are carried out on it), or None.
         budget: its wall seconds and memory.
         folder: its working directory and state folder (``<state_root>/<attack>``); its output goes to ``worker.log`` there.
+        overlaps: whether its round end may run while the next round simulates (``isolation.overlap``): its records that
+            carry no query are then sent without waiting for the worker, and one that carries a query waits until the
+            worker has done everything before it (the query must be answered while its phase is open).
     """
 
-    def __init__(self, brief: WorkerBrief, adversary: Optional[Adversary], budget: Budget, folder: Path, zygote: Zygote) -> None:
+    def __init__(
+        self, brief: WorkerBrief, adversary: Optional[Adversary], budget: Budget, folder: Path, zygote: Zygote, overlaps: bool = False
+    ) -> None:
         self.name = brief.attack
         self.adversary = adversary
         self.budget = budget
@@ -164,14 +163,18 @@ class IsolatedAttack(Observer):
         self.spent_s = 0.0
         self.stopped: Optional[tuple[str, str]] = None  # (why: failed | seconds | memory, the one line)
         self.sandbox_abi = 0
+        self.overlaps = overlaps
         self._queries: dict[int, PublicQuery] = {}
         self._serial = 0
-        self._started_at: Optional[float] = None
+        self._owed: deque[str] = deque()  # the replies the worker owes, in the order it sends them
+        self._received: dict[str, list] = {}  # replies read but not yet taken (a round end's results, its state)
+        self._started_at: Optional[float] = None  # since when the worker has owed a reply
+        self._round_end_sent: Optional[float] = None  # when its round end was sent, until the run first waits for it
+        self.overlap_s = 0.0  # how long the run went on beside the last round end before it waited for it
         self._over_memory = False
         (folder / "tmp").mkdir(parents=True, exist_ok=True)
         self._conn, self._pid = zygote.fork(folder, self.log_path)
-        self._call()
-        self._send(brief)
+        self._post(brief, "ready")
 
     # ------------------------------------------------------------------ the calls the run makes
     @property
@@ -180,8 +183,12 @@ class IsolatedAttack(Observer):
 
     @property
     def waiting(self) -> bool:
-        """Whether a call to the worker awaits its reply."""
-        return self.alive and self._started_at is not None
+        """Whether the worker owes the run a reply."""
+        return self.alive and bool(self._owed)
+
+    def owes(self, reply: str) -> bool:
+        """Whether the worker still owes a reply of kind ``reply`` (False once it was stopped)."""
+        return self.alive and reply in self._owed
 
     def fileno(self) -> int:
         """The channel's descriptor (what :func:`multiprocessing.connection.wait` waits on)."""
@@ -195,49 +202,66 @@ class IsolatedAttack(Observer):
         return self.sandbox_abi
 
     def receive(self, record: RoundRecord, streams: GlobalStreams) -> None:
-        """Send ``record`` and answer the worker's asks until it is done with it."""
+        """Send ``record`` and answer the worker's asks until it is done with it; an overlapping worker's record without
+        a query is only sent (the worker takes it after what it is still doing)."""
         if not self.alive:
             return
         self._serial += 1
         if record.query is not None:
             self._queries[self._serial] = record.query
         fields, shape = record_to_wire(record)
-        self._call()
-        self._send(("record", streams.seed, self._serial, fields, shape))
-        self._until("done")
+        synchronous = record.query is not None or not self.overlaps
+        if synchronous:
+            self._settle()  # an earlier round end first: the query is answered while its phase is open
+        self._post(("record", streams.seed, self._serial, fields, shape), "done")
+        if synchronous:
+            self._settle()
 
-    def dispatch_round_end(self, round_index: int, streams: GlobalStreams) -> None:
-        """Start the worker's ``on_round_end`` (:func:`collect_round_ends` gathers the results)."""
+    def dispatch_round_end(self, round_index: int, streams: GlobalStreams, with_state: bool = False) -> None:
+        """Start the worker's ``on_round_end`` (:func:`collect_round_ends` gathers the results); ``with_state``: ask for
+        its state right after it (what a checkpoint of this round holds, taken before any record of the next round)."""
         if self.alive:
-            self._call()
-            self._send(("round_end", streams.seed, round_index))
+            self._round_end_sent, self.overlap_s = time.perf_counter(), 0.0
+            self._post(("round_end", streams.seed, round_index), "results")
+            if with_state:
+                self._post(("state",), "state")
+
+    def take_results(self) -> list:
+        """The results of the round end collected last, rebuilt by type (:func:`results_from_wire`); [] when the worker
+        was stopped, or sent what are not results (it is stopped then)."""
+        reply = self._received.pop("results", None)
+        if reply is None:
+            return []
+        try:
+            return results_from_wire(reply[1] if len(reply) == 2 else None)
+        except (TypeError, ValueError) as err:
+            self.stop("failed", f"its worker sent results that are not results ({err})")
+            return []
 
     def state_dict(self) -> dict:
         """The worker's state as bytes it alone reads back, with the seconds spent (and why it stopped, if it did)."""
+        if self.alive and not self.owes("state") and "state" not in self._received:
+            self._post(("state",), "state")
+        reply = self._until("state")
         if not self.alive:
             assert self.stopped is not None
             return {"isolation": {"stopped": list(self.stopped), "spent_s": self.spent_s}}
-        self._call()
-        self._send(("state",))
-        reply = self._until("state")
         return {"isolation": {"state": None if reply is None else reply[1], "spent_s": self.spent_s}}
 
     def load_state_dict(self, state: dict) -> None:
         """Restore a checkpoint's state: a worker's bytes, or an in-process attack's state dict."""
         saved = state.get("isolation") if type(state) is dict else None
         if saved is None:
-            self._call()
-            self._send(("load", state))
-            self._until("done")
+            self._post(("load", state), "done")
+            self._settle()
             return
         self.spent_s = float(saved["spent_s"])
         if "stopped" in saved:
             why, line = saved["stopped"]
             self.stop(why, line, quiet=True)
             return
-        self._call()
-        self._send(("load", saved["state"]))
-        self._until("done")
+        self._post(("load", saved["state"]), "done")
+        self._settle()
 
     def close(self) -> None:
         """Stop the worker (asked first, then killed after 10 s)."""
@@ -247,6 +271,11 @@ class IsolatedAttack(Observer):
                 self._kill()
         self._conn.close()
         shutil.rmtree(self.log_path.parent / "tmp", ignore_errors=True)
+
+    def overlap_metrics(self) -> dict[str, float]:
+        """``time/<name>/overlap_s``: the seconds the run went on beside the worker's last round end (the next round's
+        simulation, up to its first record that carries a query) before it waited for its results."""
+        return {f"time/{self.name}/overlap_s": self.overlap_s}
 
     def stopped_metrics(self) -> dict[str, float]:
         """``attack/<name>/stopped/<why>`` = 1 once the worker was stopped; {} while it runs."""
@@ -259,54 +288,85 @@ class IsolatedAttack(Observer):
         except OSError:
             pass  # the worker is gone: the next wait reads why
 
-    def _call(self) -> None:
-        self._started_at = time.perf_counter()
+    def _post(self, message: Any, reply: str) -> None:
+        """Send ``message``, for which the worker owes a reply of kind ``reply``."""
+        if not self._owed:
+            self._started_at = time.perf_counter()
+        self._owed.append(reply)
+        self._send(message)
 
-    def _until(self, expected: str) -> Optional[tuple]:
-        """The worker's reply of kind ``expected``, answering its asks meanwhile; None when it was stopped instead."""
-        while self.alive:
+    def _until(self, reply: str) -> Optional[list]:
+        """The worker's reply of kind ``reply``, answering its asks meanwhile; None when it was stopped instead."""
+        while self.alive and reply not in self._received:
             wait([self._conn], timeout=_POLL_S)
-            reply = self.step(expected)
-            if reply is not PENDING:
-                return reply  # type: ignore[return-value]
-        return None
+            self.step()
+        return self._received.pop(reply, None)
 
-    def step(self, expected: str) -> Any:
-        """Read one message if there is one: answer an ask, or return the reply ``expected`` (None: the worker was
-        stopped); :data:`PENDING` while neither. Stops the worker past its budget."""
+    def waits(self) -> None:
+        """The run starts waiting for the worker: what ran beside the simulation of its round end ends here
+        (:attr:`overlap_s`)."""
+        if self._round_end_sent is not None:
+            self.overlap_s = time.perf_counter() - self._round_end_sent
+            self._round_end_sent = None
+
+    def _settle(self) -> None:
+        """Wait until the worker owes nothing, answering its asks meanwhile (replies other than ``done`` are kept)."""
+        if self.waiting:
+            self.waits()
+        while self.waiting:
+            wait([self._conn], timeout=_POLL_S)
+            self.step()
+
+    def step(self) -> None:
+        """Read one message if there is one: answer an ask, or take the reply the worker owes next (kept for
+        :meth:`_until` unless it is a record's ``done``). Stops the worker past its budget or off its protocol."""
         if not self.alive:
-            return None
+            return
         if self._over_memory:
-            return self.stop("memory", f"its worker went past isolation.memory_mb={self.budget.memory_mb} MiB")
+            self.stop("memory", f"its worker went past isolation.memory_mb={self.budget.memory_mb} MiB")
+            return
         elapsed = time.perf_counter() - (self._started_at or time.perf_counter())
-        if expected == "ready" and elapsed > START_S:
-            return self.stop("failed", f"its worker did not start within {START_S} s")
-        if expected != "ready" and self.budget.seconds is not None and self.spent_s + elapsed > self.budget.seconds:
-            return self.stop("seconds", f"it took more than isolation.seconds={self.budget.seconds:g} s")
+        starting = bool(self._owed) and self._owed[0] == "ready"
+        if starting and elapsed > START_S:
+            self.stop("failed", f"its worker did not start within {START_S} s")
+            return
+        if not starting and self.budget.seconds is not None and self.spent_s + elapsed > self.budget.seconds:
+            self.stop("seconds", f"it took more than isolation.seconds={self.budget.seconds:g} s")
+            return
         try:
             if not self._conn.poll():
-                return PENDING
+                return
             message = codec.decode(self._conn.recv_bytes(codec.MAX_MESSAGE_BYTES))
         except (EOFError, OSError):
             self._gone_within(10.0)
             if self._over_memory:
-                return self.stop("memory", f"its worker went past isolation.memory_mb={self.budget.memory_mb} MiB")
-            return self.stop("failed", "its worker exited")
+                self.stop("memory", f"its worker went past isolation.memory_mb={self.budget.memory_mb} MiB")
+            else:
+                self.stop("failed", "its worker exited")
+            return
         except codec.CodecError as err:
-            return self.stop("failed", f"its worker sent something that is not plain data ({err})")
+            self.stop("failed", f"its worker sent something that is not plain data ({err})")
+            return
         if type(message) is not list or not message or type(message[0]) is not str:
-            return self.stop("failed", "its worker sent a message of no known form")
+            self.stop("failed", "its worker sent a message of no known form")
+            return
         kind = message[0]
         if kind == "ask" and len(message) == 3 and type(message[1]) is str and type(message[2]) is list:
             self._answer(message[1], message[2])
-            return PENDING
+            return
         if kind == "failed" and len(message) == 2 and type(message[1]) is str:
-            return self.stop("failed", message[1])
-        if kind != expected:
-            return self.stop("failed", f"its worker sent {kind!r} where the run waited for {expected!r}")
-        self.spent_s += time.perf_counter() - (self._started_at or time.perf_counter())
-        self._started_at = None
-        return message
+            self.stop("failed", message[1])
+            return
+        if not self._owed or kind != self._owed[0]:
+            waited = repr(self._owed[0]) if self._owed else "nothing"
+            self.stop("failed", f"its worker sent {kind!r} where the run waited for {waited}")
+            return
+        self._owed.popleft()
+        now = time.perf_counter()
+        self.spent_s += now - (self._started_at or now)
+        self._started_at = now if self._owed else None
+        if kind != "done":
+            self._received[kind] = message
 
     def _answer(self, what: str, args: list) -> None:
         """Carry out one ask on the run's own objects (each checks what it is given) and send the answer or refusal."""
@@ -340,11 +400,12 @@ class IsolatedAttack(Observer):
         """Stop the worker for good: the run goes on without the attack."""
         self.stopped = (why, line)
         self._queries.clear()
+        self._owed.clear()
+        self._received.clear()
         self._kill()
         self._conn.close()
         if not quiet:
             log.warning("attack %s stopped: %s; the run goes on without it (its log: %s)", self.name, line, self.log_path)
-        return None
 
     # ------------------------------------------------------------------ the process (a child of the zygote, by pid)
     def _running(self) -> bool:
@@ -417,24 +478,29 @@ def concurrent_workers(threads: int) -> int:
     return max(1, cores // max(1, threads))
 
 
+def worker_devices(run_device: str, gpus: int, workers: int) -> list[tuple[str, object]]:
+    """Each worker's ``(accelerator, devices)``: the run's own device on a CPU or a one-GPU machine; with several GPUs,
+    the GPUs the run does not simulate on, one per worker in turn (``run_device``: the run's, such as ``cuda:0``)."""
+    kind, _, index = run_device.partition(":")
+    if kind != "cuda" or gpus <= 1:
+        return [(kind, 1 if kind == "cpu" else [int(index or 0)])] * workers
+    others = [gpu for gpu in range(gpus) if gpu != int(index or 0)]
+    return [("cuda", [others[worker % len(others)]]) for worker in range(workers)]
+
+
 def collect_round_ends(attacks: Sequence[IsolatedAttack]) -> dict[str, list]:
-    """Every dispatched worker's ``on_round_end`` results, rebuilt by type (:func:`results_from_wire`); the workers run
-    at once, and each one's asks are answered as they come. A worker stopped meanwhile gives no results."""
-    pending = [a for a in attacks if a.waiting]
-    results: dict[str, list] = {a.name: [] for a in attacks}
+    """Every dispatched worker's ``on_round_end`` results (:meth:`IsolatedAttack.take_results`); the workers run at
+    once, and each one's asks are answered as they come. A worker stopped meanwhile gives no results."""
+    pending = [a for a in attacks if a.owes("results")]
+    for attack in pending:
+        attack.waits()
     while pending:
         wait(pending, timeout=_POLL_S)
         for attack in list(pending):
-            reply = attack.step("results")
-            if reply is PENDING:
-                continue
-            pending.remove(attack)
-            if reply is not None:
-                try:
-                    results[attack.name] = results_from_wire(reply[1] if len(reply) == 2 else None)
-                except (TypeError, ValueError) as err:
-                    attack.stop("failed", f"its worker sent results that are not results ({err})")
-    return results
+            attack.step()
+            if not attack.owes("results"):
+                pending.remove(attack)
+    return {attack.name: attack.take_results() for attack in attacks}
 
 
 def results_from_wire(wire: Any) -> list:

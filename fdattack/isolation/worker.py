@@ -12,8 +12,10 @@ import io
 import logging
 import os
 import pickle
+import queue
 import signal
 import sys
+import threading
 import traceback
 from multiprocessing.connection import Connection
 from pathlib import Path
@@ -35,21 +37,54 @@ _PR_SET_PDEATHSIG = 1
 
 
 class Channel:
-    """The worker's end: it sends plain data (:mod:`~fdattack.isolation.codec`) and reads the run's pickles."""
+    """The worker's end: it sends plain data (:mod:`~fdattack.isolation.codec`) and reads the run's pickles.
+
+    Once :meth:`start_reading` (after the worker is confined: a thread started before would not be), a thread reads
+    every message as it arrives, so the run never waits to send while the attack is busy: the run's calls queue up for
+    :meth:`receive` and the answers to the worker's asks go to :meth:`ask`, wherever they fall among the calls (an
+    overlapping worker's round end may ask while the next round's records arrive).
+    """
 
     def __init__(self, conn: Connection) -> None:
         self._conn = conn
+        self._calls: queue.SimpleQueue = queue.SimpleQueue()
+        self._answers: queue.SimpleQueue = queue.SimpleQueue()
+        self._reader: threading.Thread | None = None
+
+    def start_reading(self) -> None:
+        self._reader = threading.Thread(target=self._read, name="fdattack-worker-reader", daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        while True:
+            try:
+                message = pickle.loads(self._conn.recv_bytes())
+            except (EOFError, OSError):
+                self._calls.put(None)
+                self._answers.put(None)
+                return
+            (self._answers if message[0] in ("answer", "refused") else self._calls).put(message)
 
     def send(self, *message: Any) -> None:
         self._conn.send_bytes(codec.encode(list(message)))
 
     def receive(self) -> tuple:
-        return pickle.loads(self._conn.recv_bytes())
+        """The run's next call (raises EOFError once the run is gone)."""
+        return self._next(self._calls)
+
+    def _next(self, inbox: queue.SimpleQueue) -> tuple:
+        if self._reader is None:
+            return pickle.loads(self._conn.recv_bytes())
+        message = inbox.get()
+        if message is None:
+            inbox.put(None)
+            raise EOFError("the run closed the channel")
+        return message
 
     def ask(self, what: str, *args: Any) -> Any:
         """The run's answer to ``what`` with ``args``; its refusal is raised here as the exception it names."""
         self.send("ask", what, [_plain(arg, f"an argument of {what}") for arg in args])
-        reply = self.receive()
+        reply = self._next(self._answers)
         if reply[0] == "refused":
             raise REFUSALS.get(reply[1], RuntimeError)(reply[2])
         return reply[1]
@@ -138,7 +173,8 @@ def results_to_wire(results: Any, attack: str) -> list:
 
 
 def serve(channel: Channel, attack: Any) -> None:
-    """Answer the run's calls until it says stop (or goes away)."""
+    """Answer the run's calls, in the order they came, until it says stop (or goes away)."""
+    channel.start_reading()
     while True:
         try:
             message = channel.receive()

@@ -4,7 +4,8 @@ Every place that takes a result from disk instead of computing it (a seed replic
 a resumed run's stored config) goes through :func:`check_made_with`: the stored ``config.yaml`` must exist and agree
 with the config of the run being asked for in every key that can change a result. The keys that cannot
 (:data:`RESULT_FREE_KEYS`: the run's ``name``, ``resume``, ``output_dir``, ``plugins`` and the whole ``logger`` group,
-where and how a run logs, its W&B group and name included; and ``isolation.mode``, where the attacks run) are left out,
+where and how a run logs, its W&B group and name included; and ``isolation.mode`` and ``isolation.overlap``, where and
+when the attacks run) are left out,
 so a moved or copied folder is still its own result.
 """
 
@@ -23,14 +24,16 @@ from fdattack.tracking.report_runs import read_metrics
 #: (``plugins`` only makes names known; the names a run uses are in ``attacks``, ``defenses`` and ``protocol.name``).
 RESULT_FREE_KEYS = ("name", "resume", "output_dir", "logger", "plugins")
 #: The ``isolation`` keys that decide a result (its budgets, which can stop an attack), with the values a stored config
-#: written before they existed had in effect; ``isolation.mode`` decides none (isolated attacks give the in-process
-#: results: tests/test_isolation.py).
+#: written before they existed had in effect; ``isolation.mode`` and ``isolation.overlap`` decide none (isolated attacks give
+#: the in-process results, overlapping or not: tests/test_isolation.py).
 ISOLATION_BUDGETS = {"seconds": None, "memory_mb": None}
+#: the ``isolation`` keys that decide no result
+ISOLATION_RESULT_FREE = ("mode", "overlap")
 
 
 def result_tree(cfg: DictConfig) -> dict:
-    """The plain, resolved config tree without :data:`RESULT_FREE_KEYS` and ``isolation.mode``: what decides a run's
-    results."""
+    """The plain, resolved config tree without :data:`RESULT_FREE_KEYS` and :data:`ISOLATION_RESULT_FREE`: what decides a
+    run's results."""
     tree = OmegaConf.to_container(cfg, resolve=True, enum_to_str=True)
     if not isinstance(tree, dict):
         return {}
@@ -38,7 +41,7 @@ def result_tree(cfg: DictConfig) -> dict:
     isolation = kept.get("isolation")
     kept["isolation"] = {
         **ISOLATION_BUDGETS,
-        **{k: v for k, v in (isolation if isinstance(isolation, dict) else {}).items() if k != "mode"},
+        **{k: v for k, v in (isolation if isinstance(isolation, dict) else {}).items() if k not in ISOLATION_RESULT_FREE},
     }
     return kept
 
