@@ -371,14 +371,16 @@ def main() -> None:
             print(f"running table {table} ({len(rows)} rows x {len(args.seeds)} seeds)", file=sys.stderr)
             for row, folder in results:
                 run_row(row, args.seeds, folder, args.override)
-        print(f"\n### {table}: mean over seeds {', '.join(map(str, args.seeds))} [95 % interval across the seeds] (each seed)\n")
-        print("| row | " + " | ".join(title for _, title in columns) + " |")
-        print("|---|" + "---|" * len(columns))
         missing = [row.name for row, folder in results if not (folder / "metrics.json").is_file()]
         results = [(row, folder) for row, folder in results if row.name not in missing]  # a row still running
+        read = {folder: per_seed(folder) for _, folder in results}
+        seeds = sorted({seed for values in read.values() for by_seed in values.values() for seed in by_seed})  # as run
+        print(f"\n### {table}: mean over seeds {', '.join(map(str, seeds))} [95 % interval across the seeds] (each seed)\n")
+        print("| row | " + " | ".join(title for _, title in columns) + " |")
+        print("|---|" + "---|" * len(columns))
         for row, folder in results:
-            metrics, values = json.loads((folder / "metrics.json").read_text()), per_seed(folder)
-            print(f"| {row.name} | " + " | ".join(cell(metrics, values.get(key, {}), key) for key, _ in columns) + " |")
+            metrics = json.loads((folder / "metrics.json").read_text())
+            print(f"| {row.name} | " + " | ".join(cell(metrics, read[folder].get(key, {}), key) for key, _ in columns) + " |")
         if missing:
             print(f"\nNot run yet (no aggregate under {args.root / table}): {', '.join(missing)}")
         print("\nSeed by seed (paired difference, 95 % t interval):")

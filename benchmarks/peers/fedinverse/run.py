@@ -18,8 +18,8 @@ For each seed the driver
    round's model) and ``DMI/recovery_batchhsic_fl.py``;
 5. scores both sides' inversions of every round with fdattack's ``InversionScorer`` built on the run's classifier
    (top-1/top-5 of the SCNN, FID in SCNN features against the private digits, k-NN distance), and each side's images
-   under its own round model (``target_top1``), and prints a table over the seeds with 95 % t intervals and the
-   per-seed paired differences.
+   under its own round model (``target_top1``), and prints a table over the seeds with 95 % intervals of each
+   metric's kind and the per-seed paired differences with their t intervals.
 
 The sides run one after the other, never at once, each with ``OMP_NUM_THREADS=1`` and one torch thread. Wall time is
 the sum over a side's processes and peak RSS their maximum (``os.wait4``).
@@ -405,7 +405,10 @@ def table(results: dict[int, dict[str, dict]], scenario: Scenario) -> str:
     """Per attack: both sides' metrics at the last round and over the rounds, with the paired differences."""
     seeds = sorted(results)
     paired = [s for s in seeds if all(side in results[s] for side in SIDES)]
-    lines = [f"λ_H = {scenario.lambda_h:g}; seeds {seeds}; mean [95 % t interval over the seeds]", ""]
+    lines = [
+        f"λ_H = {scenario.lambda_h:g}; seeds {seeds}; mean [95 % interval over the seeds of each metric's kind; t for differences]",
+        "",
+    ]
     for attack in ATTACKS:
         for where, title in (("last", f"round {scenario.rounds}"), ("mean", "mean over the rounds")):
             lines += [f"**{attack.upper()}, {title}**", ""]
@@ -414,7 +417,7 @@ def table(results: dict[int, dict[str, dict]], scenario: Scenario) -> str:
                 rows = [results[s][side] for s in seeds if side in results[s]]
                 if rows:
                     lines.append(
-                        f"| {side} | " + " | ".join(fmt([cell(r, attack, k, where) for r in rows], d) for k, _, d in COLUMNS) + " |"
+                        f"| {side} | " + " | ".join(fmt([cell(r, attack, k, where) for r in rows], d, key=k) for k, _, d in COLUMNS) + " |"
                     )
             if len(paired) >= 2:
                 diffs = [
@@ -429,7 +432,7 @@ def table(results: dict[int, dict[str, dict]], scenario: Scenario) -> str:
         if rows:
             last = [r["rounds"][max(r["rounds"], key=int)]["server_acc"] for r in rows]
             wall, rss = ([r[k] for r in rows if np.isfinite(r[k])] for k in ("wall_s", "peak_rss_mib"))  # NaN: not recorded
-            lines.append(f"| {side} | {fmt(last)} | {fmt(wall, 0)} | {fmt(rss, 0)} |")
+            lines.append(f"| {side} | {fmt(last, key='server_acc')} | {fmt(wall, 0, key='wall_s')} | {fmt(rss, 0, key='peak_rss_mib')} |")
     lines += ["", "per seed (round-by-round SCNN top-1, GMI / KED-MI):", ""]
     for s in seeds:
         for side in SIDES:

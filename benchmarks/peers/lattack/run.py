@@ -12,7 +12,7 @@ steps in every schedule) under
 
 one after the other, each in a subprocess on one thread, and prints the all-digit SCNN's top-1 on the 64 images
 (chance 0.1), the centred feature cosine to the real 0s and the noise's (§5.1), the FID in the SCNN's features, the
-clients' mean accuracy, wall time and peak RSS, with 95 % t intervals over the seeds and the seed-by-seed differences
+clients' mean accuracy, wall time and peak RSS, with 95 % intervals over the seeds (each metric's kind) and the seed-by-seed differences
 of ``algorithm1`` from the others.
 
 Usage::
@@ -47,6 +47,8 @@ METRICS = {
     "FID": "attack/lattack/fid",
     "client acc.": "protocol/client_acc_mean",
 }
+#: the metric whose kind sets each column's interval (fdattack/functional/metric_kinds.py)
+KINDS = {**METRICS, "wall s": "wall_s", "peak RSS MiB": "peak_rss_mib"}
 
 
 def run_one(out: Path, schedule: str, seed: int) -> None:
@@ -67,7 +69,7 @@ def results(run: Path) -> dict[str, float]:
 
 
 def table(out: Path, schedules: list[str], seeds: list[int]) -> str:
-    """The markdown table: per schedule, mean [95 % t interval] over the seeds and the per-seed values; then the paired
+    """The markdown table: per schedule, mean [95 % interval of each metric's kind] over the seeds and the per-seed values; then the paired
     differences of ``algorithm1`` from each other schedule."""
     found = {s: {k: results(out / f"{s}_seed{k}") for k in seeds if (out / f"{s}_seed{k}" / "cost.json").exists()} for s in schedules}
     columns = [*METRICS, "wall s", "peak RSS MiB"]
@@ -76,7 +78,7 @@ def table(out: Path, schedules: list[str], seeds: list[int]) -> str:
     for schedule, runs in found.items():
         if len(runs) < 2:
             continue
-        cells = [fmt([r[c] for r in runs.values()], 1 if c in whole else 3) for c in columns]
+        cells = [fmt([r[c] for r in runs.values()], 1 if c in whole else 3, key=KINDS[c]) for c in columns]
         lines.append(f"| {schedule} | {', '.join(map(str, runs))} | " + " | ".join(cells) + " |")
         for seed, r in runs.items():
             lines.append(f"| | {seed} | " + " | ".join(f"{r[c]:.0f}" if c in whole else f"{r[c]:.3f}" for c in columns) + " |")

@@ -16,8 +16,8 @@ For each seed the driver
 4. scores both sides' final reconstructions (round T, chosen by each side's own Eq. 11) with fdattack's scorer
    (``ReconstructionScorer.measure``: the paper's SSIM nearest-mean attack accuracy, pli.md §10), and reads each side's
    per-client candidates to say how often Eq. 11 picked the label's owner and how well the owners' candidates score.
-   It prints a table over the seeds with 95 % t intervals (``fdattack.functional.intervals.t_interval``) and the
-   per-seed paired differences.
+   It prints a table over the seeds with 95 % intervals of each metric's kind
+   (``fdattack.functional.intervals.mean_interval``) and the per-seed paired differences with their t intervals.
 
 The two sides run one after the other, never at once, each with ``OMP_NUM_THREADS=1`` and one torch thread; wall
 time and peak RSS are those of each side's process (``os.wait4``).
@@ -342,6 +342,8 @@ COLUMNS = (
     ("wall_s", "wall s", 0),
     ("peak_rss_mib", "peak RSS MiB", 0),
 )
+#: the fdattack metric whose kind sets a column's interval, where the column's key is not one (metric_kinds.py)
+KINDS = {"owner_pick": "accuracy", "owner_accuracy": "accuracy", "client_acc": "client_acc_mean"}
 #: (result key, title) of the per-seed rows and the paired differences
 PAIRED = (("accuracy", "attack acc"), ("ssim", "SSIM"), ("owner_pick", "owner pick"), ("client_acc", "client acc"))
 
@@ -350,22 +352,27 @@ def table(results: dict[int, dict[str, dict]], prior_scores: dict[int, dict], va
     """The side-by-side table over the seeds, the per-seed rows and the paired differences (``variant``: a note on the
     authors' side)."""
     seeds = sorted(results)
-    lines = [f"seeds {seeds}; mean [95 % t interval over the seeds]" + (f"; authors' side: {variant}" if variant else ""), ""]
+    lines = [
+        f"seeds {seeds}; mean [95 % interval over the seeds of each metric's kind; t for differences]"
+        + (f"; authors' side: {variant}" if variant else ""),
+        "",
+    ]
     lines += ["| side | " + " | ".join(title for _, title, _ in COLUMNS) + " |", "|---" * (len(COLUMNS) + 1) + "|"]
     for side in SIDES:
         rows = [results[s][side] for s in seeds if side in results[s]]
         if rows:
-            lines.append(f"| {side} | " + " | ".join(fmt([r[key] for r in rows], d) for key, _, d in COLUMNS) + " |")
+            lines.append(
+                f"| {side} | " + " | ".join(fmt([r[key] for r in rows], d, key=KINDS.get(key, key)) for key, _, d in COLUMNS) + " |"
+            )
     priors = [prior_scores[s] for s in seeds if s in prior_scores]
     if priors:
-        lines.append(f"| the shared prior | {fmt([p['accuracy'] for p in priors])} | {fmt([p['ssim'] for p in priors])} |" + " |" * 6)
+        lines.append(
+            f"| the shared prior | {fmt([p['accuracy'] for p in priors], key='accuracy')} | {fmt([p['ssim'] for p in priors])} |" + " |" * 6
+        )
     theirs = [results[s]["authors"] for s in seeds if "authors" in results[s]]
     if theirs:
-        lines += [
-            "",
-            f"authors' own evaluation (result.txt) of their reconstructions: accuracy {fmt([r['their_accuracy'] for r in theirs])}, "
-            f"SSIM {fmt([r['their_ssim'] for r in theirs])}",
-        ]
+        accuracy, ssim = fmt([r["their_accuracy"] for r in theirs], key="accuracy"), fmt([r["their_ssim"] for r in theirs])
+        lines += ["", f"authors' own evaluation (result.txt) of their reconstructions: accuracy {accuracy}, SSIM {ssim}"]
     lines += [
         "",
         "| seed | " + " | ".join(f"{title} fdattack | {title} authors" for _, title in PAIRED) + " |",
