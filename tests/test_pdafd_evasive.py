@@ -80,7 +80,9 @@ def test_a_withheld_candidate_is_a_predicted_member_tied_with_the_decoys() -> No
     """3 members, all withheld; of 5 non-members 2 withheld (decoys), one answered with no reference answering it.
     Every member ties with the 2 decoys above the 3 answered non-members: AUC = 1 − k/(2n) = 1 − 2/10 = 0.8; the tie
     gives no ROC point below FPR 2/5, so TPR at 1 % FPR is 0; balanced accuracy ½(1 + 1 − 2/5) = 0.8."""
-    lira = LiRAAttack.lira.__get__(SimpleNamespace(settings=LiRASettings()))
+    attack = SimpleNamespace(settings=LiRASettings())
+    attack.statistic = LiRAAttack.statistic.__get__(attack)
+    lira = LiRAAttack.lira.__get__(attack)
     target = torch.tensor([9.0, 9.0, 9.0, 9.0, 9.0, 0.5, -1.0, 2.0], dtype=torch.float64)  # withheld rows: zeros sent, φ junk
     references = torch.tensor([[0.0, 0, 0, 0, 0, 0.0, 0.0, 0], [1, 1, 1, 1, 1, 1.0, 0.0, 0], [2, 2, 2, 2, 2, 0.5, 1.0, 0]])
     answered = torch.tensor([0, 0, 0, 0, 0, 1, 1, 1], dtype=torch.bool)

@@ -5,7 +5,7 @@ round records and what its threat model grants, and returns typed results (:mod:
 evaluation side, the protocols or the run, and never scores itself.
 """
 
-from fdattack.attacks import gmi, kedmi, lattack, ldia, lira, pli, public_mean, tbi, vmi  # noqa: F401  (registration)
+from fdattack.attacks import gmi, kedmi, lattack, ldia, lira, pli, public_mean, rmia, tbi, vmi  # noqa: F401  (registration)
 from fdattack.attacks.base import ATTACKS, Attack, AttackContext
 
 __all__ = ["ATTACKS", "Attack", "AttackContext"]

@@ -58,13 +58,19 @@ class InsertMode(Choice):
 
 
 @dataclass
-class LiRASettings:
+class MembershipSettings:
+    """What every membership attack on an upload phase shares (LiRA's and RMIA's variants)."""
+
     round: int = knob(1, "the communication round whose upload phase is attacked (the paper: 1, the first collaborative round)", ge=1)
     insert: InsertMode = knob(
         InsertMode.query,
         "how the server gets the targets' outputs on the candidates: query (asks each client while the upload phase is open; never "
         "trained on, the authors' code) | batch (appends them to that round's public batch; the clients then distil on them)",
     )
+
+
+@dataclass
+class LiRASettings(MembershipSettings):
     global_variance: bool = knob(
         False, "one sigma pooled over all candidates (Carlini et al.'s option, steadier with few references) instead of the per-sample std"
     )
@@ -174,25 +180,32 @@ class LiRAAttack(Attack, ABC):
         answered: Optional[Tensor] = None,
         reference_answered: Optional[Tensor] = None,
         withheld: Optional[Tensor] = None,
-    ) -> tuple[Tensor, Tensor]:
-        """(s, float32 λ) of one target's φ (C,) against its references' φ (K, C).
+    ) -> tuple[Tensor, Optional[Tensor]]:
+        """(s, the paper's score or None) of one target's φ (C,) against its references' φ (K, C), by :meth:`statistic`.
 
         Args:
             answered: (C,) the candidates ``target`` has a φ for (None = all); the others have no score of their own.
             reference_answered: (K, C) the references' answers; each candidate is tested against those that answered.
             withheld: (C,) the candidates the target client refused to answer (None = those not ``answered``): predicted
-                members (:func:`withheld_as_members`), λ = 1. A candidate not withheld with no φ or no reference scores
-                −inf, λ = 0.
+                members (:func:`withheld_as_members`; a paper score of 1). A candidate not withheld with no φ or no
+                reference scores −inf (a paper score of 0).
         """
-        s = offline_lira(target, references, self.settings.global_variance, reference_answered)
-        lam = offline_lira_float32_lambda(target, references, reference_answered)
-        untestable = torch.zeros_like(s, dtype=torch.bool) if answered is None else ~answered
+        untestable = torch.zeros(target.shape, dtype=torch.bool) if answered is None else ~answered
         if reference_answered is not None:
             untestable |= ~reference_answered.any(dim=0)
         if withheld is None:
             withheld = torch.zeros_like(untestable) if answered is None else ~answered
+        s, paper = self.statistic(target, references, reference_answered, ~untestable)
         s = withheld_as_members(s.masked_fill(untestable, float("-inf")), withheld)
-        return s, lam.masked_fill(untestable, 0.0).masked_fill(withheld, 1.0)
+        return s, None if paper is None else paper.masked_fill(untestable, 0.0).masked_fill(withheld, 1.0)
+
+    def statistic(
+        self, target: Tensor, references: Tensor, reference_answered: Optional[Tensor], testable: Tensor
+    ) -> tuple[Tensor, Optional[Tensor]]:
+        """Offline LiRA (Eq. 6): the standardised s and the authors' float32 λ of every candidate (``testable``: the
+        candidates with a φ of the target and of a reference; the others' values are replaced)."""
+        s = offline_lira(target, references, self.settings.global_variance, reference_answered)
+        return s, offline_lira_float32_lambda(target, references, reference_answered)
 
 
 def withheld_as_members(scores: Tensor, withheld: Tensor) -> Tensor:
@@ -223,7 +236,9 @@ class Countermeasure(Choice):
 
 
 @dataclass
-class CoopSettings(LiRASettings):
+class CoopKnobs:
+    """Co-op's choice of references among the other clients, and its countermeasures to evasion."""
+
     beta: float = knob(0.1, "a client is a reference when KL(p^_target || p^_client) of their LDIA estimates is below beta", gt=0)
     min_references: int = knob(
         3, "fewest references: where fewer clients pass beta, the ones with the smallest KL are taken (counted in fallback_clients)", ge=2
@@ -244,6 +259,11 @@ class CoopSettings(LiRASettings):
     neighbour_clip: float = knob(
         0.7, "countermeasure=neighbours: the noise is clipped to +-neighbour_clip per pixel, then images to [-1, 1]", gt=0
     )
+
+
+@dataclass
+class CoopSettings(CoopKnobs, LiRASettings):
+    pass
 
 
 def neighbours_of(images: Tensor, count: int, std: float, clip: float, generator: torch.Generator) -> Tensor:
@@ -399,7 +419,9 @@ def student_targets(kind: PayloadKind, logprob_matching: bool, teacher: Tensor) 
 
 
 @dataclass
-class DistillSettings(LiRASettings):
+class DistillKnobs:
+    """The distillation students that stand in for reference models."""
+
     students: int = knob(32, "K, students distilled from each target client (the paper: 32)", ge=2)
     fraction: float = knob(0.8, "each student's random share of the round's public rows, drawn per student", gt=0, le=1)
     epochs: int = knob(20, "student training epochs (the authors' code: 20)", ge=1)
@@ -411,6 +433,11 @@ class DistillSettings(LiRASettings):
     logprob_matching: bool = knob(
         False, "probability uploads (Cronus): distil L1 to log p as logits instead of KL (an option beyond the paper)"
     )
+
+
+@dataclass
+class DistillSettings(DistillKnobs, LiRASettings):
+    pass
 
 
 @ATTACKS.register("lira_distill")
@@ -506,8 +533,11 @@ class DistillLiRAAttack(LiRAAttack):
 
 
 def _scores(
-    clients: tuple[int, ...], per_client: list[tuple[Tensor, Tensor]], name: str | None = None, details: dict[str, float] | None = None
+    clients: tuple[int, ...],
+    per_client: list[tuple[Tensor, Optional[Tensor]]],
+    name: str | None = None,
+    details: dict[str, float] | None = None,
 ) -> MembershipScores:
-    return MembershipScores(
-        clients, torch.stack([s for s, _ in per_client]), name, torch.stack([lam for _, lam in per_client]), details or {}
-    )
+    papers = [paper for _, paper in per_client]
+    paper = None if any(p is None for p in papers) else torch.stack(papers)  # type: ignore[arg-type]
+    return MembershipScores(clients, torch.stack([s for s, _ in per_client]), name, paper, details or {})
