@@ -261,7 +261,7 @@ CLASSIFIER_LIST = (
         (
             "attacks=[pli,bogus]",
             "attacks[1]='bogus' is not a known attack; choose one of: gmi, kedmi, lattack, ldia, lira_coop, lira_distill, pli, "
-            "public_mean, tbi, vmi",
+            "public_mean, rmia_coop, rmia_distill, tbi, vmi",
         ),
         ("defenses=[bogus]", "defenses[0]='bogus' is not a known defense; choose one of: bido, dpsgd, laplace, mid, rounding, topk"),
     ],

@@ -68,7 +68,7 @@ def test_choices_and_ranges_are_checked_from_the_fields() -> None:
     with pytest.raises(
         ConfigError,
         match=r"attacks\[0\]='pl' is not a known attack; choose one of: "
-        r"gmi, kedmi, lattack, ldia, lira_coop, lira_distill, pli, public_mean, tbi, vmi",
+        r"gmi, kedmi, lattack, ldia, lira_coop, lira_distill, pli, public_mean, rmia_coop, rmia_distill, tbi, vmi",
     ):
         compose(None, ["attacks=[pl]"])
     with pytest.raises(
