@@ -234,7 +234,27 @@ BAD_MATRICES = [
     ({"data": {"digits": ["data.split=sideways"]}}, "cell digits/fedmd/none: "),
     ({"skip": ["fedmd/*"]}, "skip must be a list of data/protocol/defense patterns"),
     ({"protocols": {}}, "protocols must map at least one setting"),
+    ({"defenses": {"lap": {"overrides": ["defenses=[laplace]"]}}}, "a curve has exactly the keys overrides and strengths"),
+    ({"defenses": {"lap": {"overrides": [], "strengths": {"a": [1, 2], "b": [1, 2]}}}}, "strengths must map one config key"),
+    ({"defenses": {"lap": {"overrides": [], "strengths": {"defense.laplace.scale": [1]}}}}, "two or more distinct numbers"),
+    ({"defenses": {"lap": {"overrides": [], "strengths": {"defense.laplace.scale": [1, "x"]}}}}, "two or more distinct numbers"),
+    (
+        {"defenses": {"lap_1": [], "lap": {"overrides": [], "strengths": {"defense.laplace.scale": [1, 2]}}}},
+        "its setting 'lap_1' (strength 1) is also a defense of its own",
+    ),
+    ({"defenses": {"lap": {"overrides": [], "strengths": {"seed": [1, 2]}}}}, "would be ignored: the matrix sets seed"),
 ]
+
+
+def test_a_defense_given_at_several_strengths_is_one_setting_per_strength_in_the_files_order(tmp_path: Path) -> None:
+    curve = {"overrides": ["defenses=[laplace]"], "strengths": {"defense.laplace.scale": [2, 0.5, 1]}}
+    spec = load_matrix(matrix_file(tmp_path, defenses={"none": [], "laplace": curve, "topk_1": ["defenses=[topk]", "defense.topk.k=1"]}))
+    assert list(spec.defenses) == ["none", "laplace_2", "laplace_0.5", "laplace_1", "topk_1"]
+    assert spec.defenses["laplace_0.5"] == ("defenses=[laplace]", "defense.laplace.scale=0.5")
+    assert spec.curves["laplace"].key == "defense.laplace.scale"
+    assert spec.curves["laplace"].settings == (("laplace_2", 2.0), ("laplace_0.5", 0.5), ("laplace_1", 1.0))
+    cells = {c.id: c for c in plan_cells(spec)}  # each composes: the strength reaches its key
+    assert "defense.laplace.scale=0.5" in cells["digits/fedmd/laplace_0.5"].overrides and cells["digits/fedmd/laplace_2"].reason is None
 
 
 @pytest.mark.parametrize(("change", "named"), BAD_MATRICES, ids=[c[1][:24] for c in BAD_MATRICES])

@@ -88,6 +88,7 @@ def to_json(spec: MatrixSpec, results: list[CellResult]) -> dict[str, Any]:
             "defenses": list(spec.defenses),
             "attacks": list(spec.attacks),
         },
+        "curves": {name: {"key": c.key, "settings": [list(point) for point in c.settings]} for name, c in spec.curves.items()},
         "headline": {attack: headline_metrics(results, attack) for attack in spec.attacks},
         "utility": [k for k in (*UTILITY, *BUDGETS) if any(k in r.aggregate for r in results)],
         "comparisons": comparisons_json(defense_comparisons(spec, results, compared_metrics(spec, results))),

@@ -8,13 +8,20 @@
     seeds: [0, 1, 2]
     data:      {digits: [data=digits], mnist: [data=mnist_pdafd]}
     protocols: {fedmd: [protocol=fedmd], dsfl: [protocol=dsfl]}
-    defenses:  {none: [], laplace_0.5: ["defenses=[laplace]", defense.laplace.scale=0.5]}
+    defenses:
+      none: []
+      laplace_0.5: ["defenses=[laplace]", defense.laplace.scale=0.5]
+      topk:                      # a curve: one setting per strength, named topk_1, topk_3
+        overrides: ["defenses=[topk]"]
+        strengths: {defense.topk.k: [1, 3]}
     attacks:   [pli, tbi, ldia, lira_distill]
     skip: [mnist/dsfl/*]         # cells not to run: data/protocol/defense, each part a shell pattern
 
 Each axis maps a setting's name (it names folders and table rows) to the overrides that make it, the tokens of
-``fdattack run``; an ``experiment=PATH`` token among them sets the experiment file the cell starts from. The attacks
-are not an axis: every attack whose needs the cell's protocol and data offer runs on the cell's one simulation.
+``fdattack run``; an ``experiment=PATH`` token among them sets the experiment file the cell starts from. A defense
+may instead be a curve, its overrides and one key's strengths: it stands for one setting per strength, named
+``<defense>_<strength>`` with ``<key>=<strength>`` added (:class:`Curve`). The attacks are not an axis: every attack
+whose needs the cell's protocol and data offer runs on the cell's one simulation.
 """
 
 from __future__ import annotations
@@ -22,7 +29,7 @@ from __future__ import annotations
 import difflib
 import fnmatch
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -40,6 +47,19 @@ PLAIN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.+-]*$")
 
 
 @dataclass(frozen=True)
+class Curve:
+    """A defense given at several strengths: the settings it stands for, weakest-listed first.
+
+    Attributes:
+        key: the config key the strengths set (``defense.laplace.scale``).
+        settings: (setting name, strength) per strength, in the file's order.
+    """
+
+    key: str
+    settings: tuple[tuple[str, float], ...]
+
+
+@dataclass(frozen=True)
 class MatrixSpec:
     """A parsed, checked matrix file (see the module docstring); ``source`` is the file it came from."""
 
@@ -53,6 +73,7 @@ class MatrixSpec:
     attacks: tuple[str, ...]
     source: Path
     skip: tuple[str, ...] = ()
+    curves: dict[str, Curve] = field(default_factory=dict)
 
     def skipped(self, data: str, protocol: str, defense: str) -> str | None:
         """The ``skip`` pattern that leaves out this cell, or None."""
@@ -91,6 +112,41 @@ def _axis(path: Path, key: str, value: Any) -> dict[str, tuple[str, ...]]:
         if key == "data" and name in ROOT_OUTPUTS:
             raise ConfigError(f"{path}: data: {name!r} is a name the matrix's own outputs take ({', '.join(ROOT_OUTPUTS)}); rename it")
     return {name: _tokens(path, f"{key}.{name}", overrides) for name, overrides in value.items()}
+
+
+def _defenses(path: Path, value: Any) -> tuple[dict[str, tuple[str, ...]], dict[str, Curve]]:
+    """The defenses axis with each curve expanded to its settings in place, and the curves by name."""
+    if not isinstance(value, dict) or not value or not any(isinstance(v, dict) for v in value.values()):
+        return _axis(path, "defenses", value), {}
+    settings: dict[str, tuple[str, ...]] = {}
+    curves: dict[str, Curve] = {}
+    for name, given in value.items():
+        if not isinstance(given, dict):
+            settings.update(_axis(path, "defenses", {name: given}))
+            continue
+        where = f"{path}: defenses.{name}"
+        if set(given) != {"overrides", "strengths"}:
+            raise ConfigError(f"{where}: a curve has exactly the keys overrides and strengths, got {', '.join(map(str, given))}")
+        strengths = given["strengths"]
+        if not isinstance(strengths, dict) or len(strengths) != 1 or not isinstance(next(iter(strengths)), str):
+            raise ConfigError(f"{where}.strengths must map one config key to its values, e.g. {{defense.laplace.scale: [0.5, 1, 2]}}")
+        ((key, values),) = strengths.items()
+        if not isinstance(values, list) or len(values) < 2 or not all(_number(v) for v in values) or len(set(values)) != len(values):
+            raise ConfigError(f"{where}.strengths.{key} must list two or more distinct numbers, got {quote(repr(values))}")
+        base = _axis(path, "defenses", {name: given["overrides"]})[name]
+        points = []
+        for strength in values:
+            setting = f"{name}_{strength:g}"
+            if setting in value or setting in settings:
+                raise ConfigError(f"{where}: its setting {setting!r} (strength {strength:g}) is also a defense of its own; rename one")
+            settings[setting] = _tokens(path, f"defenses.{name}", [*base, f"{key}={strength}"])
+            points.append((setting, float(strength)))
+        curves[name] = Curve(key, tuple(points))
+    return settings, curves
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
 def _seeds(path: Path, value: Any) -> tuple[int, ...]:
@@ -153,7 +209,8 @@ def load_matrix(path: Path) -> MatrixSpec:
     experiment = raw.get("experiment")
     if experiment is not None and not isinstance(experiment, str):
         raise ConfigError(f"{path}: experiment must be the path of an experiment YAML, got {quote(repr(experiment))}")
-    data, protocols, defenses = (_axis(path, key, raw[key]) for key in AXES)
+    data, protocols = (_axis(path, key, raw[key]) for key in AXES[:2])
+    defenses, curves = _defenses(path, raw["defenses"])
     overrides = _tokens(path, "overrides", raw.get("overrides"))
     try:  # plugins=[...] in the experiment or the overrides: their attacks may be among attacks
         load_named_plugins(experiment or None, list(overrides))
@@ -170,4 +227,5 @@ def load_matrix(path: Path) -> MatrixSpec:
         attacks=_attacks(path, raw["attacks"]),
         source=path,
         skip=_skip(path, raw.get("skip"), [data, protocols, defenses]),
+        curves=curves,
     )
