@@ -18,7 +18,7 @@ from PIL import Image
 
 from fdattack.config import WandbConfig
 from fdattack.errors import ConfigError
-from fdattack.tracking.matrix_page import HEATMAP_PREFIX, MATRIX_COLUMNS, matrix_rows, write_matrix_page
+from fdattack.tracking.matrix_page import HEATMAP_PREFIX, MATRIX_COLUMNS, curve_paths, matrix_rows, tradeoff_points, write_matrix_page
 from fdattack.tracking.wandb_run import MATRIX_JOB_TYPE, log_matrix_summary
 from tests.test_report import chromium
 from tests.test_wandb import finished_records
@@ -207,6 +207,34 @@ def test_an_attack_that_is_na_in_every_cell_of_a_dataset_gets_its_reasons_not_a_
     assert re.findall(r"<li>(.*?)</li>", gmi) == [html.escape(r) for r in (NO_WEIGHTS, FEDAVG_NA["gmi"], NO_LAPLACE)]
     assert not list((tmp_path / "page" / "plots").glob(f"{HEATMAP_PREFIX}*gmi*"))
     assert len(re.findall(r"<figure class='heatmap'", page)) == len(HEADLINE)
+
+
+def test_a_defense_given_at_several_strengths_is_a_path_along_its_strengths(tmp_path: Path) -> None:
+    """The curve of laplace at scales 2, 0.5 and 1 (the file's order) joins its points in that order, leaving out the
+    strength whose cell has no number; a curve with one point left draws no line; the page still renders."""
+    matrix = sample_matrix()
+    fedmd = [c for c in matrix["cells"] if c["protocol"] == "fedmd"]
+    none, laplace = fedmd
+    strengths = {"laplace_2": 0.0, "laplace_0.5": 0.4, "laplace_1": None}
+    matrix["cells"] = [none]
+    for name, accuracy in strengths.items():
+        defended = copy.deepcopy(laplace)
+        defended.update(id=f"digits/fedmd/{name}", defense=name)
+        if accuracy is None:
+            defended["metrics"]["attack/tbi/accuracy"] = metric(math.nan, None, None)
+        else:
+            defended["metrics"]["attack/tbi/accuracy"] = metric(accuracy, accuracy, accuracy, accuracy, accuracy)
+        matrix["cells"].append(defended)
+    matrix["axes"]["protocols"], matrix["axes"]["defenses"] = ["fedmd"], ["none", *strengths]
+    matrix["curves"] = {
+        "laplace": {"key": "defense.laplace.scale", "settings": [["laplace_2", 2.0], ["laplace_0.5", 0.5], ["laplace_1", 1.0]]},
+        "topk": {"key": "defense.topk.k", "settings": [["laplace_1", 1.0], ["none", 0.0]]},  # one point with a number
+    }
+    points = tradeoff_points(matrix, "digits", "fedmd", "attack/tbi/accuracy")
+    assert [p.name for p in points] == ["none", "laplace_2", "laplace_0.5"]
+    paths = curve_paths(points, matrix["curves"])
+    assert list(paths) == ["laplace"] and [p.name for p in paths["laplace"]] == ["laplace_2", "laplace_0.5"]
+    assert write_matrix_page(matrix, tmp_path / "page").is_file()
 
 
 def test_a_second_write_replaces_the_page_whole(tmp_path: Path) -> None:

@@ -1,10 +1,11 @@
 """The page of ``fdattack matrix``: a static ``index.html`` with PNG heatmaps and privacy–utility plots.
 
 It reads the matrix as the dict of ``matrix.json`` (:func:`fdattack.matrix.outputs.to_json`). Per dataset: a heatmap per
-attack headline metric (rows: protocols, columns: defenses; each cell the mean over the seeds and its 95 % t-interval
-across them), the same numbers as a table, the utility metrics as tables, and per protocol a privacy–utility plot (one
-point per defense). Last, every cell or attack that did not run, with its reason. The page is built in a temporary
-folder and installed whole (:func:`fdattack.tracking.report.write_staged`); it loads nothing from the network.
+attack headline metric (rows: protocols, columns: defenses; each cell the mean over the seeds and its 95 % interval
+across them, on the scale of the metric's kind), the same numbers as a table, the utility metrics as tables, and per
+protocol a privacy–utility plot (one point per defense, a line along a defense given at several strengths). Last,
+every cell or attack that did not run, with its reason. The page is built in a temporary folder and installed whole
+(:func:`fdattack.tracking.report.write_staged`); it loads nothing from the network.
 """
 
 from __future__ import annotations
@@ -43,8 +44,8 @@ figure{margin:0 0 .5em} figure img{max-width:100%;height:auto} figcaption{font-s
 """
 )
 LEGEND = (
-    "<ul><li>Each cell: the mean over the seeds, then <span class='ci'>[its 95 % t-interval across the seeds]</span> "
-    "(none with one seed).</li>"
+    "<ul><li>Each cell: the mean over the seeds, then <span class='ci'>[its 95 % interval across the seeds]</span> "
+    "(none with one seed): Wilson-type for a rate, on the log scale for a distance, Student's t otherwise.</li>"
     "<li><b>n/a</b>: the protocol or data cannot give what the attack or defense needs; <b>failed</b>: a seed failed; "
     "<b>incomplete</b>: seeds left to run; <b>–</b>: not recorded; <b>nan</b>: not a number. Hover a table cell for the "
     "reason.</li>"
@@ -211,6 +212,14 @@ def tradeoff_points(matrix: dict, data: str, protocol: str, metric: str) -> list
     return points
 
 
+def curve_paths(points: list[Point], curves: dict[str, Any]) -> dict[str, list[Point]]:
+    """Per curve of ``matrix.json`` (a defense at several strengths), its points in the order of its strengths; a curve
+    with fewer than two points that have numbers draws no line."""
+    by_name = {p.name: p for p in points}
+    paths = {name: [by_name[s] for s, _ in curve.get("settings", []) if s in by_name] for name, curve in curves.items()}
+    return {name: path for name, path in paths.items() if len(path) >= 2}
+
+
 def _error(value: Shown) -> list[list[float]]:
     """Error-bar lengths below and above the mean from the interval (0 without one)."""
     assert value.mean is not None
@@ -225,12 +234,16 @@ def _unit_axis(ax: Any, values: list[float], axis: str) -> None:
         (ax.set_xlim if axis == "x" else ax.set_ylim)(-0.05, 1.05)
 
 
-def draw_tradeoff(path: Path, title: str, panels: dict[str, list[Point]]) -> None:
+def draw_tradeoff(path: Path, title: str, panels: dict[str, list[Point]], curves: dict[str, Any] | None = None) -> None:
     """Write a PNG with one subplot per attack metric (``panels``: metric -> its points): utility against leakage, one
-    point per defense with error bars both ways from the intervals, labeled with the defense."""
+    point per defense with error bars both ways from the intervals, labeled with the defense; the points of a defense
+    given at several strengths (``curves``, from ``matrix.json``) joined by a line in the order of its strengths."""
     plt = _pyplot()
     fig, axes = plt.subplots(1, len(panels), figsize=(4.8 * len(panels), 4.0), squeeze=False, layout="constrained")
     for ax, (metric, points) in zip(axes[0], panels.items()):
+        for name, path_points in curve_paths(points, curves or {}).items():
+            colour, _ = run_style(path_points[0].defense)
+            ax.plot([p.x.mean for p in path_points], [p.y.mean for p in path_points], "-", color=colour, alpha=0.5, label=name)
         labels: dict[tuple[float, float], int] = {}  # labels at each position so far: equal points' labels stack up
         for k, p in enumerate(points):
             colour, _ = run_style(p.defense)
@@ -306,10 +319,11 @@ def tradeoff_html(matrix: dict, data: str, protocol: str, out: Path) -> str:
     if not panels:
         return f"<p class='note'>{html.escape(title)}: no attack metric with a utility to plot against.</p>"
     name = f"plots/tradeoff__{slug(data)}__{slug(protocol)}.png"
-    draw_tradeoff(out / name, title, panels)
+    draw_tradeoff(out / name, title, panels, matrix.get("curves"))
     return (
         f"<figure class='tradeoff' data-protocol='{html.escape(protocol)}'><figcaption><b>{html.escape(title)}</b>: "
-        "utility against leakage, a point per defense, error bars: 95 % intervals across the seeds</figcaption>"
+        "utility against leakage, a point per defense (a line joins a defense's strengths), error bars: 95 % intervals across "
+        "the seeds</figcaption>"
         f"<img src='{html.escape(name)}' alt='privacy–utility of {html.escape(title)}'></figure>"
     )
 
