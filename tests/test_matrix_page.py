@@ -18,6 +18,7 @@ from PIL import Image
 
 from fdattack.config import WandbConfig
 from fdattack.errors import ConfigError
+from fdattack.tracking.matrix_answer import answers, baseline_of
 from fdattack.tracking.matrix_page import HEATMAP_PREFIX, MATRIX_COLUMNS, curve_paths, matrix_rows, tradeoff_points, write_matrix_page
 from fdattack.tracking.wandb_run import MATRIX_JOB_TYPE, log_matrix_summary
 from tests.test_report import chromium
@@ -334,3 +335,68 @@ def test_the_wandb_summary_offline_logs_the_table_and_the_heatmaps(page: Path, t
 def test_the_wandb_summary_disabled_writes_nothing(tmp_path: Path) -> None:
     assert log_matrix_summary(WandbConfig(mode="disabled"), tmp_path / "root", sample_matrix(), []) is None
     assert not (tmp_path / "root").exists()
+
+
+# ------------------------------------------------------------------------------------------- the answer it leads with
+def _answer_matrix() -> dict[str, Any]:
+    """fedmd: TBI at 0.5 [0.4, 0.6] undefended (chance 0.2), LDIA's KL 0.2 [0.1, 0.3] (uniform guess 0.5); three
+    defense settings at their own accuracy cost."""
+    settings = {  # defense: (clients' accuracy, TBI accuracy interval, LDIA KL interval)
+        "none": (0.80, (0.4, 0.6), (0.1, 0.3)),
+        "laplace_1": (0.75, (0.1, 0.3), (0.2, 0.45)),
+        "laplace_2": (0.60, (0.0, 0.1), (0.4, 0.6)),
+        "topk_1": (0.70, (0.35, 0.55), (0.45, 0.7)),
+    }
+    cells = [
+        cell(
+            "fedmd",
+            defense,
+            metrics={
+                "protocol/client_acc_mean": metric(acc, acc, acc),
+                "attack/tbi/accuracy": metric(sum(tbi) / 2, *tbi),
+                "attack/tbi/chance": metric(0.2, 0.2, 0.2),
+                "attack/ldia/kl": metric(sum(kl) / 2, *kl),
+                "attack/ldia/uniform_kl": metric(0.5, 0.5, 0.5),
+            },
+        )
+        for defense, (acc, tbi, kl) in settings.items()
+    ]
+    return {
+        "name": "answer",
+        "seeds": [0, 1, 2],
+        "undefended": "none",
+        "axes": {"data": ["digits"], "protocols": ["fedmd"], "defenses": list(settings), "attacks": ["tbi", "ldia"]},
+        "headline": {"tbi": ["attack/tbi/accuracy"], "ldia": ["attack/ldia/kl"]},
+        "utility": ["protocol/client_acc_mean"],
+        "cells": cells,
+    }
+
+
+def test_the_page_leads_with_where_each_attack_leaks_and_the_cheapest_defense_that_stops_it(tmp_path: Path) -> None:
+    """TBI leaks (0.4 > chance 0.2); of the settings whose interval reaches chance, laplace_1 costs 0.05 of accuracy
+    and laplace_2 0.20: laplace_1. LDIA's KL leaks below the uniform guess (0.3 < 0.5); laplace_1's interval stops at
+    0.45, short of it; of the two that hold 0.5, topk_1 (cost 0.10) is cheaper than laplace_2 (0.20)."""
+    found = {a.attack: a for a in answers(_answer_matrix())}
+    tbi, ldia = found["tbi"], found["ldia"]
+    assert tbi.leaks and tbi.baseline == 0.2 and tbi.tried == 3
+    assert tbi.cheapest is not None and tbi.cheapest.defense == "laplace_1" and tbi.cheapest.cost == pytest.approx(0.05)
+    assert ldia.leaks and ldia.baseline == 0.5 and ldia.cheapest is not None and ldia.cheapest.defense == "topk_1"
+    assert ldia.cheapest.cost == pytest.approx(0.10)
+    page = write_matrix_page(_answer_matrix(), tmp_path / "page").read_text()
+    answer = section(page, "table", "class", "answer")
+    assert page.index("id='answer'") < page.index("Data digits")
+    assert [row[0] for row in cells_of(answer)] == ["tbi", "ldia"]
+    assert "laplace_1" in cells_of(answer)[0][-1] and "-0.05" not in cells_of(answer)[0][-1]
+
+
+def test_an_attack_no_setting_stops_is_said_so_and_one_within_its_baseline_does_not_leak() -> None:
+    matrix = _answer_matrix()
+    for c in matrix["cells"]:
+        if c["defense"] != "none":
+            c["metrics"]["attack/tbi/accuracy"] = metric(0.5, 0.45, 0.55)
+        else:
+            c["metrics"]["attack/ldia/kl"] = metric(0.45, 0.3, 0.6)  # holds the uniform guess: no leak
+    found = {a.attack: a for a in answers(matrix)}
+    assert found["tbi"].leaks and found["tbi"].cheapest is None and found["tbi"].tried == 3
+    assert not found["ldia"].leaks
+    assert baseline_of(None, "attack/lira_distill/auc") == 0.5 and baseline_of(None, "attack/pli/ssim") is None

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from fdattack.functional.intervals import HIGH, LOW
-from fdattack.matrix.comparisons import comparisons_json, defense_comparisons
+from fdattack.matrix.comparisons import baseline_defense, comparisons_json, defense_comparisons
 from fdattack.matrix.plan import Cell
 from fdattack.matrix.spec import MatrixSpec
 from fdattack.tracking import atomic_write, to_jsonable
@@ -88,6 +88,7 @@ def to_json(spec: MatrixSpec, results: list[CellResult]) -> dict[str, Any]:
             "defenses": list(spec.defenses),
             "attacks": list(spec.attacks),
         },
+        "undefended": baseline_defense(spec),
         "curves": {name: {"key": c.key, "settings": [list(point) for point in c.settings]} for name, c in spec.curves.items()},
         "headline": {attack: headline_metrics(results, attack) for attack in spec.attacks},
         "utility": [k for k in (*UTILITY, *BUDGETS) if any(k in r.aggregate for r in results)],

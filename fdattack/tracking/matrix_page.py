@@ -11,12 +11,13 @@ every cell or attack that did not run, with its reason. The page is built in a t
 from __future__ import annotations
 
 import html
-import math
 import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from fdattack.tracking.matrix_answer import answer_html
+from fdattack.tracking.matrix_cells import Shown, cells_by_place, finite, lower_leaks, number, shown, utility_of
 from fdattack.tracking.report import BASE_STYLE, check_out, write_staged
 from fdattack.tracking.report_figures import run_style
 
@@ -24,10 +25,6 @@ from fdattack.tracking.report_figures import run_style
 WRITTEN = {"plots": True, "index.html": False}
 #: Heatmap files are ``plots/heatmap__<data>__<metric>.png`` (``/`` of the metric as ``-``).
 HEATMAP_PREFIX = "heatmap__"
-#: Metric suffixes for which a lower value means more leakage (a distance to the truth).
-LOWER_LEAKS = ("/kl",)
-#: The utility of a privacy–utility plot: the clients' accuracy, else the server's (FedAvg has no client accuracy).
-UTILITY_X = ("protocol/client_acc_mean", "protocol/server_acc")
 #: The attack of a row of the not-run list that stands for the whole cell.
 WHOLE_CELL = "whole cell"
 #: The heatmaps' colour maps: more leakage is always the darker red.
@@ -52,71 +49,6 @@ LEGEND = (
     "<li>Heatmaps: the darker the red, the more leakage (for a distance to the truth such as <code>…/kl</code>, the lower "
     "the value).</li></ul>"
 )
-
-
-@dataclass(frozen=True)
-class Shown:
-    """What one cell shows for one metric: its finite mean and interval, or a word (``n/a``, ``failed``, ...) and why."""
-
-    mean: float | None = None
-    low: float | None = None
-    high: float | None = None
-    word: str = ""
-    reason: str = ""
-
-    def interval(self) -> str:
-        """``[low, high]`` where both are finite, else empty."""
-        return f"[{number(self.low)}, {number(self.high)}]" if self.low is not None and self.high is not None else ""
-
-    def text(self, between: str = " ") -> str:
-        """The mean and its interval joined by ``between``, or the word."""
-        if self.mean is None:
-            return self.word
-        return between.join(filter(None, (number(self.mean), self.interval())))
-
-
-def finite(value: Any) -> float | None:
-    """``value`` as a float where it is a finite number, else None (null and NaN alike)."""
-    if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
-        return float(value)
-    return None
-
-
-def number(value: float | None) -> str:
-    """Three significant digits; large counts (bytes) in full with thousands separators."""
-    if value is None:
-        return "nan"
-    return f"{value:,.0f}" if abs(value) >= 1000 else f"{value:.3g}"
-
-
-def lower_leaks(metric: str) -> bool:
-    """Whether a lower value of ``metric`` means more leakage."""
-    return metric.endswith(LOWER_LEAKS)
-
-
-def shown(cell: dict | None, metric: str) -> Shown:
-    """What ``cell`` (a ``matrix.json`` cell, None where it is missing) shows for ``metric``."""
-    if cell is None:
-        return Shown(word="–", reason="no such cell in the matrix")
-    if cell.get("status") != "done":
-        return Shown(word=str(cell.get("status")), reason=cell.get("reason") or "")
-    parts = metric.split("/")
-    skipped = cell.get("not_applicable") or {}
-    if parts[0] == "attack" and len(parts) > 1 and parts[1] in skipped:
-        return Shown(word="n/a", reason=str(skipped[parts[1]]))
-    values = (cell.get("metrics") or {}).get(metric)
-    if values is None:
-        return Shown(word="–", reason=f"{metric} was not recorded in this cell")
-    mean = finite(values.get("mean"))
-    if mean is None:
-        return Shown(word="nan", reason=f"{metric} is not a number (a seed recorded none)")
-    low, high = finite(values.get("ci_low")), finite(values.get("ci_high"))
-    return Shown(mean, low if high is not None else None, high if low is not None else None)
-
-
-def cells_by_place(matrix: dict) -> dict[tuple[str, str, str], dict]:
-    """(data, protocol, defense) -> its cell."""
-    return {(c["data"], c["protocol"], c["defense"]): c for c in matrix.get("cells", [])}
 
 
 def grid(matrix: dict, data: str, metric: str) -> list[list[Shown]]:
@@ -189,15 +121,6 @@ class Point:
     x: Shown
     y: Shown
     x_key: str
-
-
-def utility_of(cell: dict | None) -> tuple[str, Shown]:
-    """The first of :data:`UTILITY_X` that ``cell`` recorded as a number (the last one's Shown where none)."""
-    for key in UTILITY_X:
-        value = shown(cell, key)
-        if value.mean is not None:
-            break
-    return key, value
 
 
 def tradeoff_points(matrix: dict, data: str, protocol: str, metric: str) -> list[Point]:
@@ -420,6 +343,7 @@ def render(matrix: dict, out: Path) -> None:
         f"<title>{html.escape(str(matrix.get('name', '')))} · leakage matrix</title>",
         f"<meta name='viewport' content='width=device-width, initial-scale=1'><style>{STYLE}</style></head><body>",
         header_html(matrix),
+        answer_html(matrix),
         comparisons_html(matrix),
         *(data_html(matrix, data, out) for data in matrix["axes"]["data"]),
         not_run_html(matrix),

@@ -1,0 +1,150 @@
+"""What the matrix page leads with: per attack and place (data, protocol), whether the undefended attack leaks beyond
+its baseline, and the defense setting that brings it to the baseline at the least cost in the clients' accuracy.
+
+An attack's headline metric leaks where its 95 % interval across the seeds lies wholly on the leaky side of its
+baseline (:data:`BASELINES`: chance for an accuracy or top-1, the uniform guess for LDIA's KL, 0.5 for an AUC, 1 % for
+the TPR at 1 % FPR). A defense setting reaches the baseline where its interval holds it or lies beyond it; its cost is
+the undefended clients' accuracy less the defended (the server's where the protocol has no client accuracy).
+"""
+
+from __future__ import annotations
+
+import html
+from dataclasses import dataclass
+from typing import Optional, Union
+
+from fdattack.tracking.matrix_cells import Shown, cells_by_place, lower_leaks, number, shown, utility_of
+
+#: headline metric -> its baseline: another metric of the same attack (its name), or a constant
+BASELINES: dict[str, Union[str, float]] = {
+    "accuracy": "chance",
+    "top1": "chance",
+    "kl": "uniform_kl",
+    "auc": 0.5,
+    "tpr_at_1pct_fpr": 0.01,
+}
+
+
+def baseline_of(cell: Optional[dict], metric: str) -> Optional[float]:
+    """The baseline of ``metric`` (``attack/<name>/<headline>``) in ``cell``: a constant, or the cell's mean of the
+    attack's baseline metric; None where it has none."""
+    _, attack, name = metric.split("/", 2)
+    base = BASELINES.get(name)
+    if base is None or isinstance(base, float):
+        return base
+    return shown(cell, f"attack/{attack}/{base}").mean
+
+
+def leaks(value: Shown, baseline: float, metric: str) -> bool:
+    """Whether ``value``'s interval lies wholly on the leaky side of ``baseline`` (higher, or lower for a distance)."""
+    if value.low is None or value.high is None:
+        return False
+    return value.high < baseline if lower_leaks(metric) else value.low > baseline
+
+
+@dataclass(frozen=True)
+class Stop:
+    """A defense setting that brings the attack to its baseline: its value and the clients' accuracy it costs."""
+
+    defense: str
+    value: Shown
+    cost: Optional[float]
+
+
+@dataclass(frozen=True)
+class Answer:
+    """One attack's headline metric at one place, undefended, and the cheapest defense setting that stops it."""
+
+    attack: str
+    metric: str
+    data: str
+    protocol: str
+    value: Shown
+    baseline: float
+    leaks: bool
+    cheapest: Optional[Stop]
+    tried: int  # defense settings measured at this place
+
+
+def answers(matrix: dict) -> list[Answer]:
+    """Every attack's first headline metric with a baseline, at every place whose undefended cell measured it."""
+    undefended = matrix.get("undefended")
+    if undefended is None:
+        return []
+    cells, axes, found = cells_by_place(matrix), matrix["axes"], []
+    for attack, metrics in (matrix.get("headline") or {}).items():
+        metric = next((m for m in metrics if m.rsplit("/", 1)[-1] in BASELINES), None)
+        if metric is None:
+            continue
+        for data in axes["data"]:
+            for protocol in axes["protocols"]:
+                base_cell = cells.get((data, protocol, undefended))
+                value, baseline = shown(base_cell, metric), baseline_of(base_cell, metric)
+                if value.mean is None or baseline is None:
+                    continue
+                stops, tried = [], 0
+                _, before = utility_of(base_cell)
+                for defense in axes["defenses"]:
+                    cell = cells.get((data, protocol, defense))
+                    defended = shown(cell, metric)
+                    if defense == undefended or defended.mean is None:
+                        continue
+                    tried += 1
+                    if not leaks(defended, baseline, metric) and _reaches(defended, baseline, metric):
+                        _, after = utility_of(cell)
+                        cost = None if before.mean is None or after.mean is None else before.mean - after.mean
+                        stops.append(Stop(defense, defended, cost))
+                cheapest = min(stops, key=lambda s: float("inf") if s.cost is None else s.cost, default=None)
+                found.append(Answer(attack, metric, data, protocol, value, baseline, leaks(value, baseline, metric), cheapest, tried))
+    return found
+
+
+def _reaches(value: Shown, baseline: float, metric: str) -> bool:
+    """Whether ``value``'s interval holds ``baseline`` or lies beyond it (its mean where it has no interval)."""
+    if value.low is None or value.high is None:
+        assert value.mean is not None
+        return value.mean >= baseline if lower_leaks(metric) else value.mean <= baseline
+    return value.high >= baseline if lower_leaks(metric) else value.low <= baseline
+
+
+def answer_html(matrix: dict) -> str:
+    """The table the page leads with (empty without an undefended setting or a metric with a baseline)."""
+    rows = answers(matrix)
+    if not rows:
+        return ""
+    body = "".join("<tr>" + "".join(f"<td class='text'>{cell}</td>" for cell in _row(a)) + "</tr>" for a in rows)
+    head = "".join(
+        f"<th>{t}</th>"
+        for t in (
+            "attack",
+            "metric",
+            "data / protocol",
+            "undefended [95 % interval]",
+            "baseline",
+            "leaks",
+            "cheapest defense that reaches the baseline",
+        )
+    )
+    return (
+        "<section id='answer'><h2>Where each attack leaks, and what stops it</h2><p class='note'>Undefended: the mean over the "
+        "seeds and its 95 % interval; it leaks where the interval lies wholly beyond the baseline (chance, the uniform guess, "
+        "an AUC of 0.5). A defense setting reaches the baseline where its interval holds it; its cost is the clients' "
+        f"accuracy it takes.</p><div class='scroll'><table class='answer'><tr>{head}</tr>{body}</table></div></section>"
+    )
+
+
+def _row(a: Answer) -> list[str]:
+    if a.cheapest is None:
+        stop = f"none of the {a.tried} setting(s)" if a.tried else "no defense measured here"
+    else:
+        cost = "cost unknown" if a.cheapest.cost is None else f"accuracy cost {a.cheapest.cost:+.3g}"
+        stop = f"{a.cheapest.defense}: {a.cheapest.value.text()} ({cost})"
+    return [
+        html.escape(a.attack),
+        html.escape(a.metric.rsplit("/", 1)[-1]),
+        html.escape(f"{a.data} / {a.protocol}"),
+        html.escape(a.value.text()),
+        html.escape(number(a.baseline)),
+        "yes" if a.leaks else "no",
+        html.escape(stop),
+    ]
