@@ -19,7 +19,17 @@ from PIL import Image
 from fdattack.config import WandbConfig
 from fdattack.errors import ConfigError
 from fdattack.tracking.matrix_answer import answers, baseline_of
-from fdattack.tracking.matrix_page import HEATMAP_PREFIX, MATRIX_COLUMNS, curve_paths, matrix_rows, tradeoff_points, write_matrix_page
+from fdattack.tracking.matrix_cells import Shown
+from fdattack.tracking.matrix_page import (
+    HEATMAP_PREFIX,
+    MATRIX_COLUMNS,
+    colour_scale,
+    curve_paths,
+    holds,
+    matrix_rows,
+    tradeoff_points,
+    write_matrix_page,
+)
 from fdattack.tracking.wandb_run import MATRIX_JOB_TYPE, log_matrix_summary
 from tests.test_report import chromium
 from tests.test_wandb import finished_records
@@ -400,3 +410,16 @@ def test_an_attack_no_setting_stops_is_said_so_and_one_within_its_baseline_does_
     assert found["tbi"].leaks and found["tbi"].cheapest is None and found["tbi"].tried == 3
     assert not found["ldia"].leaks
     assert baseline_of(None, "attack/lira_distill/auc") == 0.5 and baseline_of(None, "attack/pli/ssim") is None
+
+
+def test_heatmap_colours_are_centred_on_the_baseline_and_a_cell_that_holds_it_is_marked(tmp_path: Path) -> None:
+    """Chance 0.2 with cells at 0.5 and 0.0: the scale runs 0.2 ± 0.3, so 0.2 is the centre (white) and 0.5 and -0.1 the
+    ends; without a baseline, rates keep [0, 1]. A cell whose interval holds the baseline says so; the caption names it."""
+    assert colour_scale([0.5, 0.0], 0.2) == pytest.approx((-0.1, 0.2, 0.5))
+    assert colour_scale([0.2], 0.2) == (-0.3, 0.2, 0.7)  # all at the baseline: a scale of ±0.5 around it
+    assert colour_scale([0.5, 0.0], None) == (0.0, None, 1.0)
+    assert holds(Shown(0.3, 0.1, 0.5), 0.2) and not holds(Shown(0.5, 0.4, 0.6), 0.2) and not holds(Shown(0.3), 0.2)
+    page = write_matrix_page(_answer_matrix(), tmp_path / "page").read_text()
+    figure = section(page, "figure", "data-metric", "attack/tbi/accuracy")
+    assert "white = the baseline 0.2" in figure
+    assert "white = the baseline 0.5" in section(page, "figure", "data-metric", "attack/ldia/kl")

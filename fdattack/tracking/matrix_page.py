@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from fdattack.tracking.matrix_answer import answer_html
+from fdattack.tracking.matrix_answer import answer_html, baseline_of
 from fdattack.tracking.matrix_cells import Shown, cells_by_place, finite, lower_leaks, number, shown, utility_of
 from fdattack.tracking.report import BASE_STYLE, check_out, write_staged
 from fdattack.tracking.report_figures import run_style
@@ -27,8 +27,10 @@ WRITTEN = {"plots": True, "index.html": False}
 HEATMAP_PREFIX = "heatmap__"
 #: The attack of a row of the not-run list that stands for the whole cell.
 WHOLE_CELL = "whole cell"
-#: The heatmaps' colour maps: more leakage is always the darker red.
+#: The heatmaps' colour maps: more leakage is always the darker red; centred on a baseline, the baseline is white and
+#: what leaks less than it blue.
 CMAP, CMAP_REVERSED = "Reds", "Reds_r"
+DIVERGING, DIVERGING_REVERSED = "RdBu_r", "RdBu"
 STYLE = (
     BASE_STYLE
     + """
@@ -79,19 +81,43 @@ def _limits(means: list[float]) -> tuple[float, float]:
     return (low - 0.5, high + 0.5) if low == high else (low, high)
 
 
-def draw_heatmap(path: Path, title: str, metric: str, rows: list[str], columns: list[str], table: list[list[Shown]]) -> None:
-    """Write a PNG heatmap of ``table`` (rows x columns): each cell annotated ``mean\\n[low, high]``, cells without a
-    number grey and hatched with their word, and a colorbar (reversed for a lower-is-leakier ``metric``)."""
+def colour_scale(means: list[float], baseline: float | None) -> tuple[float, float | None, float]:
+    """A heatmap's (low, centre, high): centred on ``baseline`` where there is one (a cell at the baseline is white, and
+    equal distances either side look alike), the range taking in the baseline and every value; else :func:`_limits`
+    with no centre."""
+    if baseline is None:
+        low, high = _limits(means)
+        return low, None, high
+    reach = max([abs(m - baseline) for m in means] + [0.0]) or 0.5
+    return baseline - reach, baseline, baseline + reach
+
+
+def holds(cell: Shown, baseline: float | None) -> bool:
+    """Whether ``cell``'s interval holds ``baseline`` (the attack is not shown to do better than it there)."""
+    return baseline is not None and cell.low is not None and cell.high is not None and cell.low <= baseline <= cell.high
+
+
+def draw_heatmap(
+    path: Path, title: str, metric: str, rows: list[str], columns: list[str], table: list[list[Shown]], baseline: float | None = None
+) -> None:
+    """Write a PNG heatmap of ``table`` (rows x columns): each cell annotated ``mean\\n[low, high]`` (and ``≈ baseline``
+    where its interval holds the ``baseline``), cells without a number grey and hatched with their word, and a colorbar;
+    the colours centred on the baseline where there is one (:func:`colour_scale`), reversed for a lower-is-leakier
+    ``metric``."""
     import numpy as np
     from matplotlib import colormaps
+    from matplotlib.colors import Normalize, TwoSlopeNorm
     from matplotlib.patches import Rectangle
 
     plt = _pyplot()
     values = np.array([[np.nan if s.mean is None else s.mean for s in row] for row in table], dtype=float).reshape(len(rows), len(columns))
-    low, high = _limits([s.mean for row in table for s in row if s.mean is not None] or [0.0])
-    cmap = colormaps[CMAP_REVERSED if lower_leaks(metric) else CMAP]
+    low, centre, high = colour_scale([s.mean for row in table for s in row if s.mean is not None] or [0.0], baseline)
+    if centre is None:
+        cmap, norm = colormaps[CMAP_REVERSED if lower_leaks(metric) else CMAP], Normalize(low, high)
+    else:
+        cmap, norm = colormaps[DIVERGING_REVERSED if lower_leaks(metric) else DIVERGING], TwoSlopeNorm(centre, low, high)
     fig, ax = plt.subplots(figsize=(2.4 + 1.9 * len(columns), 1.3 + 0.85 * len(rows)))
-    image = ax.imshow(np.ma.masked_invalid(values), cmap=cmap, vmin=low, vmax=high, aspect="auto")
+    image = ax.imshow(np.ma.masked_invalid(values), cmap=cmap, norm=norm, aspect="auto")
     for i, row in enumerate(table):
         for j, cell in enumerate(row):
             if cell.mean is None:
@@ -100,7 +126,8 @@ def draw_heatmap(path: Path, title: str, metric: str, rows: list[str], columns: 
             else:
                 r, g, b, _ = cmap(image.norm(cell.mean))
                 ink = "white" if 0.299 * r + 0.587 * g + 0.114 * b < 0.5 else "black"
-                ax.text(j, i, cell.text("\n"), ha="center", va="center", fontsize=9, color=ink)
+                label = cell.text("\n") + ("\n≈ baseline" if holds(cell, baseline) else "")
+                ax.text(j, i, label, ha="center", va="center", fontsize=9, color=ink)
     ax.set_xticks(range(len(columns)), labels=columns)
     ax.set_yticks(range(len(rows)), labels=rows)
     ax.set_xlabel("defense")
@@ -108,6 +135,9 @@ def draw_heatmap(path: Path, title: str, metric: str, rows: list[str], columns: 
     ax.set_title(title, fontsize=11)
     bar = fig.colorbar(image, ax=ax)
     bar.set_label(f"{metric}\n({'lower' if lower_leaks(metric) else 'higher'} = more leakage)", fontsize=9)
+    if baseline is not None:
+        bar.ax.axhline(baseline, color="black", linewidth=1)
+        bar.ax.text(1.6, baseline, f"baseline {number(baseline)}", transform=bar.ax.get_yaxis_transform(), va="center", fontsize=8)
     fig.savefig(path, dpi=100, bbox_inches="tight")
     plt.close(fig)
 
@@ -203,16 +233,25 @@ def table_html(matrix: dict, metric: str, table: list[list[Shown]]) -> str:
     return f"<div class='scroll'><table class='matrix' data-metric='{html.escape(metric)}'><tr>{head}</tr>{''.join(rows)}</table></div>"
 
 
+def data_baseline(matrix: dict, data: str, metric: str) -> float | None:
+    """The baseline of ``metric`` on ``data`` (:func:`~fdattack.tracking.matrix_answer.baseline_of`): that of the first
+    of its cells that has one (chance depends on the data's targets, not on the protocol or the defense)."""
+    cells = [c for (d, _, _), c in cells_by_place(matrix).items() if d == data]
+    return next((b for b in (baseline_of(c, metric) for c in cells) if b is not None), None) if metric.startswith("attack/") else None
+
+
 def heatmap_html(matrix: dict, data: str, metric: str, table: list[list[Shown]], out: Path) -> str:
     """The heatmap of ``metric``'s ``table`` over ``data``'s cells (written under ``out/plots/``), then the table."""
     name = f"plots/{HEATMAP_PREFIX}{slug(data)}__{slug(metric)}.png"
     axes = matrix["axes"]
-    draw_heatmap(out / name, f"{data}: {metric}", metric, axes["protocols"], axes["defenses"], table)
+    baseline = data_baseline(matrix, data, metric)
+    draw_heatmap(out / name, f"{data}: {metric}", metric, axes["protocols"], axes["defenses"], table, baseline)
     direction = "lower" if lower_leaks(metric) else "higher"
+    anchor = "" if baseline is None else f" · white = the baseline {number(baseline)}; ≈ baseline: the interval holds it"
+    caption = f"<b>{html.escape(metric)}</b> · rows: protocols, columns: defenses · {direction} = more leakage{html.escape(anchor)}"
     return (
-        f"<figure class='heatmap' data-metric='{html.escape(metric)}'><figcaption><b>{html.escape(metric)}</b> · rows: protocols, "
-        f"columns: defenses · {direction} = more leakage</figcaption><img src='{html.escape(name)}' alt='{html.escape(metric)} "
-        f"heatmap of {html.escape(data)}'></figure>{table_html(matrix, metric, table)}"
+        f"<figure class='heatmap' data-metric='{html.escape(metric)}'><figcaption>{caption}</figcaption><img src='{html.escape(name)}' "
+        f"alt='{html.escape(metric)} heatmap of {html.escape(data)}'></figure>{table_html(matrix, metric, table)}"
     )
 
 
