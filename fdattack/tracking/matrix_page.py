@@ -49,7 +49,8 @@ LEGEND = (
     "<b>incomplete</b>: seeds left to run; <b>–</b>: not recorded; <b>nan</b>: not a number. Hover a table cell for the "
     "reason.</li>"
     "<li>Heatmaps: the darker the red, the more leakage (for a distance to the truth such as <code>…/kl</code>, the lower "
-    "the value).</li></ul>"
+    "the value); where the metric has a baseline (chance, the uniform guess, an AUC of 0.5) the colours are centred on it: "
+    "white is the baseline, blue does worse than it, and <i>≈ baseline</i> marks a cell whose interval holds it.</li></ul>"
 )
 
 
