@@ -216,13 +216,20 @@ def draw_tradeoff(path: Path, title: str, panels: dict[str, list[Point]], curves
     plt.close(fig)
 
 
-def table_html(matrix: dict, metric: str, table: list[list[Shown]]) -> str:
-    """``table`` as an HTML table (rows: protocols, columns: defenses); a cell without a number carries its reason in
-    ``title``."""
+def applicable_rows(protocols: list[str], table: list[list[Shown]]) -> tuple[list[str], list[list[Shown]]]:
+    """The protocols and rows of ``table`` where the metric applies in at least one cell (a row of n/a says nothing the
+    not-run list does not)."""
+    kept = [i for i, row in enumerate(table) if not all(cell.word == "n/a" for cell in row)]
+    return [protocols[i] for i in kept], [table[i] for i in kept]
+
+
+def table_html(matrix: dict, metric: str, table: list[list[Shown]], protocols: list[str] | None = None) -> str:
+    """``table`` as an HTML table (rows: ``protocols``, all of the matrix's by default; columns: defenses); a cell without
+    a number carries its reason in ``title``."""
     axes = matrix["axes"]
     head = "<th class='row'>protocol \\ defense</th>" + "".join(f"<th>{html.escape(d)}</th>" for d in axes["defenses"])
     rows = []
-    for protocol, row in zip(axes["protocols"], table):
+    for protocol, row in zip(axes["protocols"] if protocols is None else protocols, table):
         tds = []
         for cell in row:
             if cell.mean is None:
@@ -246,13 +253,14 @@ def heatmap_html(matrix: dict, data: str, metric: str, table: list[list[Shown]],
     name = f"plots/{HEATMAP_PREFIX}{slug(data)}__{slug(metric)}.png"
     axes = matrix["axes"]
     baseline = data_baseline(matrix, data, metric)
-    draw_heatmap(out / name, f"{data}: {metric}", metric, axes["protocols"], axes["defenses"], table, baseline)
+    protocols, table = applicable_rows(axes["protocols"], table)
+    draw_heatmap(out / name, f"{data}: {metric}", metric, protocols, axes["defenses"], table, baseline)
     direction = "lower" if lower_leaks(metric) else "higher"
     anchor = "" if baseline is None else f" · white = the baseline {number(baseline)}; ≈ baseline: the interval holds it"
     caption = f"<b>{html.escape(metric)}</b> · rows: protocols, columns: defenses · {direction} = more leakage{html.escape(anchor)}"
     return (
         f"<figure class='heatmap' data-metric='{html.escape(metric)}'><figcaption>{caption}</figcaption><img src='{html.escape(name)}' "
-        f"alt='{html.escape(metric)} heatmap of {html.escape(data)}'></figure>{table_html(matrix, metric, table)}"
+        f"alt='{html.escape(metric)} heatmap of {html.escape(data)}'></figure>{table_html(matrix, metric, table, protocols)}"
     )
 
 
@@ -267,7 +275,7 @@ def attack_html(matrix: dict, data: str, attack: str, out: Path) -> str:
     shown_cells = [value for table in tables.values() for row in table for value in row]
     if shown_cells and all(value.word == "n/a" for value in shown_cells):
         reasons = "".join(f"<li>{html.escape(reason)}</li>" for reason in dict.fromkeys(value.reason for value in shown_cells))
-        parts.append(f"<p class='note'>n/a in every cell of {html.escape(data)}:</p><ul class='note'>{reasons}</ul>")
+        parts.append(f"<details class='note'><summary>n/a in every cell of {html.escape(data)}</summary><ul>{reasons}</ul></details>")
         return "".join(parts)
     parts += [heatmap_html(matrix, data, metric, table, out) for metric, table in tables.items()]
     return "".join(parts)
@@ -322,7 +330,10 @@ def not_run_html(matrix: dict) -> str:
         return "<section id='not-run'><h2>Not run</h2><p>Every attack ran in every cell.</p></section>"
     head = "".join(f"<th class='row'>{h}</th>" for h in ("cell", "attack", "status", "reason"))
     body = "".join("<tr>" + "".join(f"<td class='text'>{html.escape(text)}</td>" for text in row) + "</tr>" for row in rows)
-    return f"<section id='not-run'><h2>Not run</h2><div class='scroll'><table class='not-run'><tr>{head}</tr>{body}</table></div></section>"
+    return (
+        f"<section id='not-run'><h2>Not run</h2><details><summary>{len(rows)} cell(s) or attack(s) that did not run, each with "
+        f"its reason</summary><div class='scroll'><table class='not-run'><tr>{head}</tr>{body}</table></div></details></section>"
+    )
 
 
 def header_html(matrix: dict) -> str:
