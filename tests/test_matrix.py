@@ -14,7 +14,7 @@ from conftest import REPO, error_of
 from fdattack.attacks.ldia import LDIAAttack
 from fdattack.cli import main
 from fdattack.fd.threat import Capability
-from fdattack.matrix.plan import plan_cells
+from fdattack.matrix.plan import plan_cell, plan_cells
 from fdattack.matrix.spec import load_matrix
 
 #: tiny simulations: 2 clients, 1 round, no evaluation classifier (public_mean and LDIA need no training of their own)
@@ -253,8 +253,8 @@ def test_a_defense_given_at_several_strengths_is_one_setting_per_strength_in_the
     assert spec.defenses["laplace_0.5"] == ("defenses=[laplace]", "defense.laplace.scale=0.5")
     assert spec.curves["laplace"].key == "defense.laplace.scale"
     assert spec.curves["laplace"].settings == (("laplace_2", 2.0), ("laplace_0.5", 0.5), ("laplace_1", 1.0))
-    cells = {c.id: c for c in plan_cells(spec)}  # each composes: the strength reaches its key
-    assert "defense.laplace.scale=0.5" in cells["digits/fedmd/laplace_0.5"].overrides and cells["digits/fedmd/laplace_2"].reason is None
+    cell = plan_cell(spec, "digits", "fedmd", "laplace_0.5")  # it composes: the strength reaches its key
+    assert "defense.laplace.scale=0.5" in cell.overrides and cell.reason is None
 
 
 @pytest.mark.parametrize(("change", "named"), BAD_MATRICES, ids=[c[1][:24] for c in BAD_MATRICES])

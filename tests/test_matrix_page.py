@@ -390,7 +390,13 @@ def _answer_matrix() -> dict[str, Any]:
     }
 
 
-def test_the_page_leads_with_where_each_attack_leaks_and_the_cheapest_defense_that_stops_it(tmp_path: Path) -> None:
+@pytest.fixture(scope="module")
+def answer_page(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """The page of :func:`_answer_matrix`, as text."""
+    return write_matrix_page(_answer_matrix(), tmp_path_factory.mktemp("answer") / "page").read_text()
+
+
+def test_the_page_leads_with_where_each_attack_leaks_and_the_cheapest_defense_that_stops_it(answer_page: str) -> None:
     """TBI leaks (0.4 > chance 0.2); of the settings whose interval reaches chance, laplace_1 costs 0.05 of accuracy
     and laplace_2 0.20: laplace_1. LDIA's KL leaks below the uniform guess (0.3 < 0.5); laplace_1's interval stops at
     0.45, short of it; of the two that hold 0.5, topk_1 (cost 0.10) is cheaper than laplace_2 (0.20)."""
@@ -400,7 +406,7 @@ def test_the_page_leads_with_where_each_attack_leaks_and_the_cheapest_defense_th
     assert tbi.cheapest is not None and tbi.cheapest.defense == "laplace_1" and tbi.cheapest.cost == pytest.approx(0.05)
     assert ldia.leaks and ldia.baseline == 0.5 and ldia.cheapest is not None and ldia.cheapest.defense == "topk_1"
     assert ldia.cheapest.cost == pytest.approx(0.10)
-    page = write_matrix_page(_answer_matrix(), tmp_path / "page").read_text()
+    page = answer_page
     answer = section(page, "table", "class", "answer")
     assert page.index("id='answer'") < page.index("Data digits")
     assert [row[0] for row in cells_of(answer)] == ["tbi", "ldia"]
@@ -420,14 +426,14 @@ def test_an_attack_no_setting_stops_is_said_so_and_one_within_its_baseline_does_
     assert baseline_of(None, "attack/lira_distill/auc") == 0.5 and baseline_of(None, "attack/pli/ssim") is None
 
 
-def test_heatmap_colours_are_centred_on_the_baseline_and_a_cell_that_holds_it_is_marked(tmp_path: Path) -> None:
+def test_heatmap_colours_are_centred_on_the_baseline_and_a_cell_that_holds_it_is_marked(answer_page: str) -> None:
     """Chance 0.2 with cells at 0.5 and 0.0: the scale runs 0.2 ± 0.3, so 0.2 is the centre (white) and 0.5 and -0.1 the
     ends; without a baseline, rates keep [0, 1]. A cell whose interval holds the baseline says so; the caption names it."""
     assert colour_scale([0.5, 0.0], 0.2) == pytest.approx((-0.1, 0.2, 0.5))
     assert colour_scale([0.2], 0.2) == (-0.3, 0.2, 0.7)  # all at the baseline: a scale of ±0.5 around it
     assert colour_scale([0.5, 0.0], None) == (0.0, None, 1.0)
     assert holds(Shown(0.3, 0.1, 0.5), 0.2) and not holds(Shown(0.5, 0.4, 0.6), 0.2) and not holds(Shown(0.3), 0.2)
-    page = write_matrix_page(_answer_matrix(), tmp_path / "page").read_text()
+    page = answer_page
     figure = section(page, "figure", "data-metric", "attack/tbi/accuracy")
     assert "white = the baseline 0.2" in figure
     assert "white = the baseline 0.5" in section(page, "figure", "data-metric", "attack/ldia/kl")

@@ -25,12 +25,15 @@ from conftest import REPO
 from fdattack.cli import main
 
 #: 4 simulations (2 defenses x 2 seeds) of 3 rounds each, a checkpoint every round: a few seconds each on this machine
+#: (a round takes about 0.15 s; the set-up phases one epoch each, the rest is the interpreter's start)
 MATRIX = {
     "name": "stoppable",
     "overrides": [
         "logger.wandb.mode=disabled",
         "logger.progress=never",
         "protocol.num_clients=2",
+        "protocol.transfer_public_epochs=1",
+        "protocol.transfer_private_epochs=1",
         "protocol.rounds=3",
         "checkpoint_every=1",
         "evaluation.confidence_gap.enabled=false",
