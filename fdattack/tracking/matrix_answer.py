@@ -90,7 +90,7 @@ def answers(matrix: dict) -> list[Answer]:
                     if defense == undefended or defended.mean is None:
                         continue
                     tried += 1
-                    if not leaks(defended, baseline, metric) and _reaches(defended, baseline, metric):
+                    if _reaches(defended, baseline, metric):
                         _, after = utility_of(cell)
                         cost = None if before.mean is None or after.mean is None else before.mean - after.mean
                         stops.append(Stop(defense, defended, cost))
