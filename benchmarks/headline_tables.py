@@ -150,6 +150,29 @@ TABLES: dict[str, tuple[list[Row], list[tuple[str, str]]]] = {
             ("protocol/client_acc_mean", "client acc."),
         ],
     ),
+    "few_references": (
+        [
+            Row(
+                "DS-FL, MNIST (200 a digit), 5 clients, round 1, 2 students a client",
+                "conf/experiment/ldia_lira_dsfl_mnist.yaml",
+                (
+                    "data.max_per_class=200",
+                    "protocol.num_clients=5",
+                    "protocol.rounds=1",
+                    "protocol.public_per_round=300",
+                    "attacks=[lira_distill,rmia_distill]",
+                    "attack.lira_distill.students=2",
+                    "attack.rmia_distill.students=2",
+                ),
+            )
+        ],
+        [
+            ("attack/lira_distill/auc", "distill. LiRA AUC"),
+            ("attack/rmia_distill/auc", "distill. RMIA AUC"),
+            ("attack/lira_distill/tpr_at_1pct_fpr", "LiRA TPR@1%"),
+            ("attack/rmia_distill/tpr_at_1pct_fpr", "RMIA TPR@1%"),
+        ],
+    ),
     "pdafd": (
         [
             Row(protocol, f"conf/experiment/ldia_lira_{protocol}_mnist.yaml", ("protocol.rounds=5", "data.dirichlet_alpha=1"))
@@ -184,6 +207,7 @@ BASELINES: dict[str, list[tuple[str, str, str]]] = {
     ],
     "lattack_mnist": [("attack/lattack/feature_cosine", "attack/lattack/feature_cosine_noise", "feature cos. − noise cos.")],
     "defenses": [("attack/pli/accuracy", "attack/pli/chance", "PLI acc. − chance")],
+    "few_references": [("attack/rmia_distill/auc", "attack/lira_distill/auc", "RMIA AUC − LiRA AUC")],
     "pdafd": [
         ("attack/ldia/kl", "attack/ldia/uniform_kl", "LDIA KL − uniform KL"),
         ("attack/ldia/kl", "attack/ldia/random_kl", "LDIA KL − random KL"),

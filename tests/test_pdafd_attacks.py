@@ -79,7 +79,8 @@ def test_ldia_and_distillation_lira_and_rmia_beat_their_baselines_on_mnist(tmp_p
       TPR at 1 % FPR, 1.3 / 1.2 / 1.5 % (chance 1 %).
     - distillation RMIA (Zarifzadeh et al., ICML 2024) on the same simulation with as few students keeps its power, as
       its paper says it does with few references: AUC 0.697 / 0.682 / 0.672 (seed 2: 0.667; with 4 students 0.701 /
-      0.686 / 0.686 / 0.671), over LiRA's by 0.065 / 0.066 / 0.046 (seed 2: 0.054; range 0.020 over the four seeds).
+      0.686 / 0.686 / 0.671), over LiRA's by 0.065 / 0.066 / 0.046 (seed 2: 0.054; range 0.020 over the four seeds;
+      mean +0.058 [+0.043, +0.073], `benchmarks/headline_tables.py --tables few_references --seeds 42 0 1 2`).
       The bound 0.62 on its AUC leaves 0.052 at the worst seed (1.7x its range 0.030); the bound 0.02 on its lead leaves
       0.026 (1.3x the lead's range; the worst lead is 2.3x the bound). Not asserted: its TPR at 1 % FPR 8.5 / 7.9 / 5.9 %
       (LiRA's 1.3 / 1.2 / 1.5 %).
