@@ -64,6 +64,7 @@ from fdattack.tracking import (
     save_checkpoint,
     set_rng_state,
 )
+from fdattack.tracking.artifact_cache import ArtifactCache
 from fdattack.tracking.exit_record import exit_record
 from fdattack.tracking.logs import configure_logging
 from fdattack.tracking.machine import machine_info
@@ -146,6 +147,12 @@ def _declared(cfg: DictConfig, name: str, protocol: Protocol, adversaries: dict[
     return cls, settings, powers
 
 
+def attack_cache(cfg: DictConfig, name: str) -> Path:
+    """The folder of attack ``name``'s cached networks under ``cache_dir`` (one per attack: an isolated worker may write
+    its own and read no other's, nor the evaluation side's)."""
+    return Path(cfg.cache_dir) / "attacks" / name
+
+
 def build_attacks(
     cfg: DictConfig, view: AttackerView, protocol: Protocol, engine: LocalTrainer | None = None, state_root: Path | None = None
 ) -> tuple[list[Attack], dict[str, Adversary]]:
@@ -173,6 +180,7 @@ def build_attacks(
             progress=str(cfg.logger.progress),
             engine=engine,
             adversary=adversaries.get(name),
+            cache=None if cfg.cache_dir is None else ArtifactCache(attack_cache(cfg, name)),
         )
         attacks.append(cls(view.for_attack(name, cls.reads), settings, context))
     return attacks, adversaries
@@ -210,6 +218,7 @@ def start_isolated_attacks(
             threads=torch.get_num_threads(),
             trainer={**trainer, "accelerator": accelerator, "devices": on},
             adversary=shape,  # type: ignore[arg-type]
+            cache=None if cfg.cache_dir is None else str(attack_cache(cfg, name).resolve()),
         )
         overlaps = len([a for a in attacks if a.overlaps]) < beside and can_overlap(cls, name in adversaries)
         attacks.append(IsolatedAttack(brief, adversaries.get(name), budget, state_root / name, zygote, overlaps))
@@ -258,7 +267,7 @@ def build_evaluator(
 ) -> Evaluator:
     """The evaluation side: the diagnostics and, for each result type the attacks declare in ``produces``, its registered
     scorer (:data:`~fdattack.evaluation.SCORERS`) built from one :class:`~fdattack.evaluation.ScoringContext` (the
-    membership scorer against ``candidates``, the evaluation classifiers of inversions kept under ``cache_dir``)."""
+    membership scorer against ``candidates``, the evaluation classifiers kept under ``cache_dir``)."""
     diagnostics = []
     if cfg.evaluation.confidence_gap.enabled:
         diagnostics.append(ConfidenceGapDiagnostic(oracle, cfg.evaluation.confidence_gap.max_samples, cfg.evaluation.confidence_gap.bins))
@@ -362,7 +371,8 @@ class Experiment:
                 vectorise=t.vectorise,
             )
             self.attacks, self.adversaries = build_attacks(cfg, self.view, self.protocol, attack_engine, state_root)
-        self.evaluator = build_evaluator(cfg, self.oracle, self.progress, candidates, self.output_dir / "artifacts")
+        evaluation_cache = Path(cfg.cache_dir) / "evaluation" if cfg.cache_dir else self.output_dir / "artifacts"
+        self.evaluator = build_evaluator(cfg, self.oracle, self.progress, candidates, evaluation_cache)
 
     def observe(self, observer: Observer, query: bool = False) -> None:
         """Hand ``observer`` (a probe, a logger of one's own) every round record after the attacks, and end its rounds

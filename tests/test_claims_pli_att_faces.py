@@ -7,8 +7,8 @@ pli_fedmd_att_faces.yaml (FedMD, K = 4, 20 target identities, a 16-pixel box-blu
 to 2 rounds, inversion networks of width 64 (PLI 10 epochs a round, TBI 5) and a 15-epoch learned prior; the docs'
 table is the config itself (5 rounds, width 128, a 30-epoch prior; about 7 minutes a seed, ``benchmarks/
 headline_tables.py``). The prior depends on the public set, its settings and the attacker's seed alone, not on the
-defense, so each seed trains it once and the defended run reuses it (the memo checks that the public set is the same;
-the defended runs' figures are the same with and without it). About 55 s of one AMD EPYC core a seed.
+defense, so each seed trains it once and the defended run reads it back from the arms' ``cache_dir``
+(tests/test_cached_networks.py: the same figures with and without it). About 55 s of one AMD EPYC core a seed.
 """
 
 from __future__ import annotations
@@ -18,10 +18,7 @@ from functools import partial
 from pathlib import Path
 
 import pytest
-import torch
-from torch import Tensor
 
-import fdattack.attacks.pli as pli_module
 from fdattack.config import compose
 from fdattack.experiment import Experiment
 from tests.conftest import REPO, SHARED_DATA, shared_runs
@@ -58,21 +55,9 @@ def _run(out: Path, seed: int, extra: tuple[str, ...]) -> dict[str, float]:
 
 
 def _arms_of_seed(seed: int, folder: Path) -> dict[str, dict[str, float]]:
-    """Every arm at ``seed``, the learned prior trained once."""
-    build_prior = pli_module.build_prior
-    kept: dict[str, tuple[Tensor, Tensor]] = {}
-
-    def build_once(view, settings, prior_seed, engine, progress="never"):  # type: ignore[no-untyped-def]
-        key = f"{settings}/{prior_seed}"
-        if key not in kept:
-            kept[key] = (view.public.images.clone(), build_prior(view, settings, prior_seed, engine, progress))
-        public, prior = kept[key]
-        assert torch.equal(public, view.public.images), "the memo holds the prior of another public set"
-        return prior.clone()
-
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(pli_module, "build_prior", build_once)
-        return {arm: _run(folder / arm, seed, extra) for arm, extra in ARMS.items()}
+    """Every arm at ``seed``, the learned prior trained once (``cache_dir`` shared by the arms)."""
+    cache = f"cache_dir={folder / 'cache'}"
+    return {arm: _run(folder / arm, seed, (*extra, cache)) for arm, extra in ARMS.items()}
 
 
 @pytest.fixture(scope="module")

@@ -117,6 +117,7 @@ def test_one_simulation_per_cell_and_seed_and_every_applicable_attack_on_it(tiny
         replica = yaml.safe_load((folder / "seed_0" / "config.yaml").read_text())
         assert replica["logger"]["wandb"]["group"] == "tiny" and replica["logger"]["wandb"]["job_type"] == "matrix-cell"
         assert replica["attacks"] == ["public_mean", "ldia"] and replica["seed"] == 0
+        assert replica["cache_dir"] == str(root / "cache")  # one cache of cell-free networks for the whole matrix
     assert (root / "digits/fedmd/laplace/seed_0/config.yaml").read_text().count("laplace") >= 1
     assert matrix["headline"]["ldia"][0] == "attack/ldia/kl" and "protocol/client_acc_mean" in matrix["utility"]
     page = (root / "page" / "index.html").read_text()

@@ -18,6 +18,7 @@ from fdattack.fd.adversary import Adversary
 from fdattack.fd.observer import Observer
 from fdattack.fd.threat import SERVER_POWERS, AttackerView, Capability, ViewPart
 from fdattack.registry import Registry
+from fdattack.tracking.artifact_cache import ArtifactCache
 
 
 @dataclass
@@ -32,6 +33,8 @@ class AttackContext:
         progress: progress bars over the attack's training: auto | always | never.
         engine: the run's engine (``trainer.accelerator``/``precision``/DDP); None = a single CPU process.
         adversary: the active powers granted (only to attacks that need one), or None.
+        cache: where the attack keeps networks that depend only on its view's public part, its settings and its seed
+            (PLI's learned prior, a GAN prior) and finds them again in later runs (``cache_dir``); None: trained every run.
     """
 
     seed: int
@@ -39,6 +42,7 @@ class AttackContext:
     progress: str = "never"
     engine: Optional[LocalTrainer] = None
     adversary: Optional[Adversary] = None
+    cache: Optional[ArtifactCache] = None
 
 
 class Attack(Observer):

@@ -41,6 +41,10 @@ log = logging.getLogger(__name__)
 HSICTerm = Optional[Callable[[Tensor], Tensor]]
 
 
+#: the target-agnostic GANs' entries in the attack's cache (``cache_dir``)
+GAN_CACHE_KIND = "gan"
+
+
 class HSICEstimator(Choice):
     nhsic_code = "nhsic_code"
     biased_eq3 = "biased_eq3"
@@ -279,7 +283,7 @@ class GANInversionAttack(Attack):
             with seeded(seed, self.device):
                 module = WGANGP(c, h, s.z_dim, s.gan_width, s.gan_lr, s.n_critic)
             rows = TensorRows(x=self.view.prior_data.images)  # type: ignore[union-attr]
-            self._wgan_prior = self.cached_gan(module, lambda epoch: rows, seed, "WGAN-GP prior")  # type: ignore[assignment]
+            self._wgan_prior = self.cached_gan(module, lambda epoch: rows, seed, "WGAN-GP prior", across_runs=True)  # type: ignore[assignment]
         return self._wgan_prior  # type: ignore[return-value]
 
     def train_gan(self, module: ManualGAN, rows: Callable[[int], Batchable], seed: int, what: str) -> None:
@@ -293,23 +297,41 @@ class GANInversionAttack(Attack):
         self.engine.release(handle)
         module.requires_grad_(False).eval()
 
-    def cached_gan(self, module: ManualGAN, rows: Callable[[int], Batchable], seed: int, what: str, *keys: object) -> ManualGAN:
+    def cached_gan(
+        self, module: ManualGAN, rows: Callable[[int], Batchable], seed: int, what: str, *keys: object, across_runs: bool = False
+    ) -> ManualGAN:
         """``module`` trained (:meth:`train_gan`) or, when the attack's state directory holds it (resume), restored.
 
         The file, ``attack_state/shared/gan/<module class>_<digest>.pt`` (beside the attacks' own folders: the GAN attacks share
-        it, so that VMI mines the prior GMI trained), is named by everything the GAN depends on: the run seed, the GAN
-        settings, the prior data and ``keys``.
+        it, so that VMI mines the prior GMI trained), is named by everything the GAN depends on: the attacker's seed, the
+        GAN settings, the prior data and ``keys``. ``across_runs``: a GAN that depends on nothing else (no target model)
+        is also kept in the attack's cache (``cache_dir``), where later runs with the same inputs find it.
         """
         key = self._cache_key(type(module).__name__.lower(), *keys)
         saved = self.context.store.load_artifact(key, shared=True)
+        if saved is None and across_runs and self.context.cache is not None:
+            made: list[bool] = []
+
+            def make() -> dict[str, dict[str, Tensor]]:
+                made.append(True)
+                return self._trained(module, rows, seed, what)
+
+            networks = self.context.cache.fetch(GAN_CACHE_KIND, key.replace("/", "_"), make, writer=self.engine.is_global_zero)
+            self.context.store.save_artifact(key, networks, shared=True)
+            if made:
+                return module
+            saved = networks
         if saved is not None:
             module.load_networks(saved)
-            log.info("%s: %s restored from the attack state (%s)", self.name, what, key)
+            log.info("%s: %s restored (%s)", self.name, what, key)
             return module.requires_grad_(False).eval().to(self.device)
+        self.context.store.save_artifact(key, self._trained(module, rows, seed, what), shared=True)
+        return module
+
+    def _trained(self, module: ManualGAN, rows: Callable[[int], Batchable], seed: int, what: str) -> dict[str, dict[str, Tensor]]:
         log.info("%s: training the %s (%d epochs on %d prior images)", self.name, what, self.settings.gan_epochs, len(self.view.prior_data))  # type: ignore[arg-type]
         self.train_gan(module, rows, seed, what)
-        self.context.store.save_artifact(key, module.networks(), shared=True)
-        return module
+        return module.networks()
 
     def _cache_key(self, stem: str, *keys: object) -> str:
         if self._prior_digest is None:

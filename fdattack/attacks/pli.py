@@ -18,7 +18,7 @@ from torch import Tensor
 from fdattack.attacks.base import ATTACKS, AttackContext
 from fdattack.attacks.inversion import InversionAttack, InversionSettings
 from fdattack.attacks.pli_inputs import optimal_inputs
-from fdattack.attacks.priors import PriorKind, PriorSettings, build_prior
+from fdattack.attacks.priors import PriorKind, PriorSettings, cached_prior
 from fdattack.attacks.results import AttackResult, Reconstructions
 from fdattack.engine import TensorRows
 from fdattack.fd.record import RoundRecord
@@ -163,7 +163,7 @@ class PLIAttack(InversionAttack):
             return []
         results: list[AttackResult] = []
         if self.prior is None:  # built once, before the first attack, and reported as what PLI must beat (Table S-3)
-            self.prior = build_prior(self.view, self.prior_settings, self.seed, self.engine, self.progress)
+            self.prior = cached_prior(self.view, self.prior_settings, self.seed, self.engine, self.context.cache, self.progress)
             results.append(Reconstructions(self.prior[self.targets], self.targets.clone(), role="prior"))
         clients = progress_iter(sorted(inputs.clients), f"{self.name} inversion, round {round}", self.progress)
         candidates = torch.stack([self._train_client(k, inputs, round) for k in clients])

@@ -24,7 +24,13 @@ from fdattack.fd.threat import AttackerView, Degradation
 from fdattack.knobs import Choice, knob
 from fdattack.lit.translation import CycleGANLitModule, RestorerLitModule, TranslationLitModule
 from fdattack.randomness import derive_seed
+from fdattack.tracking.artifact_cache import ArtifactCache, digest
 from fdattack.tracking.progress import progress_iter
+
+#: the learned prior's entries in the attack's cache: ``pli_prior_<digest>.pt``
+PRIOR_CACHE_KIND = "pli_prior"
+#: how many public images the degradation is applied to for the cache key (its effect names it)
+DEGRADATION_PROBE = 16
 
 
 class PriorKind(Choice):
@@ -114,6 +120,33 @@ def build_prior(view: AttackerView, settings: PriorSettings, seed: int, engine: 
     if settings.kind == PriorKind.naive:
         return naive_prior(view.public, view.num_classes)
     return train_learned_prior(view.public, list(view.target_labels), view.num_classes, settings, view.degradation, seed, engine, progress)
+
+
+def cached_prior(
+    view: AttackerView, settings: PriorSettings, seed: int, engine: LocalTrainer, cache: ArtifactCache | None, progress: str = "never"
+) -> Tensor:
+    """:func:`build_prior`, the learned one kept in ``cache`` under a digest of all it depends on (its settings, seed,
+    the public set as the attacker knows it, the targets and the degradation's effect on the public images) and read
+    back by a later run with the same inputs; None: trained here."""
+    if cache is None or settings.kind == PriorKind.naive:
+        return build_prior(view, settings, seed, engine, progress)
+    assert view.public is not None
+    public = view.public
+    degraded = None if view.degradation is None else view.degradation(public.images[:DEGRADATION_PROBE])
+    key = digest(settings, seed, public.images, public.labels, public.domain, list(view.target_labels), view.num_classes, degraded)
+    payload = cache.fetch(
+        PRIOR_CACHE_KIND,
+        key,
+        lambda: {"prior": build_prior(view, settings, seed, engine, progress)},
+        check=lambda p: _check_prior(p["prior"], view.num_classes, public.images.shape[1:]),
+        writer=engine.is_global_zero,
+    )
+    return payload["prior"]
+
+
+def _check_prior(prior: Tensor, num_classes: int, image_shape: torch.Size) -> None:
+    if not isinstance(prior, Tensor) or tuple(prior.shape) != (num_classes, *image_shape) or not bool(torch.isfinite(prior).all()):
+        raise ValueError(f"not a finite ({num_classes}, {', '.join(map(str, image_shape))}) prior")
 
 
 def naive_prior(public: ImageSet, num_classes: int) -> Tensor:

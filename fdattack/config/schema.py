@@ -274,6 +274,13 @@ class ExperimentConfig:
         "across the seeds of every metric) in output_dir; running it again continues; null = one run at seed",
     )
     output_dir: Optional[str] = knob(None, "run directory, locked while a run uses it; null = runs/<name>-<timestamp>")
+    cache_dir: Optional[str] = knob(
+        None,
+        "folder of trained networks that depend only on the data, their settings and a seed (PLI's learned prior, the GAN "
+        "inversions' WGAN-GP prior, the evaluation classifiers), shared by every run that names it and reused when their inputs "
+        "match (a content digest names each); `fdattack matrix` sets <root>/cache; null = none shared (the inversions' "
+        "evaluation classifier kept in output_dir/artifacts)",
+    )
     resume: bool = knob(False, "continue the run in output_dir after its last completed round")
     checkpoint_every: int = knob(1, "write a resumable checkpoint every N rounds (the last round always)", ge=1)
     keep_checkpoints: int = knob(2, "how many round checkpoints to keep (older ones are deleted)", ge=1)

@@ -29,6 +29,7 @@ differs from the private one; high under ``data.split=random``, where it does no
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass
 from typing import Callable, Optional, Sequence
 
@@ -44,9 +45,12 @@ from fdattack.functional import topk_accuracy
 from fdattack.functional.attack_accuracy import class_means
 from fdattack.lit.classifier import ClassifierLitModule
 from fdattack.models.classifiers import build_classifier
+from fdattack.tracking.artifact_cache import ArtifactCache, digest
 
 #: the largest standard deviation of the pixel noise of the training images' noisy copies (pixels in [-1, 1])
 NOISE_MAX = 0.6
+#: its entries in the cache: ``identity_classifier_<digest>.pt``
+CACHE_KIND = "identity_classifier"
 
 
 class IdentityScorer:
@@ -181,7 +185,14 @@ def public_look_means(split: FederatedSplit) -> tuple[Tensor, Tensor]:
 
 
 def train_identity_scorer(
-    split: FederatedSplit, engine: LocalTrainer, architecture: str, epochs: int, lr: float, seed: int
+    split: FederatedSplit,
+    engine: LocalTrainer,
+    architecture: str,
+    epochs: int,
+    lr: float,
+    seed: int,
+    cache: ArtifactCache | None = None,
+    announce: Callable[[str], None] | None = None,
 ) -> IdentityScorer:
     """The evaluation classifier over the targets' private looks, their public looks and the non-target classes.
 
@@ -191,6 +202,8 @@ def train_identity_scorer(
         architecture: a classifier registry name.
         epochs, lr: Adam training of the classifier.
         seed: its initialisation and batch order (the run's random stream is left alone).
+        cache: where the trained network is kept and found again (named by a digest of all it depends on), or None.
+        announce: told when the training starts (a progress bar's activity), or None.
     """
     classes = identity_classes(split)
     k = len(classes.names)
@@ -202,9 +215,20 @@ def train_identity_scorer(
         torch.manual_seed(seed)
         module = ClassifierLitModule(build_classifier(architecture, c, size, k), k, lr=lr)
     handle = engine.setup("evaluation_classifier", module)
-    counts = torch.bincount(classes.train.labels, minlength=k).float()
-    engine.fit(FitJob(handle, with_noisy_copies(classes.train, NOISE_MAX, seed), epochs, balanced_cross_entropy(counts), seed))
-    require_finite(module.net, "the evaluation classifier", "evaluation.lr", lr)
+
+    def trained() -> dict:
+        if announce is not None:
+            announce(f"training the evaluation classifier ({architecture}, {epochs} epochs)")
+        counts = torch.bincount(classes.train.labels, minlength=k).float()
+        engine.fit(FitJob(handle, with_noisy_copies(classes.train, NOISE_MAX, seed), epochs, balanced_cross_entropy(counts), seed))
+        require_finite(module.net, "the evaluation classifier", "evaluation.lr", lr)
+        return {"net": module.net.state_dict()}
+
+    if cache is None:
+        trained()
+    else:
+        key = digest(architecture, epochs, lr, seed, NOISE_MAX, classes.names, classes.train.images, classes.train.labels)
+        module.net.load_state_dict(cache.fetch(CACHE_KIND, key, trained, check=_fits(module), writer=engine.is_global_zero)["net"])
     test_logits = engine.predict(handle, test.images)
     test_accuracy = topk_accuracy(test_logits, remap[test.labels], 1) if len(test) else float("nan")
     return IdentityScorer(
@@ -215,3 +239,8 @@ def train_identity_scorer(
         class_names=classes.names,
         test_images=len(test),
     )
+
+
+def _fits(module: ClassifierLitModule) -> Callable[[dict], None]:
+    """A check that a cached payload's network loads into ``module``'s (a copy, so a failed load leaves it alone)."""
+    return lambda payload: copy.deepcopy(module.net).load_state_dict(payload["net"])

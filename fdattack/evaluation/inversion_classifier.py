@@ -6,7 +6,9 @@ It learns every client's private images and the attacker's auxiliary images. Its
 run's test set, plus, for the classes that have no test image (the auxiliary classes of ``data.split=classes``), a
 seeded :data:`HOLDOUT_FRACTION` of their images held out of its training. It trains once per run, when the first
 inversions are scored (after the run directory is laid out), and is kept as ``artifacts/inversion_classifier_<digest>.pt``
-(the digest covers its settings and training data), which a resumed run loads instead of training again.
+(the digest covers its settings and training data; under ``<cache_dir>/evaluation`` where the run names a shared cache,
+:mod:`fdattack.tracking.artifact_cache`), which a resumed run, or any run with the same inputs there, loads instead of
+training again.
 ``evaluation.inversion.checkpoint`` names such a file (or a plain ``state_dict`` of the network) to use instead.
 """
 
@@ -32,7 +34,7 @@ from fdattack.functional import topk_accuracy
 from fdattack.knobs import knob
 from fdattack.lit.classifier import ClassifierLitModule
 from fdattack.models.classifiers import build_classifier
-from fdattack.tracking.checkpoint import save_checkpoint
+from fdattack.tracking.artifact_cache import ArtifactCache
 
 
 @dataclass
@@ -64,6 +66,8 @@ log = logging.getLogger("fdattack")
 #: share of a class's images held out for the test accuracy where the test set has none of that class
 HOLDOUT_FRACTION = 0.1
 CHECKPOINT_KEY = "evaluation.inversion.checkpoint"
+#: its entries in the cache: ``inversion_classifier_<digest>.pt``
+CACHE_KIND = "inversion_classifier"
 #: the activation modules whose input :meth:`EvaluationClassifier.embed` takes as the pre-activation features
 ACTIVATIONS = (nn.ReLU, nn.ReLU6, nn.LeakyReLU, nn.ELU, nn.GELU, nn.SiLU, nn.Hardswish)
 
@@ -173,7 +177,8 @@ def inversion_classifier(
 ) -> Callable[[], EvaluationClassifier]:
     """The evaluation classifier, as a call that builds it once: from ``settings.checkpoint`` (loaded and checked
     now, so that a bad file stops the run before its first round), else from the cache under ``cache_dir``, else
-    trained at the first call and cached there (by the writing rank; ``cache_dir`` None keeps it in memory).
+    trained at the first call and cached there (written by the first rank; an unreadable entry is trained again;
+    ``cache_dir`` None keeps it in memory).
 
     Raises:
         ConfigError: the checkpoint is missing, unreadable, or does not fit the network (named by its key).
@@ -207,31 +212,33 @@ def inversion_classifier(
         )
         loaded = _scored(build(net), engine, test)
         return lambda: loaded
-    cache = None if cache_dir is None else cache_dir / f"inversion_classifier_{_digest(settings, seed, split, train, num_classes)}.pt"
+    cache = None if cache_dir is None else ArtifactCache(cache_dir)
+    key = _digest(settings, seed, split, train, num_classes)
 
-    @functools.cache
-    def obtain() -> EvaluationClassifier:
-        if cache is not None and cache.is_file():
-            net = network()
-            net.load_state_dict(torch.load(cache, map_location="cpu", weights_only=True)["net"])
-            return _scored(build(net), engine, test)
+    def trained() -> dict:
         if announce is not None:
             announce(f"training the inversions' evaluation classifier ({settings.classifier}, {settings.epochs} epochs)")
         handle = build(network())
         engine.fit_module(handle, train, settings.epochs, seed, batch_size=settings.batch_size)
         require_finite(handle.module.net, "the inversions' evaluation classifier", "evaluation.inversion.lr", settings.lr)  # type: ignore[union-attr]
-        scored = _scored(handle, engine, test)
+        return {"net": handle.module.net.state_dict(), "classifier": settings.classifier}  # type: ignore[union-attr]
+
+    @functools.cache
+    def obtain() -> EvaluationClassifier:
+        payload = (
+            trained()
+            if cache is None
+            else cache.fetch(CACHE_KIND, key, trained, check=lambda p: network().load_state_dict(p["net"]), writer=engine.is_global_zero)
+        )
+        net = network()
+        net.load_state_dict(payload["net"])
+        scored = _scored(build(net), engine, test)
         log.info(
             "inversion evaluation classifier %s: test accuracy %.4f on %d held-out images",
             settings.classifier,
             scored.test_accuracy,
             scored.test_images,
         )
-        if cache is not None and engine.is_global_zero:
-            cache.parent.mkdir(parents=True, exist_ok=True)
-            save_checkpoint(
-                cache, {"net": scored.net.state_dict(), "classifier": settings.classifier, "test_accuracy": scored.test_accuracy}
-            )
         return scored
 
     return obtain

@@ -17,6 +17,7 @@ from fdattack.functional.attack_accuracy import attack_accuracy, class_means
 from fdattack.functional.image import standard_ssim
 from fdattack.functional.intervals import HIGH, LOW, interval_keys, mean_interval, wilson_interval, wilson_interval_of_rate
 from fdattack.randomness import derive_seed
+from fdattack.tracking.artifact_cache import ArtifactCache
 
 #: the prior's scores worth a line of their own (Table S-3 and what an inversion must beat)
 PRIOR_METRICS = ("ssim", "accuracy", "eval_top1")
@@ -108,11 +109,16 @@ def build_reconstruction_scorer(context: ScoringContext) -> ReconstructionScorer
     """The scorer of reconstructions with its evaluation classifier (``evaluation.classifier``; None: no ``eval_*``
     metrics), trained here from a seed of its own."""
     cfg, ev = context.cfg, context.cfg.evaluation
-    if ev.classifier and context.progress is not None:
-        context.progress.activity(f"training the evaluation classifier ({ev.classifier}, {ev.epochs} epochs)")
     identity = (
         train_identity_scorer(
-            context.oracle.split, context.oracle.engine, ev.classifier, ev.epochs, ev.lr, derive_seed(cfg.seed, 0, "evaluation_classifier")
+            context.oracle.split,
+            context.oracle.engine,
+            ev.classifier,
+            ev.epochs,
+            ev.lr,
+            derive_seed(cfg.seed, 0, "evaluation_classifier"),
+            None if context.cache_dir is None else ArtifactCache(context.cache_dir),
+            context.announce,
         )
         if ev.classifier
         else None

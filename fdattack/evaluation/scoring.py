@@ -39,7 +39,8 @@ class ScoringContext:
         seed: the evaluation seed, derived from the run seed (``derive_seed(cfg.seed, "evaluation")``).
         progress: where a factory names a long activity (the evaluation classifier's training), or None.
         candidates: the membership candidates and their origin, or None where no attack reads candidates.
-        cache_dir: folder where the evaluation classifiers of inversions are kept, or None.
+        cache_dir: folder where the evaluation classifiers are kept and found again (:mod:`fdattack.tracking.artifact_cache`),
+            or None.
     """
 
     cfg: DictConfig

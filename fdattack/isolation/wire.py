@@ -69,6 +69,7 @@ class WorkerBrief:
         threads: torch's intra-op threads (the run's).
         trainer: ``accelerator``, ``devices``, ``precision``, ``vectorise`` and ``batch_size`` of its engine.
         adversary: its granted powers, or None.
+        cache: the attack's own folder of cached networks (``<cache_dir>/attacks/<attack>``), or None.
     """
 
     attack: str
@@ -82,6 +83,7 @@ class WorkerBrief:
     threads: int
     trainer: dict[str, Any]
     adversary: Optional[AdversaryShape]
+    cache: Optional[str] = None
 
 
 def record_to_wire(record: RoundRecord) -> tuple[dict[str, Any], Optional[QueryShape]]:

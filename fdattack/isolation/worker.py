@@ -138,6 +138,7 @@ def build_attack(brief: WorkerBrief, channel: Channel) -> tuple[Any, int]:
     from fdattack.attacks.state_store import SHARED, ClientStateStore
     from fdattack.engine import LocalTrainer, make_fabric
     from fdattack.plugins import load_plugins
+    from fdattack.tracking.artifact_cache import ArtifactCache
 
     load_plugins(list(brief.plugins))
     cls = ATTACKS.get(brief.attack)
@@ -145,13 +146,17 @@ def build_attack(brief: WorkerBrief, channel: Channel) -> tuple[Any, int]:
     engine = LocalTrainer(make_fabric(t["accelerator"], t["devices"], "auto", 1, t["precision"]), t["batch_size"], vectorise=t["vectorise"])
     own, shared = Path(brief.state_root) / brief.attack, Path(brief.state_root) / SHARED
     shared.mkdir(parents=True, exist_ok=True)
-    abi = confine(writable=[own, shared], devices=str(t["accelerator"]) != "cpu")
+    cache = None if brief.cache is None else Path(brief.cache)
+    if cache is not None:
+        cache.mkdir(parents=True, exist_ok=True)
+    abi = confine(writable=[own, shared, *([cache] if cache is not None else [])], devices=str(t["accelerator"]) != "cpu")
     context = AttackContext(
         seed=brief.seed,
         store=ClientStateStore(own, keep=brief.keep),
         progress="never",
         engine=engine,
         adversary=None if brief.adversary is None else RemoteAdversary(brief.adversary, channel),  # type: ignore[arg-type]
+        cache=None if cache is None else ArtifactCache(cache),
     )
     return cls(brief.view, brief.settings, context), abi
 

@@ -51,11 +51,17 @@ class Unit:
         return f"{self.cell.id}/{self.seed}"
 
 
+#: the networks every cell of a data setting and seed shares (:mod:`fdattack.tracking.artifact_cache`)
+CACHE_FOLDER = "cache"
+
+
 def cell_config(spec: MatrixSpec, cell: Cell, root: Path) -> DictConfig:
-    """The config of a cell's seeds (``seeds`` set): its folder, the matrix's W&B group, the cell as W&B name."""
+    """The config of a cell's seeds (``seeds`` set): its folder, the matrix's W&B group, the cell as W&B name, and the
+    matrix's cache of networks that depend on no cell (``<root>/cache``, unless the file sets ``cache_dir``)."""
     return compose(
         cell.experiment,
         [
+            f"cache_dir={root / CACHE_FOLDER}",
             *cell.overrides,
             f"seeds=[{','.join(map(str, spec.seeds))}]",
             f"output_dir={cell_folder(root, cell)}",

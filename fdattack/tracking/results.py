@@ -3,7 +3,8 @@
 Every place that takes a result from disk instead of computing it (a seed replica, a matrix simulation, a sweep trial,
 a resumed run's stored config) goes through :func:`check_made_with`: the stored ``config.yaml`` must exist and agree
 with the config of the run being asked for in every key that can change a result. The keys that cannot
-(:data:`RESULT_FREE_KEYS`: the run's ``name``, ``resume``, ``output_dir``, ``plugins`` and the whole ``logger`` group,
+(:data:`RESULT_FREE_KEYS`: the run's ``name``, ``resume``, ``output_dir``, ``cache_dir`` (a cached network is the one the
+run would train), ``plugins`` and the whole ``logger`` group,
 where and how a run logs, its W&B group and name included; and ``isolation.mode`` and ``isolation.overlap``, where and
 when the attacks run) are left out,
 so a moved or copied folder is still its own result.
@@ -22,7 +23,7 @@ from fdattack.tracking.report_runs import read_metrics
 
 #: Top-level config keys that change no result: a result made with other values of them is still this config's
 #: (``plugins`` only makes names known; the names a run uses are in ``attacks``, ``defenses`` and ``protocol.name``).
-RESULT_FREE_KEYS = ("name", "resume", "output_dir", "logger", "plugins")
+RESULT_FREE_KEYS = ("name", "resume", "output_dir", "cache_dir", "logger", "plugins")
 #: The ``isolation`` keys that decide a result (its budgets, which can stop an attack), with the values a stored config
 #: written before they existed had in effect; ``isolation.mode`` and ``isolation.overlap`` decide none (isolated attacks give
 #: the in-process results, overlapping or not: tests/test_isolation.py).
