@@ -18,7 +18,7 @@ from PIL import Image
 
 from fdattack.config import WandbConfig
 from fdattack.errors import ConfigError
-from fdattack.tracking.matrix_answer import answers, baseline_of
+from fdattack.tracking.matrix_answer import answers, baseline_of, sentence
 from fdattack.tracking.matrix_cells import Shown
 from fdattack.tracking.matrix_page import (
     HEATMAP_PREFIX,
@@ -371,10 +371,10 @@ def _answer_matrix() -> dict[str, Any]:
             defense,
             metrics={
                 "protocol/client_acc_mean": metric(acc, acc, acc),
-                "attack/tbi/accuracy": metric(sum(tbi) / 2, *tbi),
-                "attack/tbi/chance": metric(0.2, 0.2, 0.2),
-                "attack/ldia/kl": metric(sum(kl) / 2, *kl),
-                "attack/ldia/uniform_kl": metric(0.5, 0.5, 0.5),
+                "attack/tbi/accuracy": metric(sum(tbi) / 2, *tbi, *_three_seeds(tbi)),
+                "attack/tbi/chance": metric(0.2, 0.2, 0.2, 0.2, 0.2, 0.2),
+                "attack/ldia/kl": metric(sum(kl) / 2, *kl, *_three_seeds(kl)),
+                "attack/ldia/uniform_kl": metric(0.5, 0.5, 0.5, 0.5, 0.5, 0.5),
             },
         )
         for defense, (acc, tbi, kl) in settings.items()
@@ -388,6 +388,12 @@ def _answer_matrix() -> dict[str, Any]:
         "utility": ["protocol/client_acc_mean"],
         "cells": cells,
     }
+
+
+def _three_seeds(interval: tuple[float, float]) -> tuple[float, float, float]:
+    """Per-seed values spread a quarter of the interval's width around its middle."""
+    middle, quarter = sum(interval) / 2, (interval[1] - interval[0]) / 4
+    return middle - quarter, middle, middle + quarter
 
 
 @pytest.fixture(scope="module")
@@ -419,11 +425,38 @@ def test_an_attack_no_setting_stops_is_said_so_and_one_within_its_baseline_does_
         if c["defense"] != "none":
             c["metrics"]["attack/tbi/accuracy"] = metric(0.5, 0.45, 0.55)
         else:
-            c["metrics"]["attack/ldia/kl"] = metric(0.45, 0.3, 0.6)  # holds the uniform guess: no leak
+            c["metrics"]["attack/ldia/kl"] = metric(0.45, 0.3, 0.6, 0.3, 0.45, 0.6)  # holds the uniform guess: no leak
     found = {a.attack: a for a in answers(matrix)}
     assert found["tbi"].leaks and found["tbi"].cheapest is None and found["tbi"].tried == 3
     assert not found["ldia"].leaks
     assert baseline_of(None, "attack/lira_distill/auc") == 0.5 and baseline_of(None, "attack/pli/ssim") is None
+
+
+def test_a_leak_is_the_per_seed_difference_from_that_seeds_baseline() -> None:
+    """LDIA's uniform guess differs by seed (the seed draws the clients' label mixes). KL 0.30 / 0.40 / 0.50 against
+    uniform guesses 0.35 / 0.45 / 0.55: below it by 0.05 at every seed, a leak, though the KL's own interval over the
+    seeds holds the guesses' mean; and with the guesses the other way round (0.25 / 0.35 / 0.45) it is above at every
+    seed, no leak."""
+    matrix = _answer_matrix()
+    none = next(c for c in matrix["cells"] if c["defense"] == "none")
+    none["metrics"]["attack/ldia/kl"] = metric(0.4, 0.15, 0.65, 0.30, 0.40, 0.50)
+    none["metrics"]["attack/ldia/uniform_kl"] = metric(0.45, 0.3, 0.6, 0.35, 0.45, 0.55)
+    ldia = next(a for a in answers(matrix) if a.attack == "ldia")
+    assert ldia.leaks and ldia.difference.mean == pytest.approx(-0.05) and ldia.difference.high == pytest.approx(-0.05)
+    none["metrics"]["attack/ldia/uniform_kl"] = metric(0.35, 0.2, 0.5, 0.25, 0.35, 0.45)
+    ldia = next(a for a in answers(matrix) if a.attack == "ldia")
+    assert not ldia.leaks and ldia.difference.mean == pytest.approx(0.05)
+
+
+def test_one_sentence_per_attack_names_the_cheapest_stopping_setting_and_its_cost(answer_page: str) -> None:
+    (tbi, ldia) = re.findall(r"<li>(.*?)</li>", section(answer_page, "ul", "class", "sentences"))
+    assert tbi.startswith("tbi leaks at 1 of 1 place(s) undefended (most at digits / fedmd: 0.5 against 0.2)")
+    assert "laplace_1" in tbi and "accuracy cost of 0.05" in tbi
+    assert ldia.startswith("ldia leaks at 1 of 1") and "topk_1" in ldia and "accuracy cost of 0.1" in ldia
+    matrix = _answer_matrix()
+    for c in matrix["cells"]:
+        c["metrics"]["attack/tbi/accuracy"] = metric(0.2, 0.1, 0.3, 0.1, 0.2, 0.3)
+    assert sentence("tbi", [a for a in answers(matrix) if a.attack == "tbi"]).startswith("tbi leaks at none of the 1 place(s)")
 
 
 def test_heatmap_colours_are_centred_on_the_baseline_and_a_cell_that_holds_it_is_marked(answer_page: str) -> None:

@@ -1,10 +1,12 @@
 """What the matrix page leads with: per attack and place (data, protocol), whether the undefended attack leaks beyond
 its baseline, and the defense setting that brings it to the baseline at the least cost in the clients' accuracy.
 
-An attack's headline metric leaks where its 95 % interval across the seeds lies wholly on the leaky side of its
-baseline (:data:`BASELINES`: chance for an accuracy or top-1, the uniform guess for LDIA's KL, 0.5 for an AUC, 1 % for
-the TPR at 1 % FPR). A defense setting reaches the baseline where its interval holds it or lies beyond it; its cost is
-the undefended clients' accuracy less the defended (the server's where the protocol has no client accuracy).
+An attack's headline metric leaks where the mean of its per-seed differences from its baseline (:data:`BASELINES`:
+chance for an accuracy or top-1, the seed's uniform guess for LDIA's KL, 0.5 for an AUC, 1 % for the TPR at 1 % FPR)
+has a 95 % t interval wholly on the leaky side of 0: the seeds are the independent unit, and a seed's baseline is
+compared with that seed's value. A defense setting reaches the baseline where its interval holds it or lies beyond it;
+its cost is the undefended clients' accuracy less the defended (the server's where the protocol has no client
+accuracy).
 """
 
 from __future__ import annotations
@@ -13,7 +15,8 @@ import html
 from dataclasses import dataclass
 from typing import Optional, Union
 
-from fdattack.tracking.matrix_cells import Shown, cells_by_place, lower_leaks, number, shown, utility_of
+from fdattack.functional.intervals import t_interval
+from fdattack.tracking.matrix_cells import Shown, cells_by_place, finite, lower_leaks, number, shown, utility_of
 
 #: headline metric -> its baseline: another metric of the same attack (its name), or a constant
 BASELINES: dict[str, Union[str, float]] = {
@@ -35,11 +38,31 @@ def baseline_of(cell: Optional[dict], metric: str) -> Optional[float]:
     return shown(cell, f"attack/{attack}/{base}").mean
 
 
-def leaks(value: Shown, baseline: float, metric: str) -> bool:
-    """Whether ``value``'s interval lies wholly on the leaky side of ``baseline`` (higher, or lower for a distance)."""
-    if value.low is None or value.high is None:
+def paired_difference(cell: Optional[dict], metric: str) -> Shown:
+    """The mean of ``cell``'s per-seed differences ``metric`` − its baseline and their t interval (a seed with either
+    value missing is left out; no interval under two seeds)."""
+    values = ((cell or {}).get("metrics") or {}).get(metric) or {}
+    seeds = values.get("values") or []
+    _, attack, name = metric.split("/", 2)
+    base = BASELINES.get(name)
+    if isinstance(base, str):
+        bases = (((cell or {}).get("metrics") or {}).get(f"attack/{attack}/{base}") or {}).get("values") or []
+    else:
+        bases = [base] * len(seeds)
+    differences = [v - b for v, b in zip(map(finite, seeds), map(finite, bases)) if v is not None and b is not None]
+    if not differences:
+        return Shown(word="–", reason=f"no seed recorded {metric} and its baseline")
+    low, high = t_interval(differences)
+    mean = sum(differences) / len(differences)
+    return Shown(mean, finite(low), finite(high)) if finite(low) is not None and finite(high) is not None else Shown(mean)
+
+
+def leaks(difference: Shown, metric: str) -> bool:
+    """Whether the paired ``difference`` from the baseline has its interval wholly on the leaky side of 0 (above it, or
+    below for a distance)."""
+    if difference.low is None or difference.high is None:
         return False
-    return value.high < baseline if lower_leaks(metric) else value.low > baseline
+    return difference.high < 0 if lower_leaks(metric) else difference.low > 0
 
 
 @dataclass(frozen=True)
@@ -61,6 +84,7 @@ class Answer:
     protocol: str
     value: Shown
     baseline: float
+    difference: Shown  # the per-seed differences from the baseline, paired by seed
     leaks: bool
     cheapest: Optional[Stop]
     tried: int  # defense settings measured at this place
@@ -95,7 +119,9 @@ def answers(matrix: dict) -> list[Answer]:
                         cost = None if before.mean is None or after.mean is None else before.mean - after.mean
                         stops.append(Stop(defense, defended, cost))
                 cheapest = min(stops, key=lambda s: float("inf") if s.cost is None else s.cost, default=None)
-                found.append(Answer(attack, metric, data, protocol, value, baseline, leaks(value, baseline, metric), cheapest, tried))
+                difference = paired_difference(base_cell, metric)
+                leaky = leaks(difference, metric)
+                found.append(Answer(attack, metric, data, protocol, value, baseline, difference, leaky, cheapest, tried))
     return found
 
 
@@ -121,15 +147,17 @@ def answer_html(matrix: dict) -> str:
             "data / protocol",
             "undefended [95 % interval]",
             "baseline",
+            "− baseline, paired by seed",
             "leaks",
             "cheapest defense that reaches the baseline",
         )
     )
     return (
         "<section id='answer'><h2>Where each attack leaks, and what stops it</h2><p class='note'>Undefended: the mean over the "
-        "seeds and its 95 % interval; it leaks where the interval lies wholly beyond the baseline (chance, the uniform guess, "
-        "an AUC of 0.5). A defense setting reaches the baseline where its interval holds it; its cost is the clients' "
-        f"accuracy it takes.</p><div class='scroll'><table class='answer'><tr>{head}</tr>{body}</table></div></section>"
+        "seeds and its 95 % interval; it leaks where the mean of its per-seed differences from the baseline (chance, the "
+        "seed's uniform guess, an AUC of 0.5) has a 95 % t interval wholly beyond 0. A defense setting reaches the baseline "
+        "where its interval holds it; its cost is the clients' accuracy it takes.</p>"
+        f"{sentences_html(rows)}<div class='scroll'><table class='answer'><tr>{head}</tr>{body}</table></div></section>"
     )
 
 
@@ -145,6 +173,47 @@ def _row(a: Answer) -> list[str]:
         html.escape(f"{a.data} / {a.protocol}"),
         html.escape(a.value.text()),
         html.escape(number(a.baseline)),
+        html.escape(a.difference.text()),
         "yes" if a.leaks else "no",
         html.escape(stop),
     ]
+
+
+def sentence(attack: str, rows: list[Answer]) -> str:
+    """One sentence on ``attack``: at how many places it leaks undefended and where most, and the cheapest defense
+    setting that brings it to its baseline at a leaking place, with its cost; or that it leaks nowhere here."""
+    leaking = [a for a in rows if a.leaks]
+    most = max(leaking or rows, key=_leak_size)
+    where = f"{most.data} / {most.protocol}: {number(most.value.mean)} against {number(most.baseline)}"
+    if not leaking:
+        return (
+            f"{attack} leaks at none of the {len(rows)} place(s) it was measured undefended (nearest to it {where}, "
+            f"{most.difference.text()} from the baseline, paired by seed)."
+        )
+    told = f"{attack} leaks at {len(leaking)} of {len(rows)} place(s) undefended (most at {where})"
+    stopped = [a for a in leaking if a.cheapest is not None]
+    if not stopped:
+        return f"{told}; no defense setting measured there brings it to its baseline."
+    best = min(stopped, key=lambda a: float("inf") if a.cheapest is None or a.cheapest.cost is None else a.cheapest.cost)
+    stop = best.cheapest
+    assert stop is not None
+    cost = "an unknown accuracy cost" if stop.cost is None else f"an accuracy cost of {number(stop.cost)}"
+    unstopped = len(leaking) - len(stopped)
+    rest = f"; at {unstopped} leaking place(s) no setting does" if unstopped else ""
+    at = f"{best.data} / {best.protocol} ({stop.value.text()}, {cost})"
+    return f"{told}; the cheapest setting that brings it to its baseline is {stop.defense} at {at}{rest}."
+
+
+def _leak_size(a: Answer) -> float:
+    """How far ``a`` lies beyond its baseline on the leaky side (negative where it falls short of it)."""
+    size = a.difference.mean if a.difference.mean is not None else float("-inf")
+    return -size if lower_leaks(a.metric) else size
+
+
+def sentences_html(rows: list[Answer]) -> str:
+    """One sentence per attack, as a list."""
+    by_attack: dict[str, list[Answer]] = {}
+    for a in rows:
+        by_attack.setdefault(a.attack, []).append(a)
+    items = "".join(f"<li>{html.escape(sentence(attack, found))}</li>" for attack, found in by_attack.items())
+    return f"<ul class='sentences'>{items}</ul>"
