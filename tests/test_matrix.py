@@ -119,6 +119,11 @@ def test_one_simulation_per_cell_and_seed_and_every_applicable_attack_on_it(tiny
         assert replica["attacks"] == ["public_mean", "ldia"] and replica["seed"] == 0
         assert replica["cache_dir"] == str(root / "cache")  # one cache of cell-free networks for the whole matrix
     assert (root / "digits/fedmd/laplace/seed_0/config.yaml").read_text().count("laplace") >= 1
+    images = matrix["cells"][0]["images"]  # the last round's reconstructions of each seed, for the page to show
+    assert list(images) == ["public_mean"] and images["public_mean"] == [
+        f"digits/fedmd/none/seed_{s}/images/attack_public_mean_reconstructions_round_0001.png" for s in (0, 1)
+    ]
+    assert all((root / p).is_file() for p in images["public_mean"])
     assert matrix["headline"]["ldia"][0] == "attack/ldia/kl" and "protocol/client_acc_mean" in matrix["utility"]
     page = (root / "page" / "index.html").read_text()
     assert page.count("heatmap__digits__attack-ldia-kl.png") == 1 and (root / "page/plots/heatmap__digits__attack-ldia-kl.png").is_file()

@@ -459,6 +459,23 @@ def test_one_sentence_per_attack_names_the_cheapest_stopping_setting_and_its_cos
     assert sentence("tbi", [a for a in answers(matrix) if a.attack == "tbi"]).startswith("tbi leaks at none of the 1 place(s)")
 
 
+def test_the_images_of_each_leak_are_shown_beside_its_score(tmp_path: Path) -> None:
+    """TBI leaks undefended and its cell saved images: the page copies the first seed's and captions it with the score;
+    LDIA leaks too but saved none, and a cell whose image went missing shows nothing rather than a broken link."""
+    matrix = _answer_matrix()
+    none = next(c for c in matrix["cells"] if c["defense"] == "none")
+    saved = "digits/fedmd/none/seed_0/images/attack_tbi_reconstructions_round_0002.png"
+    none["images"] = {"tbi": [saved, saved.replace("seed_0", "seed_1")]}
+    (tmp_path / saved).parent.mkdir(parents=True)
+    (tmp_path / saved).write_bytes(b"\x89PNG tbi")
+    page = write_matrix_page(matrix, tmp_path / "page", images_from=tmp_path)
+    (figure,) = re.findall(r"<div class='gallery'>(.*?)</div>", page.read_text(), flags=re.DOTALL)
+    assert figure.count("<figure>") == 1 and "tbi, digits / fedmd, seed 0: 0.5 [0.4, 0.6] against 0.2" in figure
+    assert (tmp_path / "page" / "plots" / "answer__tbi__digits__fedmd.png").read_bytes() == b"\x89PNG tbi"
+    (tmp_path / saved).unlink()
+    assert "class='gallery'" not in write_matrix_page(matrix, tmp_path / "page", images_from=tmp_path).read_text()
+
+
 def test_heatmap_colours_are_centred_on_the_baseline_and_a_cell_that_holds_it_is_marked(answer_page: str) -> None:
     """Chance 0.2 with cells at 0.5 and 0.0: the scale runs 0.2 ± 0.3, so 0.2 is the centre (white) and 0.5 and -0.1 the
     ends; without a baseline, rates keep [0, 1]. A cell whose interval holds the baseline says so; the caption names it."""

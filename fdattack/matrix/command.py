@@ -22,6 +22,7 @@ from fdattack.matrix.run import (
     Unit,
     cell_config,
     is_done,
+    last_images,
     named_simulation,
     read_final,
     replica_folder,
@@ -63,7 +64,7 @@ def collect(spec: MatrixSpec, cells: list[Cell], root: Path, failures: dict[str,
             cfg = cell_config(spec, cell, root)
             finals = [read_final(cfg, root, u, spec.name) for u in units]
             aggregate = write_aggregate(cfg, cell_folder(root, cell), list(spec.seeds), finals)
-            results.append(CellResult(cell, "done", None, list(spec.seeds), finals, aggregate))
+            results.append(CellResult(cell, "done", None, list(spec.seeds), finals, aggregate, last_images(root, units, cell.attacks)))
     return results
 
 
@@ -191,7 +192,7 @@ def main(path: Path, root: Path | None, jobs: int, cell: str | None, list_only: 
     results = collect(spec, cells, root, failures)
     changed = write_outputs(root, spec, results)
     matrix = to_json(spec, results)
-    write_matrix_page(matrix, root / "page")
+    write_matrix_page(matrix, root / "page", images_from=root)
     if stopped is not None:
         raise stopped
     if changed:  # one W&B summary run per new state of the matrix, not one per call

@@ -46,6 +46,7 @@ class CellResult:
     seeds: list[int] = field(default_factory=list)
     per_seed: list[dict[str, float]] = field(default_factory=list)
     aggregate: dict[str, float] = field(default_factory=dict)
+    images: dict[str, list[str]] = field(default_factory=dict)  # attack -> its last image per seed, relative to the root
 
     def metric(self, key: str) -> dict[str, Any] | None:
         """``{"mean", "ci_low", "ci_high", "seed_std", "values"}`` of ``key``, or None where no seed recorded it."""
@@ -105,6 +106,7 @@ def to_json(spec: MatrixSpec, results: list[CellResult]) -> dict[str, Any]:
                 "not_applicable": r.cell.not_applicable,
                 "seeds": r.seeds,
                 "metrics": {key: r.metric(key) for key in r.metric_keys()},
+                "images": r.images,
             }
             for r in results
         ],

@@ -76,6 +76,26 @@ def replica_folder(root: Path, unit: Unit) -> Path:
     return cell_folder(root, unit.cell) / f"{REPLICA_PREFIX}{unit.seed}"
 
 
+#: the kinds of image a run saves of an attack's results that a reader can check a score against
+IMAGE_KINDS = ("reconstructions", "inversions")
+
+
+def last_images(root: Path, units: list[Unit], attacks: tuple[str, ...]) -> dict[str, list[str]]:
+    """Per attack that saved any, the last round's image of its reconstructions or inversions at each seed that has
+    one (paths relative to ``root``, in the units' order)."""
+    found: dict[str, list[str]] = {}
+    for attack in attacks:
+        paths = []
+        for unit in units:
+            folder = replica_folder(root, unit) / "images"
+            saved = sorted(p for kind in IMAGE_KINDS for p in folder.glob(f"attack_{attack}_{kind}_round_*.png"))
+            if saved:
+                paths.append(saved[-1].relative_to(root).as_posix())
+        if paths:
+            found[attack] = paths
+    return found
+
+
 def is_done(root: Path, unit: Unit) -> bool:
     """Whether the simulation finished (its ``metrics.json`` exists); that it was made with this config is checked before
     anything runs (:func:`stale_reason`) and again when it is read (:func:`read_final`)."""

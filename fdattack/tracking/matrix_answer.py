@@ -12,12 +12,16 @@ accuracy).
 from __future__ import annotations
 
 import html
+import shutil
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Optional, Union
 
 from fdattack.functional.intervals import t_interval
 from fdattack.tracking.matrix_cells import Shown, cells_by_place, finite, lower_leaks, number, shown, utility_of
 
+#: the names of the answer's copies of the cells' images in the page's ``plots/``
+IMAGE_PREFIX = "answer__"
 #: headline metric -> its baseline: another metric of the same attack (its name), or a constant
 BASELINES: dict[str, Union[str, float]] = {
     "accuracy": "chance",
@@ -133,8 +137,10 @@ def _reaches(value: Shown, baseline: float, metric: str) -> bool:
     return value.high >= baseline if lower_leaks(metric) else value.low <= baseline
 
 
-def answer_html(matrix: dict) -> str:
-    """The table the page leads with (empty without an undefended setting or a metric with a baseline)."""
+def answer_html(matrix: dict, out: Path | None = None, images_from: Path | None = None) -> str:
+    """The table the page leads with (empty without an undefended setting or a metric with a baseline); beside a
+    reconstruction attack's number, the undefended cell's images of its first seed's last round, copied from
+    ``images_from`` (the matrix's root) into ``out/plots``."""
     rows = answers(matrix)
     if not rows:
         return ""
@@ -157,7 +163,40 @@ def answer_html(matrix: dict) -> str:
         "seeds and its 95 % interval; it leaks where the mean of its per-seed differences from the baseline (chance, the "
         "seed's uniform guess, an AUC of 0.5) has a 95 % t interval wholly beyond 0. A defense setting reaches the baseline "
         "where its interval holds it; its cost is the clients' accuracy it takes.</p>"
-        f"{sentences_html(rows)}<div class='scroll'><table class='answer'><tr>{head}</tr>{body}</table></div></section>"
+        f"{sentences_html(rows)}<div class='scroll'><table class='answer'><tr>{head}</tr>{body}</table></div>"
+        f"{gallery_html(matrix, rows, out, images_from)}</section>"
+    )
+
+
+def gallery_html(matrix: dict, rows: list[Answer], out: Path | None, images_from: Path | None) -> str:
+    """Beside the numbers, what they score: for each place a reconstruction attack leaks undefended, the images of its
+    first seed's last round (copied from ``images_from``, the matrix's root, into ``out/plots``), captioned with the
+    score; nothing where the matrix saved none."""
+    cells = cells_by_place(matrix)
+    figures = [_figure(a, cells.get((a.data, a.protocol, matrix["undefended"])), out, images_from) for a in rows if a.leaks]
+    shown = [f for f in figures if f]
+    if not shown:
+        return ""
+    return (
+        "<h3>What the leaks look like</h3><p class='note'>Each attack's reconstructions where it leaks undefended, at the "
+        "cell's first seed and last round, in the run's own layout (a row per target: the reconstruction, then what the "
+        "run draws beside it, such as the target's private and public means). Click for full size.</p>"
+        f"<div class='gallery'>{''.join(shown)}</div>"
+    )
+
+
+def _figure(a: Answer, cell: Optional[dict], out: Path | None, images_from: Path | None) -> str:
+    """The ``<figure>`` of ``a``'s undefended images (copied into ``out/plots``), or nothing."""
+    saved = ((cell or {}).get("images") or {}).get(a.attack) or []
+    if out is None or images_from is None or not saved or not (images_from / saved[0]).is_file():
+        return ""
+    name = f"{IMAGE_PREFIX}{a.attack}__{a.data}__{a.protocol}.png"
+    shutil.copyfile(images_from / saved[0], out / "plots" / name)
+    seed = ((cell or {}).get("seeds") or ["?"])[0]
+    caption = f"{a.attack}, {a.data} / {a.protocol}, seed {seed}: {a.value.text()} against {number(a.baseline)}"
+    return (
+        f"<figure><a href='plots/{name}'><img src='plots/{name}' alt='{html.escape(saved[0])}'></a>"
+        f"<figcaption>{html.escape(caption)}</figcaption></figure>"
     )
 
 

@@ -39,6 +39,8 @@ td.off{background:repeating-linear-gradient(45deg,#eee,#eee 4px,#ddd 4px,#ddd 8p
 .ci{color:#666;font-size:12px} .note{font-size:13px;color:#555}
 figure{margin:0 0 .5em} figure img{max-width:100%;height:auto} figcaption{font-size:14px;color:#444;margin-bottom:4px}
 .legend{background:#f8f8f8;border:1px solid #ddd;padding:6px 12px;max-width:60em}
+div.gallery{display:flex;flex-wrap:wrap;gap:12px;align-items:flex-start} div.gallery figure{max-width:200px}
+div.gallery img{max-height:480px;width:auto;image-rendering:pixelated} div.gallery figcaption{font-size:12px} ul.sentences{max-width:70em}
 @media (max-width:900px){body{margin:12px}}
 """
 )
@@ -386,15 +388,16 @@ def comparisons_html(matrix: dict) -> str:
     return f"{head}<table><tr>{header}</tr>{cells}</table>"
 
 
-def render(matrix: dict, out: Path) -> None:
-    """Write ``index.html`` and ``plots/`` of ``matrix`` into the folder ``out``."""
+def render(matrix: dict, out: Path, images_from: Path | None = None) -> None:
+    """Write ``index.html`` and ``plots/`` of ``matrix`` into the folder ``out`` (the cells' images, where
+    ``images_from`` holds them, copied beside the answer)."""
     (out / "plots").mkdir()
     page = [
         "<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'>",
         f"<title>{html.escape(str(matrix.get('name', '')))} · leakage matrix</title>",
         f"<meta name='viewport' content='width=device-width, initial-scale=1'><style>{STYLE}</style></head><body>",
         header_html(matrix),
-        answer_html(matrix),
+        answer_html(matrix, out, images_from),
         comparisons_html(matrix),
         *(data_html(matrix, data, out) for data in matrix["axes"]["data"]),
         not_run_html(matrix),
@@ -435,7 +438,7 @@ def matrix_rows(matrix: dict) -> list[list[Any]]:
     return rows
 
 
-def write_matrix_page(matrix: dict, out: Path) -> Path:
+def write_matrix_page(matrix: dict, out: Path, images_from: Path | None = None) -> Path:
     """Write ``out/index.html`` and its PNGs in ``out/plots/`` (replacing an earlier page's); returns the page's path.
 
     The page is built in a temporary folder and installed once whole, so a failure leaves ``out`` as it was.
@@ -443,9 +446,10 @@ def write_matrix_page(matrix: dict, out: Path) -> Path:
     Args:
         matrix: the content of ``matrix.json``.
         out: the page's folder (created where missing).
+        images_from: the matrix's root, where the cells' ``images`` are (None: the page shows none).
 
     Raises:
         ConfigError: ``out`` cannot take the page (a file in the way, not writable).
     """
     check_out(out, WRITTEN, "page folder")
-    return write_staged(out, lambda staging: render(matrix, staging), WRITTEN, "page folder", replace=True)
+    return write_staged(out, lambda staging: render(matrix, staging, images_from), WRITTEN, "page folder", replace=True)
