@@ -89,6 +89,18 @@ def test_skip_leaves_cells_out_with_the_pattern_as_reason(tmp_path: Path) -> Non
     assert cells["digits/dsfl/none"].runs and cells["digits/fedmd/laplace"].runs
 
 
+def test_a_four_part_skip_leaves_an_attack_out_of_the_cells_it_matches(tmp_path: Path) -> None:
+    """``data/protocol/defense/attack``: the attack is n/a there with the pattern; the cell runs its other attacks."""
+    cells = {c.id: c for c in plan_cells(load_matrix(matrix_file(tmp_path, skip=["digits/fedmd/*/ld*"])))}
+    for defense in ("none", "laplace"):
+        fedmd = cells[f"digits/fedmd/{defense}"]
+        assert fedmd.attacks == ("public_mean",) and fedmd.not_applicable == {"ldia": "skipped by the matrix file (digits/fedmd/*/ld*)"}
+        assert "attacks=[public_mean]" in fedmd.overrides
+    assert cells["digits/dsfl/none"].attacks == ("public_mean", "ldia")
+    only = {c.id: c for c in plan_cells(load_matrix(matrix_file(tmp_path, skip=["*/*/none/*"])))}
+    assert not only["digits/fedmd/none"].runs and only["digits/fedmd/none"].reason == "none of the matrix's attacks applies"
+
+
 # -------------------------------------------------------------------------------------------- end to end
 @pytest.fixture(scope="module")
 def tiny_matrix(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
@@ -239,6 +251,7 @@ BAD_MATRICES = [
     ({"protocols": {"fedmd": "protocol=fedmd"}}, "protocols.fedmd must be a list of key=value"),
     ({"data": {"digits": ["data.split=sideways"]}}, "cell digits/fedmd/none: "),
     ({"skip": ["fedmd/*"]}, "skip must be a list of data/protocol/defense patterns"),
+    ({"skip": ["digits/*/*/lira"]}, "'lira' matches none of attacks (public_mean, ldia)"),
     ({"protocols": {}}, "protocols must map at least one setting"),
     ({"defenses": {"lap": {"overrides": ["defenses=[laplace]"]}}}, "a curve has exactly the keys overrides and strengths"),
     ({"defenses": {"lap": {"overrides": [], "strengths": {"a": [1, 2], "b": [1, 2]}}}}, "strengths must map one config key"),

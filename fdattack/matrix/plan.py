@@ -75,7 +75,12 @@ def plan_cell(spec: MatrixSpec, data: str, protocol: str, defense: str) -> Cell:
         blocked = next((r for r in (unmet_needs(cfg, "defenses", str(d)) for d in cfg.defenses) if r), None)
         if blocked:
             return Cell(data, protocol, defense, reason=blocked, experiment=experiment)
-        not_applicable = {name: reason for name in spec.attacks if (reason := unmet_needs(cfg, "attacks", name))}
+        not_applicable = {
+            name: f"skipped by the matrix file ({p})" for name in spec.attacks if (p := spec.skipped(data, protocol, defense, name))
+        }
+        not_applicable |= {
+            name: reason for name in spec.attacks if name not in not_applicable and (reason := unmet_needs(cfg, "attacks", name))
+        }
         attacks = tuple(name for name in spec.attacks if name not in not_applicable)
         if not attacks:
             reason = "none of the matrix's attacks applies"

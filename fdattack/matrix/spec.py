@@ -15,7 +15,8 @@
         overrides: ["defenses=[topk]"]
         strengths: {defense.topk.k: [1, 3]}
     attacks:   [pli, tbi, ldia, lira_distill]
-    skip: [mnist/dsfl/*]         # cells not to run: data/protocol/defense, each part a shell pattern
+    skip: [mnist/dsfl/*, "att_faces/*/*/lira_*"]   # cells not to run (data/protocol/defense), or attacks left out of
+                                                   # cells (data/protocol/defense/attack); each part a shell pattern
 
 Each axis maps a setting's name (it names folders and table rows) to the overrides that make it, the tokens of
 ``fdattack run``; an ``experiment=PATH`` token among them sets the experiment file the cell starts from. A defense
@@ -75,10 +76,18 @@ class MatrixSpec:
     skip: tuple[str, ...] = ()
     curves: dict[str, Curve] = field(default_factory=dict)
 
-    def skipped(self, data: str, protocol: str, defense: str) -> str | None:
-        """The ``skip`` pattern that leaves out this cell, or None."""
-        parts = (data, protocol, defense)
-        return next((p for p in self.skip if all(fnmatch.fnmatchcase(n, q) for n, q in zip(parts, p.split("/")))), None)
+    def skipped(self, data: str, protocol: str, defense: str, attack: str | None = None) -> str | None:
+        """The ``skip`` pattern that leaves out this cell (a three-part pattern), or, given an ``attack``, this attack in
+        it (a four-part one); None where none does."""
+        parts = (data, protocol, defense) if attack is None else (data, protocol, defense, attack)
+        return next(
+            (
+                p
+                for p in self.skip
+                if p.count("/") == len(parts) - 1 and all(fnmatch.fnmatchcase(n, q) for n, q in zip(parts, p.split("/")))
+            ),
+            None,
+        )
 
 
 #: keys the matrix sets itself (the seeds from ``seeds:``, the folders from ``--root``): an override of them is refused
@@ -169,20 +178,24 @@ def _attacks(path: Path, value: Any) -> tuple[str, ...]:
     return tuple(value)
 
 
-def _skip(path: Path, value: Any, axes: list[dict[str, tuple[str, ...]]]) -> tuple[str, ...]:
-    """The ``skip`` patterns, each of which must leave out at least one cell of the product (a typo or an unclosed ``[``
-    would otherwise leave out nothing, silently)."""
+def _skip(path: Path, value: Any, axes: list[dict[str, tuple[str, ...]]], attacks: tuple[str, ...]) -> tuple[str, ...]:
+    """The ``skip`` patterns, each of which must leave out at least one cell (or attack) of the product (a typo or an
+    unclosed ``[`` would otherwise leave out nothing, silently)."""
     if value is None:
         return ()
-    if not isinstance(value, list) or not all(isinstance(p, str) and p.count("/") == 2 for p in value):
-        raise ConfigError(f"{path}: skip must be a list of data/protocol/defense patterns (e.g. mnist/fedavg/*), got {quote(repr(value))}")
+    if not isinstance(value, list) or not all(isinstance(p, str) and p.count("/") in (2, 3) for p in value):
+        raise ConfigError(
+            f"{path}: skip must be a list of data/protocol/defense patterns (e.g. mnist/fedavg/*), or data/protocol/defense/attack "
+            f"patterns (e.g. att_faces/*/*/lira_*), got {quote(repr(value))}"
+        )
+    names = [*axes, {attack: () for attack in attacks}]
     for pattern in value:
-        parts = zip(AXES, axes, pattern.split("/"))
+        parts = zip((*AXES, "attacks"), names, pattern.split("/"))
         unmatched = [(key, part) for key, axis, part in parts if not any(fnmatch.fnmatchcase(n, part) for n in axis)]
         if unmatched:
             key, part = unmatched[0]
-            names = ", ".join(axes[AXES.index(key)])
-            raise ConfigError(f"{path}: skip: {pattern!r} leaves out no cell: {part!r} matches none of {key} ({names})")
+            listed = ", ".join(names[(*AXES, "attacks").index(key)])
+            raise ConfigError(f"{path}: skip: {pattern!r} leaves out nothing: {part!r} matches none of {key} ({listed})")
     return tuple(value)
 
 
@@ -216,6 +229,7 @@ def load_matrix(path: Path) -> MatrixSpec:
         load_named_plugins(experiment or None, list(overrides))
     except ConfigError as err:
         raise ConfigError(f"{path}: {err}") from None
+    attacks = _attacks(path, raw["attacks"])
     return MatrixSpec(
         name=name,
         experiment=Path(experiment) if experiment else None,
@@ -224,8 +238,8 @@ def load_matrix(path: Path) -> MatrixSpec:
         data=data,
         protocols=protocols,
         defenses=defenses,
-        attacks=_attacks(path, raw["attacks"]),
+        attacks=attacks,
         source=path,
-        skip=_skip(path, raw.get("skip"), [data, protocols, defenses]),
+        skip=_skip(path, raw.get("skip"), [data, protocols, defenses], attacks),
         curves=curves,
     )
