@@ -11,10 +11,17 @@ user ran one ``fdattack run`` per attack, each simulating the same protocol agai
 
 and prints the totals, the ratio of the per-attack wall time to the shared one at the same parallelism, and per cell the
 summed seconds of its per-attack runs.
+
+``--levers cache`` times instead what the matrix's cache of cell-free networks saves (``cache_dir``: PLI's learned
+prior, the WGAN-GP prior, the evaluation classifiers, trained once per data setting and seed): the shared matrix on a
+fresh root with its cache against the same without one (``cache_dir=null``), side by side, ``--repeats`` times in
+alternation, and prints the median wall time of each, their ratio, and per data setting (a cell kind) the median of the
+simulations' summed seconds.
 Every process inherits this shell's thread settings; run it on an otherwise idle machine and note the machine.
 
-Usage: ``python benchmarks/bench_matrix.py [MATRIX.yaml] [--seed 0] [--jobs 1 2] [--per-attack-jobs 1] [--cells PATTERN ...]``
-(``--cells`` keeps the cells whose ``data/protocol/defense`` matches one of the shell patterns, for a quick look).
+Usage: ``python benchmarks/bench_matrix.py [MATRIX.yaml] [--seed 0] [--jobs 1 2] [--per-attack-jobs 1] [--cells PATTERN ...]
+[--levers cache] [--repeats 1]`` (``--cells`` keeps the cells whose ``data/protocol/defense`` matches one of the shell
+patterns, for a quick look).
 """
 
 from __future__ import annotations
@@ -22,6 +29,8 @@ from __future__ import annotations
 import argparse
 import fnmatch
 import os
+import re
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -38,14 +47,16 @@ from fdattack.matrix.plan import Cell, plan_cells  # noqa: E402
 from fdattack.matrix.spec import load_matrix  # noqa: E402
 
 
-def one_seed_matrix(path: Path, seed: int, keep: list[str], out: Path) -> Path:
-    """A copy of the matrix file at one seed whose cells outside ``keep`` (patterns) are skipped."""
+def one_seed_matrix(path: Path, seed: int, keep: list[str], out: Path, extra: tuple[str, ...] = (), name: str = "") -> Path:
+    """A copy of the matrix file at one seed whose cells outside ``keep`` (patterns) are skipped, with ``extra``
+    overrides for every cell, written as ``out/<name or the file's name>``."""
     raw = yaml.safe_load(path.read_text())
     raw["seeds"] = [seed]
+    raw["overrides"] = [*(raw.get("overrides") or []), *extra]
     if keep:
         names = [(d, p, f) for d in raw["data"] for p in raw["protocols"] for f in raw["defenses"]]
         raw["skip"] = [*raw.get("skip", []), *("/".join(n) for n in names if not any(fnmatch.fnmatchcase("/".join(n), k) for k in keep))]
-    copy = out / path.name
+    copy = out / (name or path.name)
     copy.write_text(yaml.safe_dump(raw, sort_keys=False))
     return copy
 
@@ -59,6 +70,47 @@ def timed(command: list[str], threads: int | None = None) -> float:
     if done.returncode != 0:
         sys.exit(f"failed ({done.returncode}): {' '.join(command)}\n" + "\n".join(done.stderr.splitlines()[-5:]))
     return time.perf_counter() - start
+
+
+#: a simulation's line in ``fdattack matrix``'s output
+UNIT_LINE = re.compile(r"^\[\d+/\d+\] (\S+): done \((\d+) s\)$")
+
+
+def matrix_run(path: Path, root: Path, jobs: int) -> tuple[float, dict[str, float]]:
+    """Wall seconds of ``fdattack matrix path --root root --jobs jobs``, and each simulation's seconds by its id."""
+    start = time.perf_counter()
+    command = [sys.executable, "-m", "fdattack", "matrix", str(path), "--root", str(root), "--jobs", str(jobs)]
+    done = subprocess.run(command, capture_output=True, text=True, cwd=REPO)
+    if done.returncode != 0:
+        sys.exit(f"failed ({done.returncode}): {' '.join(command)}\n" + "\n".join(done.stderr.splitlines()[-5:]))
+    wall = time.perf_counter() - start
+    return wall, {m.group(1): float(m.group(2)) for m in map(UNIT_LINE.match, done.stdout.splitlines()) if m}
+
+
+def cache_lever(path: Path, seed: int, keep: list[str], out: Path, jobs: int, repeats: int) -> None:
+    """The matrix with its cache against without, ``repeats`` times in alternation on fresh roots: the table of
+    :func:`main`'s ``--levers cache``."""
+    arms = {
+        "with the cache": one_seed_matrix(path, seed, keep, out, name="cached.yaml"),
+        "without (cache_dir=null)": one_seed_matrix(path, seed, keep, out, ("cache_dir=null",), name="uncached.yaml"),
+    }
+    walls: dict[str, list[float]] = {arm: [] for arm in arms}
+    kinds: dict[str, dict[str, list[float]]] = {arm: {} for arm in arms}
+    for repeat in range(repeats):
+        for arm, file in arms.items():
+            wall, units = matrix_run(file, out / f"{file.stem}_{repeat}", jobs)
+            walls[arm].append(wall)
+            for kind in {u.split("/")[0] for u in units}:
+                kinds[arm].setdefault(kind, []).append(sum(s for u, s in units.items() if u.split("/")[0] == kind))
+            print(f"  {arm}, repeat {repeat + 1}: {wall:.0f} s", file=sys.stderr, flush=True)
+    (cached, plain), median = arms, statistics.median
+    print(f"{path.name} at seed {seed}, --jobs {jobs}, median of {repeats}: the cache of cell-free networks")
+    print(f"{'':<28} {'with the cache s':>17} {'without s':>10} {'without / with':>15}")
+    a, b = median(walls[cached]), median(walls[plain])
+    print(f"{'wall time':<28} {a:>17.0f} {b:>10.0f} {b / a:>15.2f}")
+    for kind in sorted(kinds[plain]):
+        a, b = median(kinds[cached].get(kind, [float("nan")])), median(kinds[plain][kind])
+        print(f"{kind + ' (summed sims)':<28} {a:>17.0f} {b:>10.0f} {b / a:>15.2f}")
 
 
 def per_attack_commands(cell: Cell, seed: int, out: Path) -> list[tuple[str, list[str]]]:
@@ -111,7 +163,13 @@ def main() -> None:
     parser.add_argument("--jobs", type=int, nargs="*", default=[1, 2], help="time the shared matrix at each (none: skip it)")
     parser.add_argument("--per-attack-jobs", type=int, default=1, help="per-attack runs at once (0: skip that arm)")
     parser.add_argument("--cells", nargs="*", default=[], help="shell patterns of data/protocol/defense to keep")
+    parser.add_argument("--levers", choices=["cache"], help="time a lever instead: cache (with and without cache_dir)")
+    parser.add_argument("--repeats", type=int, default=1, help="--levers: runs of each arm, in alternation (the median is shown)")
     args = parser.parse_args()
+    if args.levers == "cache":
+        with tempfile.TemporaryDirectory() as tmp:
+            cache_lever(Path(args.matrix), args.seed, args.cells, Path(tmp), max(args.jobs or [1]), args.repeats)
+        return
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp)
         path = one_seed_matrix(Path(args.matrix), args.seed, args.cells, out)
