@@ -315,18 +315,20 @@ def test_the_w_and_b_summary_run_is_logged_once_per_new_state_of_the_matrix(tmp_
     assert sorted((root / "wandb").glob("offline-run-*")) == summaries
 
 
-@pytest.mark.parametrize("preset", ["small", "paper"])
+@pytest.mark.parametrize("preset", ["small", "gpu", "paper"])
 def test_the_presets_read_and_name_what_exists(preset: str) -> None:
-    """Both presets parse; every experiment file they name exists; small runs every attack, 3 seeds, at least the
-    defenses the issue names (LabelAvg as a protocol row)."""
+    """The presets parse; every experiment file they name exists; small and gpu run every attack, 3 seeds, each defense
+    as a curve of several strengths (LabelAvg as a protocol row)."""
     spec = load_matrix(REPO / "conf" / "matrix" / f"{preset}.yaml")
     tokens = [t for axis in (spec.data, spec.protocols, spec.defenses) for overrides in axis.values() for t in overrides]
     for token in tokens:
         if token.startswith("experiment="):
             assert (REPO / token.partition("=")[2]).is_file(), token
     assert spec.seeds == (0, 1, 2)
-    if preset == "small":
+    if preset in ("small", "gpu"):
         from fdattack.attacks.base import ATTACKS
 
         assert set(spec.attacks) == set(ATTACKS.names())
-        assert {"none", "laplace_b1", "topk_1", "dpsgd_s1", "mid"} <= set(spec.defenses) and "labelavg" in spec.protocols
+        curves = {name: len(curve.settings) for name, curve in spec.curves.items()}
+        assert set(curves) == {"laplace", "topk", "dpsgd", "mid"} and min(curves.values()) >= 2
+        assert "labelavg" in spec.protocols
