@@ -40,6 +40,7 @@ from pathlib import Path
 
 from fdattack.functional.comparisons import Difference, holm_adjusted, paired_difference
 from fdattack.matrix.comparisons import comparisons_summary
+from fdattack.tracking.matrix_answer import answers, sentence
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -233,12 +234,44 @@ EXTERNAL = {"evasion": _evasion, "matrix": _matrix}
 #: the matrix's tables in docs/matrix.md: (metric, title)
 MATRIX_TABLES = [
     ("attack/pli/accuracy", "PLI accuracy (chance 0.05)"),
+    ("attack/tbi/accuracy", "TBI accuracy (chance 0.05)"),
+    ("attack/ldia/kl", "LDIA KL (lower leaks more; the uniform guess is in the answer table)"),
     ("attack/lira_distill/auc", "distillation LiRA AUC (chance 0.5)"),
-    ("attack/ldia/kl", "LDIA KL (lower leaks more)"),
-    ("attack/lattack/grad_cosine", "L-Attack gradient-estimate cosine"),
+    ("attack/rmia_distill/auc", "distillation RMIA AUC (chance 0.5)"),
+    ("attack/lira_coop/auc", "co-op LiRA AUC (chance 0.5)"),
+    ("attack/rmia_coop/auc", "co-op RMIA AUC (chance 0.5)"),
+    ("attack/lattack/top1", "L-Attack top-1 (chance 0.1)"),
+    ("attack/gmi/top1", "GMI top-1 (chance 0.2)"),
     ("attack/kedmi/top1", "KED-MI top-1 (chance 0.2)"),
-    ("protocol/client_acc_mean", "client accuracy (every cell)"),
+    ("attack/vmi/top1", "VMI top-1 (chance 0.2)"),
+    ("protocol/client_acc_mean", "client accuracy (distillation cells)"),
+    ("protocol/server_acc", "server accuracy (FedAvg's global model)"),
 ]
+
+
+def answer_table(matrix: dict) -> str:
+    """docs/matrix.md's answer: one sentence per attack, then per attack and place its undefended value, baseline, the
+    paired per-seed difference, whether it leaks, and the cheapest defense setting that reaches the baseline."""
+    rows = answers(matrix)
+    by_attack: dict[str, list] = {}
+    for a in rows:
+        by_attack.setdefault(a.attack, []).append(a)
+    out = [f"- {sentence(attack, found)}" for attack, found in by_attack.items()]
+    out += [
+        "",
+        "| attack | data / protocol | undefended | baseline | − baseline, paired by seed | leaks | cheapest setting that stops it |",
+    ]
+    out.append("|---|---|---|---|---|---|---|")
+    for a in rows:
+        stop = "none measured" if not a.tried else f"none of {a.tried}"
+        if a.cheapest is not None:
+            cost = "?" if a.cheapest.cost is None else f"{a.cheapest.cost:+.3g}"
+            stop = f"{a.cheapest.defense}: {a.cheapest.value.text()} (accuracy cost {cost})"
+        leak = "**yes**" if a.leaks else "no"
+        out.append(
+            f"| {a.attack} | {a.data} / {a.protocol} | {a.value.text()} | {a.baseline:.3g} | {a.difference.text()} | {leak} | {stop} |"
+        )
+    return "\n".join(out) + "\n"
 
 
 def matrix_tables(matrix: dict) -> str:
@@ -382,6 +415,7 @@ def main() -> None:
     args = parser.parse_args()
     if args.print_matrix:
         matrix = json.loads(args.print_matrix.read_text())
+        print(answer_table(matrix))
         print(matrix_tables(matrix))
         print(comparisons_summary(matrix["comparisons"]))
         return
