@@ -403,9 +403,10 @@ def answer_page(tmp_path_factory: pytest.TempPathFactory) -> str:
 
 
 def test_the_page_leads_with_where_each_attack_leaks_and_the_cheapest_defense_that_stops_it(answer_page: str) -> None:
-    """TBI leaks (0.4 > chance 0.2); of the settings whose interval reaches chance, laplace_1 costs 0.05 of accuracy
-    and laplace_2 0.20: laplace_1. LDIA's KL leaks below the uniform guess (0.3 < 0.5); laplace_1's interval stops at
-    0.45, short of it; of the two that hold 0.5, topk_1 (cost 0.10) is cheaper than laplace_2 (0.20)."""
+    """TBI leaks (0.4 > chance 0.2); of the settings that no longer leak seed by seed, laplace_1 (its seeds around
+    chance) costs 0.05 of accuracy and laplace_2 (below chance) 0.20: laplace_1; topk_1 still leaks. LDIA's KL leaks
+    below the uniform guess (0.3 < 0.5); under laplace_1 it is still below it at every seed; of the two that are not,
+    topk_1 (cost 0.10) is cheaper than laplace_2 (0.20)."""
     found = {a.attack: a for a in answers(_answer_matrix())}
     tbi, ldia = found["tbi"], found["ldia"]
     assert tbi.leaks and tbi.baseline == 0.2 and tbi.tried == 3
@@ -423,7 +424,7 @@ def test_an_attack_no_setting_stops_is_said_so_and_one_within_its_baseline_does_
     matrix = _answer_matrix()
     for c in matrix["cells"]:
         if c["defense"] != "none":
-            c["metrics"]["attack/tbi/accuracy"] = metric(0.5, 0.45, 0.55)
+            c["metrics"]["attack/tbi/accuracy"] = metric(0.5, 0.45, 0.55, 0.45, 0.5, 0.55)
         else:
             c["metrics"]["attack/ldia/kl"] = metric(0.45, 0.3, 0.6, 0.3, 0.45, 0.6)  # holds the uniform guess: no leak
     found = {a.attack: a for a in answers(matrix)}
@@ -450,9 +451,11 @@ def test_a_leak_is_the_per_seed_difference_from_that_seeds_baseline() -> None:
 
 def test_one_sentence_per_attack_names_the_cheapest_stopping_setting_and_its_cost(answer_page: str) -> None:
     (tbi, ldia) = re.findall(r"<li>(.*?)</li>", section(answer_page, "ul", "class", "sentences"))
-    assert tbi.startswith("tbi leaks at 1 of 1 place(s) undefended (most at digits / fedmd: 0.5 against 0.2)")
-    assert "laplace_1" in tbi and "accuracy cost of 0.05" in tbi
-    assert ldia.startswith("ldia leaks at 1 of 1") and "topk_1" in ldia and "accuracy cost of 0.1" in ldia
+    assert tbi == (
+        "tbi leaks at 1 of 1 place(s) undefended, most at digits / fedmd (0.5 against 0.2); the cheapest setting that stops "
+        "it there is laplace_1 (0.2 [0.1, 0.3], an accuracy cost of 0.05); some setting stops it at 1 of the 1 leaking place(s)."
+    )
+    assert ldia.startswith("ldia leaks at 1 of 1") and "stops it there is topk_1" in ldia and "accuracy cost of 0.1" in ldia
     matrix = _answer_matrix()
     for c in matrix["cells"]:
         c["metrics"]["attack/tbi/accuracy"] = metric(0.2, 0.1, 0.3, 0.1, 0.2, 0.3)

@@ -4,9 +4,9 @@ its baseline, and the defense setting that brings it to the baseline at the leas
 An attack's headline metric leaks where the mean of its per-seed differences from its baseline (:data:`BASELINES`:
 chance for an accuracy or top-1, the seed's uniform guess for LDIA's KL, 0.5 for an AUC, 1 % for the TPR at 1 % FPR)
 has a 95 % t interval wholly on the leaky side of 0: the seeds are the independent unit, and a seed's baseline is
-compared with that seed's value. A defense setting reaches the baseline where its interval holds it or lies beyond it;
-its cost is the undefended clients' accuracy less the defended (the server's where the protocol has no client
-accuracy).
+compared with that seed's value. A defense setting stops the attack where, by the same test, it no longer leaks (the
+interval of its per-seed differences from the baseline holds 0 or lies on the other side); its cost is the undefended
+clients' accuracy less the defended (the server's where the protocol has no client accuracy).
 """
 
 from __future__ import annotations
@@ -118,7 +118,8 @@ def answers(matrix: dict) -> list[Answer]:
                     if defense == undefended or defended.mean is None:
                         continue
                     tried += 1
-                    if _reaches(defended, baseline, metric):
+                    after_defense = paired_difference(cell, metric)
+                    if after_defense.mean is not None and not leaks(after_defense, metric):  # no longer beyond the baseline
                         _, after = utility_of(cell)
                         cost = None if before.mean is None or after.mean is None else before.mean - after.mean
                         stops.append(Stop(defense, defended, cost))
@@ -127,14 +128,6 @@ def answers(matrix: dict) -> list[Answer]:
                 leaky = leaks(difference, metric)
                 found.append(Answer(attack, metric, data, protocol, value, baseline, difference, leaky, cheapest, tried))
     return found
-
-
-def _reaches(value: Shown, baseline: float, metric: str) -> bool:
-    """Whether ``value``'s interval holds ``baseline`` or lies beyond it (its mean where it has no interval)."""
-    if value.low is None or value.high is None:
-        assert value.mean is not None
-        return value.mean >= baseline if lower_leaks(metric) else value.mean <= baseline
-    return value.high >= baseline if lower_leaks(metric) else value.low <= baseline
 
 
 def answer_html(matrix: dict, out: Path | None = None, images_from: Path | None = None) -> str:
@@ -155,14 +148,14 @@ def answer_html(matrix: dict, out: Path | None = None, images_from: Path | None 
             "baseline",
             "− baseline, paired by seed",
             "leaks",
-            "cheapest defense that reaches the baseline",
+            "cheapest setting that stops it (its value; accuracy cost)",
         )
     )
     return (
         "<section id='answer'><h2>Where each attack leaks, and what stops it</h2><p class='note'>Undefended: the mean over the "
         "seeds and its 95 % interval; it leaks where the mean of its per-seed differences from the baseline (chance, the "
-        "seed's uniform guess, an AUC of 0.5) has a 95 % t interval wholly beyond 0. A defense setting reaches the baseline "
-        "where its interval holds it; its cost is the clients' accuracy it takes.</p>"
+        "seed's uniform guess, an AUC of 0.5) has a 95 % t interval wholly beyond 0. A defense setting stops it where, by the "
+        "same test, it no longer leaks; its cost is the clients' accuracy it takes (the server's for FedAvg).</p>"
         f"{sentences_html(rows)}<div class='scroll'><table class='answer'><tr>{head}</tr>{body}</table></div>"
         f"{gallery_html(matrix, rows, out, images_from)}</section>"
     )
@@ -219,28 +212,26 @@ def _row(a: Answer) -> list[str]:
 
 
 def sentence(attack: str, rows: list[Answer]) -> str:
-    """One sentence on ``attack``: at how many places it leaks undefended and where most, and the cheapest defense
-    setting that brings it to its baseline at a leaking place, with its cost; or that it leaks nowhere here."""
+    """One sentence on ``attack``: at how many places it leaks undefended and where most, the cheapest defense setting
+    that stops it there and its cost, and at how many leaking places some setting does; or that it leaks nowhere here."""
     leaking = [a for a in rows if a.leaks]
     most = max(leaking or rows, key=_leak_size)
-    where = f"{most.data} / {most.protocol}: {number(most.value.mean)} against {number(most.baseline)}"
+    where = f"{most.data} / {most.protocol}"
     if not leaking:
         return (
-            f"{attack} leaks at none of the {len(rows)} place(s) it was measured undefended (nearest to it {where}, "
-            f"{most.difference.text()} from the baseline, paired by seed)."
+            f"{attack} leaks at none of the {len(rows)} place(s) it was measured undefended (nearest to it {where}: "
+            f"{number(most.value.mean)} against {number(most.baseline)}, {most.difference.text()} from it, paired by seed)."
         )
-    told = f"{attack} leaks at {len(leaking)} of {len(rows)} place(s) undefended (most at {where})"
-    stopped = [a for a in leaking if a.cheapest is not None]
-    if not stopped:
-        return f"{told}; no defense setting measured there brings it to its baseline."
-    best = min(stopped, key=lambda a: float("inf") if a.cheapest is None or a.cheapest.cost is None else a.cheapest.cost)
-    stop = best.cheapest
-    assert stop is not None
-    cost = "an unknown accuracy cost" if stop.cost is None else f"an accuracy cost of {number(stop.cost)}"
-    unstopped = len(leaking) - len(stopped)
-    rest = f"; at {unstopped} leaking place(s) no setting does" if unstopped else ""
-    at = f"{best.data} / {best.protocol} ({stop.value.text()}, {cost})"
-    return f"{told}; the cheapest setting that brings it to its baseline is {stop.defense} at {at}{rest}."
+    value = f"{number(most.value.mean)} against {number(most.baseline)}"
+    told = f"{attack} leaks at {len(leaking)} of {len(rows)} place(s) undefended, most at {where} ({value})"
+    stop = most.cheapest
+    if stop is None:
+        there = f"no setting measured there stops it ({most.tried} tried)" if most.tried else "no defense was measured there"
+    else:
+        cost = "an unknown accuracy cost" if stop.cost is None else f"an accuracy cost of {number(stop.cost)}"
+        there = f"the cheapest setting that stops it there is {stop.defense} ({stop.value.text()}, {cost})"
+    stopped = sum(a.cheapest is not None for a in leaking)
+    return f"{told}; {there}; some setting stops it at {stopped} of the {len(leaking)} leaking place(s)."
 
 
 def _leak_size(a: Answer) -> float:
