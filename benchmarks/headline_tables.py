@@ -264,7 +264,9 @@ def answer_table(matrix: dict) -> str:
     out.append("|---|---|---|---|---|---|---|")
     for a in rows:
         stop = "none measured" if not a.tried else f"none of {a.tried}"
-        if a.cheapest is not None:
+        if not a.leaks:
+            stop = "– (no leak to stop)"
+        elif a.cheapest is not None:
             cost = "?" if a.cheapest.cost is None else f"{a.cheapest.cost:+.3g}"
             stop = f"{a.cheapest.defense}: {a.cheapest.value.text()} (accuracy cost {cost})"
         leak = "**yes**" if a.leaks else "no"

@@ -194,7 +194,9 @@ def _figure(a: Answer, cell: Optional[dict], out: Path | None, images_from: Path
 
 
 def _row(a: Answer) -> list[str]:
-    if a.cheapest is None:
+    if not a.leaks:
+        stop = "– (no leak to stop)"
+    elif a.cheapest is None:
         stop = f"none of the {a.tried} setting(s)" if a.tried else "no defense measured here"
     else:
         cost = "cost unknown" if a.cheapest.cost is None else f"accuracy cost {a.cheapest.cost:+.3g}"
