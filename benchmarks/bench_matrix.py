@@ -54,7 +54,8 @@ def one_seed_matrix(path: Path, seed: int, keep: list[str], out: Path, extra: tu
     raw["seeds"] = [seed]
     raw["overrides"] = [*(raw.get("overrides") or []), *extra]
     if keep:
-        names = [(d, p, f) for d in raw["data"] for p in raw["protocols"] for f in raw["defenses"]]
+        spec = load_matrix(path)  # a curve's settings by name (laplace_0.5, ...), as the cells are
+        names = [(d, p, f) for d in spec.data for p in spec.protocols for f in spec.defenses]
         raw["skip"] = [*raw.get("skip", []), *("/".join(n) for n in names if not any(fnmatch.fnmatchcase("/".join(n), k) for k in keep))]
     copy = out / (name or path.name)
     copy.write_text(yaml.safe_dump(raw, sort_keys=False))

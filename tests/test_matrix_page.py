@@ -23,6 +23,7 @@ from fdattack.tracking.matrix_cells import Shown
 from fdattack.tracking.matrix_page import (
     HEATMAP_PREFIX,
     MATRIX_COLUMNS,
+    applicable_columns,
     colour_scale,
     curve_paths,
     holds,
@@ -164,6 +165,11 @@ def test_a_heatmap_and_a_table_per_dataset_and_headline_metric(page: Path) -> No
             assert image.format == "PNG" and image.width > 300 and image.height > 150
     accuracy = cells_of(section(text, "table", "data-metric", "attack/tbi/accuracy"))
     assert accuracy == [["fedmd", "0.1 [-1.17, 1.37]", "0 [0, 0]"]]  # fedavg, where tbi never applies, is left out
+    na, value = Shown(word="n/a", reason="skipped"), Shown(0.3)
+    assert applicable_columns(["none", "mid", "topk"], [[value, na, na], [value, na, value]]) == (
+        ["none", "topk"],
+        [[value, na], [value, value]],
+    )  # a defense column n/a in every row is left out too, one n/a in some rows stays
     assert "No headline metric" in text.split("<h3>Attack gmi</h3>", 1)[1].split("<h3>", 1)[0]  # gmi ran nowhere: no heatmap
     upload = cells_of(section(text, "table", "data-metric", "comm/upload_bytes"))
     assert upload[0][1] == "107,720 [105,179, 110,261]"  # utility as tables too

@@ -225,11 +225,20 @@ def applicable_rows(protocols: list[str], table: list[list[Shown]]) -> tuple[lis
     return [protocols[i] for i in kept], [table[i] for i in kept]
 
 
-def table_html(matrix: dict, metric: str, table: list[list[Shown]], protocols: list[str] | None = None) -> str:
-    """``table`` as an HTML table (rows: ``protocols``, all of the matrix's by default; columns: defenses); a cell without
-    a number carries its reason in ``title``."""
+def applicable_columns(defenses: list[str], table: list[list[Shown]]) -> tuple[list[str], list[list[Shown]]]:
+    """The defenses and columns of ``table`` where the metric applies in at least one row (as :func:`applicable_rows`)."""
+    kept = [j for j in range(len(defenses)) if not all(row[j].word == "n/a" for row in table)] if table else list(range(len(defenses)))
+    return [defenses[j] for j in kept], [[row[j] for j in kept] for row in table]
+
+
+def table_html(
+    matrix: dict, metric: str, table: list[list[Shown]], protocols: list[str] | None = None, defenses: list[str] | None = None
+) -> str:
+    """``table`` as an HTML table (rows: ``protocols``, columns: ``defenses``, all of the matrix's by default); a cell
+    without a number carries its reason in ``title``."""
     axes = matrix["axes"]
-    head = "<th class='row'>protocol \\ defense</th>" + "".join(f"<th>{html.escape(d)}</th>" for d in axes["defenses"])
+    columns = axes["defenses"] if defenses is None else defenses
+    head = "<th class='row'>protocol \\ defense</th>" + "".join(f"<th>{html.escape(d)}</th>" for d in columns)
     rows = []
     for protocol, row in zip(axes["protocols"] if protocols is None else protocols, table):
         tds = []
@@ -256,13 +265,14 @@ def heatmap_html(matrix: dict, data: str, metric: str, table: list[list[Shown]],
     axes = matrix["axes"]
     baseline = data_baseline(matrix, data, metric)
     protocols, table = applicable_rows(axes["protocols"], table)
-    draw_heatmap(out / name, f"{data}: {metric}", metric, protocols, axes["defenses"], table, baseline)
+    defenses, table = applicable_columns(axes["defenses"], table)
+    draw_heatmap(out / name, f"{data}: {metric}", metric, protocols, defenses, table, baseline)
     direction = "lower" if lower_leaks(metric) else "higher"
     anchor = "" if baseline is None else f" · white = the baseline {number(baseline)}; ≈ baseline: the interval holds it"
     caption = f"<b>{html.escape(metric)}</b> · rows: protocols, columns: defenses · {direction} = more leakage{html.escape(anchor)}"
     return (
         f"<figure class='heatmap' data-metric='{html.escape(metric)}'><figcaption>{caption}</figcaption><img src='{html.escape(name)}' "
-        f"alt='{html.escape(metric)} heatmap of {html.escape(data)}'></figure>{table_html(matrix, metric, table, protocols)}"
+        f"alt='{html.escape(metric)} heatmap of {html.escape(data)}'></figure>{table_html(matrix, metric, table, protocols, defenses)}"
     )
 
 
