@@ -190,13 +190,24 @@ def _unit_axis(ax: Any, values: list[float], axis: str) -> None:
         (ax.set_xlim if axis == "x" else ax.set_ylim)(-0.05, 1.05)
 
 
-def draw_tradeoff(path: Path, title: str, panels: dict[str, list[Point]], curves: dict[str, Any] | None = None) -> None:
+def draw_tradeoff(
+    path: Path,
+    title: str,
+    panels: dict[str, list[Point]],
+    curves: dict[str, Any] | None = None,
+    baselines: dict[str, float | None] | None = None,
+) -> None:
     """Write a PNG with one subplot per attack metric (``panels``: metric -> its points): utility against leakage, one
     point per defense with error bars both ways from the intervals, labeled with the defense; the points of a defense
-    given at several strengths (``curves``, from ``matrix.json``) joined by a line in the order of its strengths."""
+    given at several strengths (``curves``, from ``matrix.json``) joined by a line in the order of its strengths; the
+    metric's baseline (chance, the uniform guess), where ``baselines`` has one, a dashed line."""
     plt = _pyplot()
     fig, axes = plt.subplots(1, len(panels), figsize=(4.8 * len(panels), 4.0), squeeze=False, layout="constrained")
     for ax, (metric, points) in zip(axes[0], panels.items()):
+        baseline = (baselines or {}).get(metric)
+        if baseline is not None:
+            ax.axhline(baseline, color="black", linestyle="--", linewidth=1, alpha=0.7)
+            ax.annotate(f"baseline {number(baseline)}", (0.01, baseline), xycoords=("axes fraction", "data"), fontsize=8, va="bottom")
         for name, path_points in curve_paths(points, curves or {}).items():
             colour, _ = run_style(path_points[0].defense)
             ax.plot([p.x.mean for p in path_points], [p.y.mean for p in path_points], "-", color=colour, alpha=0.5, label=name)
@@ -302,11 +313,12 @@ def tradeoff_html(matrix: dict, data: str, protocol: str, out: Path) -> str:
     if not panels:
         return f"<p class='note'>{html.escape(title)}: no attack metric with a utility to plot against.</p>"
     name = f"plots/tradeoff__{slug(data)}__{slug(protocol)}.png"
-    draw_tradeoff(out / name, title, panels, matrix.get("curves"))
+    baselines = {metric: data_baseline(matrix, data, metric) for metric in panels}
+    draw_tradeoff(out / name, title, panels, matrix.get("curves"), baselines)
     return (
         f"<figure class='tradeoff' data-protocol='{html.escape(protocol)}'><figcaption><b>{html.escape(title)}</b>: "
         "utility against leakage, a point per defense (a line joins a defense's strengths), error bars: 95 % intervals across "
-        "the seeds</figcaption>"
+        "the seeds, dashed: the metric's baseline (chance, the uniform guess)</figcaption>"
         f"<img src='{html.escape(name)}' alt='privacy–utility of {html.escape(title)}'></figure>"
     )
 
