@@ -245,7 +245,7 @@ MATRIX_TABLES = [
     ("attack/kedmi/top1", "KED-MI top-1 (chance 0.2)"),
     ("attack/vmi/top1", "VMI top-1 (chance 0.2)"),
     ("protocol/client_acc_mean", "client accuracy (distillation cells)"),
-    ("protocol/server_acc", "server accuracy (FedAvg's global model)"),
+    ("protocol/server_acc", "server accuracy (FedMD's f_0, the FedGEMS and DS-FL server models, FedAvg's global model)"),
 ]
 
 
@@ -285,10 +285,11 @@ def matrix_tables(matrix: dict) -> str:
     for key, title in MATRIX_TABLES:
         pairs = [(d, p) for d in matrix["axes"]["data"] for p in matrix["axes"]["protocols"]]
         rows = [(d, p) for d, p in pairs if any(key in by_id.get(f"{d}/{p}/{f}", {}).get("metrics", {}) for f in defenses)]
-        out += [f"**{title}**", "", "| data / protocol | " + " | ".join(defenses) + " |", "|---|" + "---|" * len(defenses)]
+        columns = [f for f in defenses if any(key in by_id.get(f"{d}/{p}/{f}", {}).get("metrics", {}) for d, p in rows)]
+        out += [f"**{title}**", "", "| data / protocol | " + " | ".join(columns) + " |", "|---|" + "---|" * len(columns)]
         for d, p in rows:
             cells = []
-            for defense in defenses:
+            for defense in columns:
                 metric = by_id.get(f"{d}/{p}/{defense}", {}).get("metrics", {}).get(key)
                 if metric is None:
                     cells.append("n/a")

@@ -26,7 +26,7 @@ from omegaconf import DictConfig
 from fdattack.config.composition import compose
 from fdattack.errors import CheckpointError, ConfigError, FdattackError, Terminated
 from fdattack.matrix.plan import Cell, cell_folder
-from fdattack.matrix.spec import MatrixSpec
+from fdattack.matrix.spec import CACHE_FOLDER, MatrixSpec
 from fdattack.matrix.stopping import MatrixStopped, WorkerStopped, start_worker, stop_workers, stoppable, stops_raise, workers_born_blocked
 from fdattack.seeds import REPLICA_PREFIX, replica_config, run_replica
 from fdattack.tracking.logs import configure_logging
@@ -49,10 +49,6 @@ class Unit:
     def id(self) -> str:
         """``data/protocol/defense/seed``, the value ``--cell`` takes."""
         return f"{self.cell.id}/{self.seed}"
-
-
-#: the networks every cell of a data setting and seed shares (:mod:`fdattack.tracking.artifact_cache`)
-CACHE_FOLDER = "cache"
 
 
 def cell_config(spec: MatrixSpec, cell: Cell, root: Path) -> DictConfig:

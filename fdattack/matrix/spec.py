@@ -92,8 +92,10 @@ class MatrixSpec:
 
 #: keys the matrix sets itself (the seeds from ``seeds:``, the folders from ``--root``): an override of them is refused
 MATRIX_SET_KEYS = ("seed", "seeds", "output_dir", "resume")
+#: the folder under the root of the networks every cell of a data setting and seed shares (``cache_dir``)
+CACHE_FOLDER = "cache"
 #: what the matrix writes beside the data folders under its root: no data setting may take these names
-ROOT_OUTPUTS = ("matrix.json", "matrix.csv", "page", "wandb")
+ROOT_OUTPUTS = ("matrix.json", "matrix.csv", "page", "wandb", CACHE_FOLDER)
 
 
 def _tokens(path: Path, key: str, value: Any) -> tuple[str, ...]:
