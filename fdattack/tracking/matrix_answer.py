@@ -238,8 +238,9 @@ def sentence(attack: str, rows: list[Answer]) -> str:
 
 def _leak_size(a: Answer) -> float:
     """How far ``a`` lies beyond its baseline on the leaky side (negative where it falls short of it)."""
-    size = a.difference.mean if a.difference.mean is not None else float("-inf")
-    return -size if lower_leaks(a.metric) else size
+    if a.difference.mean is None:
+        return float("-inf")
+    return -a.difference.mean if lower_leaks(a.metric) else a.difference.mean
 
 
 def sentences_html(rows: list[Answer]) -> str:
