@@ -40,7 +40,7 @@ from pathlib import Path
 
 from fdattack.functional.comparisons import Difference, holm_adjusted, paired_difference
 from fdattack.matrix.comparisons import comparisons_summary
-from fdattack.tracking.matrix_answer import answers, sentence
+from fdattack.tracking.matrix_answer import answers, per_defense, sentence
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -251,7 +251,7 @@ MATRIX_TABLES = [
 
 def answer_table(matrix: dict) -> str:
     """docs/matrix.md's answer: one sentence per attack, then per attack and place its undefended value, baseline, the
-    paired per-seed difference, whether it leaks, and the cheapest defense setting that reaches the baseline."""
+    paired per-seed difference, whether it leaks, the cheapest defense setting that stops it and each defense's."""
     rows = answers(matrix)
     by_attack: dict[str, list] = {}
     for a in rows:
@@ -259,9 +259,10 @@ def answer_table(matrix: dict) -> str:
     out = [f"- {sentence(attack, found)}" for attack, found in by_attack.items()]
     out += [
         "",
-        "| attack | data / protocol | undefended | baseline | − baseline, paired by seed | leaks | cheapest setting that stops it |",
+        "| attack | data / protocol | undefended | baseline | − baseline, paired by seed | leaks | cheapest setting that stops it "
+        "| per defense: its cheapest stop (accuracy cost) |",
     ]
-    out.append("|---|---|---|---|---|---|---|")
+    out.append("|---|---|---|---|---|---|---|---|")
     for a in rows:
         stop = "none measured" if not a.tried else f"none of {a.tried}"
         if not a.leaks:
@@ -270,9 +271,9 @@ def answer_table(matrix: dict) -> str:
             cost = "?" if a.cheapest.cost is None else f"{a.cheapest.cost:+.3g}"
             stop = f"{a.cheapest.defense}: {a.cheapest.value.text()} (accuracy cost {cost})"
         leak = "**yes**" if a.leaks else "no"
-        out.append(
-            f"| {a.attack} | {a.data} / {a.protocol} | {a.value.text()} | {a.baseline:.3g} | {a.difference.text()} | {leak} | {stop} |"
-        )
+        each = per_defense(a) if a.leaks else "–"
+        where = f"{a.attack} | {a.data} / {a.protocol}"
+        out.append(f"| {where} | {a.value.text()} | {a.baseline:.3g} | {a.difference.text()} | {leak} | {stop} | {each} |")
     return "\n".join(out) + "\n"
 
 

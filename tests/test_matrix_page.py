@@ -18,7 +18,7 @@ from PIL import Image
 
 from fdattack.config import WandbConfig
 from fdattack.errors import ConfigError
-from fdattack.tracking.matrix_answer import answers, baseline_of, sentence
+from fdattack.tracking.matrix_answer import answers, baseline_of, per_defense, sentence
 from fdattack.tracking.matrix_cells import Shown
 from fdattack.tracking.matrix_page import (
     HEATMAP_PREFIX,
@@ -453,6 +453,22 @@ def test_a_leak_is_the_per_seed_difference_from_that_seeds_baseline() -> None:
     none["metrics"]["attack/ldia/uniform_kl"] = metric(0.35, 0.2, 0.5, 0.25, 0.35, 0.45)
     ldia = next(a for a in answers(matrix) if a.attack == "ldia")
     assert not ldia.leaks and ldia.difference.mean == pytest.approx(0.05)
+
+
+def test_each_defense_curve_gets_its_cheapest_stop_and_a_value_at_chance_is_not_a_leak() -> None:
+    """With laplace_1 and laplace_2 one curve, TBI's answer names laplace_1 for it and none for topk_1 (still above
+    chance); LDIA's names topk_1 and laplace_2 (laplace_1 still below the guess). A defended value stored from float32
+    (0.2000000029802322) at chance 0.2 at every seed is no leak: it stops the attack."""
+    matrix = _answer_matrix()
+    matrix["curves"] = {"laplace": {"key": "defense.laplace.scale", "settings": [["laplace_1", 1.0], ["laplace_2", 2.0]]}}
+    found = {a.attack: a for a in answers(matrix)}
+    assert {d: s and s.defense for d, s in found["tbi"].by_defense.items()} == {"laplace": "laplace_1", "topk_1": None}
+    assert {d: s and s.defense for d, s in found["ldia"].by_defense.items()} == {"laplace": "laplace_2", "topk_1": "topk_1"}
+    assert per_defense(found["tbi"]) == "laplace: laplace_1 (+0.05); topk_1: none"
+    topk = next(c for c in matrix["cells"] if c["defense"] == "topk_1")
+    at_chance = 0.2000000029802322
+    topk["metrics"]["attack/tbi/accuracy"] = metric(at_chance, at_chance, at_chance, at_chance, at_chance, at_chance)
+    assert next(a for a in answers(matrix) if a.attack == "tbi").by_defense["topk_1"] is not None
 
 
 def test_one_sentence_per_attack_names_the_cheapest_stopping_setting_and_its_cost(answer_page: str) -> None:

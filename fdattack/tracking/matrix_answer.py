@@ -13,13 +13,16 @@ from __future__ import annotations
 
 import html
 import shutil
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional, Union
 
 from fdattack.functional.intervals import t_interval
 from fdattack.tracking.matrix_cells import Shown, cells_by_place, finite, lower_leaks, number, shown, utility_of
 
+#: decimals kept of a difference: metrics stored from float32 differ from equal float64 ones by about 1e-9, which
+#: must not read as a leak (0.05 against chance 0.05 at every seed)
+DIGITS = 6
 #: the names of the answer's copies of the cells' images in the page's ``plots/``
 IMAGE_PREFIX = "answer__"
 #: headline metric -> its baseline: another metric of the same attack (its name), or a constant
@@ -53,7 +56,8 @@ def paired_difference(cell: Optional[dict], metric: str) -> Shown:
         bases = (((cell or {}).get("metrics") or {}).get(f"attack/{attack}/{base}") or {}).get("values") or []
     else:
         bases = [base] * len(seeds)
-    differences = [v - b for v, b in zip(map(finite, seeds), map(finite, bases)) if v is not None and b is not None]
+    pairs = zip(map(finite, seeds), map(finite, bases))
+    differences = [round(v - b, DIGITS) for v, b in pairs if v is not None and b is not None]
     if not differences:
         return Shown(word="–", reason=f"no seed recorded {metric} and its baseline")
     low, high = t_interval(differences)
@@ -92,6 +96,15 @@ class Answer:
     leaks: bool
     cheapest: Optional[Stop]
     tried: int  # defense settings measured at this place
+    by_defense: dict[str, Optional[Stop]] = field(default_factory=dict)  # a defense (its curve) -> its cheapest stop
+
+
+def defense_families(matrix: dict) -> dict[str, str]:
+    """Each defense setting's defense: the curve it belongs to (``laplace_1`` -> ``laplace``), else itself."""
+    family = {d: d for d in matrix["axes"]["defenses"]}
+    for name, curve in (matrix.get("curves") or {}).items():
+        family.update({setting: name for setting, _ in curve.get("settings", [])})
+    return family
 
 
 def answers(matrix: dict) -> list[Answer]:
@@ -99,7 +112,7 @@ def answers(matrix: dict) -> list[Answer]:
     undefended = matrix.get("undefended")
     if undefended is None:
         return []
-    cells, axes, found = cells_by_place(matrix), matrix["axes"], []
+    cells, axes, found, families = cells_by_place(matrix), matrix["axes"], [], defense_families(matrix)
     for attack, metrics in (matrix.get("headline") or {}).items():
         metric = next((m for m in metrics if m.rsplit("/", 1)[-1] in BASELINES), None)
         if metric is None:
@@ -110,7 +123,7 @@ def answers(matrix: dict) -> list[Answer]:
                 value, baseline = shown(base_cell, metric), baseline_of(base_cell, metric)
                 if value.mean is None or baseline is None:
                     continue
-                stops, tried = [], 0
+                stops, tried, measured = [], 0, set()
                 _, before = utility_of(base_cell)
                 for defense in axes["defenses"]:
                     cell = cells.get((data, protocol, defense))
@@ -118,16 +131,37 @@ def answers(matrix: dict) -> list[Answer]:
                     if defense == undefended or defended.mean is None:
                         continue
                     tried += 1
+                    measured.add(families[defense])
                     after_defense = paired_difference(cell, metric)
                     if after_defense.mean is not None and not leaks(after_defense, metric):  # no longer beyond the baseline
                         _, after = utility_of(cell)
-                        cost = None if before.mean is None or after.mean is None else before.mean - after.mean
+                        cost = None if before.mean is None or after.mean is None else round(before.mean - after.mean, DIGITS)
                         stops.append(Stop(defense, defended, cost))
-                cheapest = min(stops, key=lambda s: float("inf") if s.cost is None else s.cost, default=None)
+                cheapest = _cheapest(stops)
+                by_defense = {
+                    f: _cheapest([s for s in stops if families[s.defense] == f]) for f in dict.fromkeys(families.values()) if f in measured
+                }
                 difference = paired_difference(base_cell, metric)
                 leaky = leaks(difference, metric)
-                found.append(Answer(attack, metric, data, protocol, value, baseline, difference, leaky, cheapest, tried))
+                found.append(Answer(attack, metric, data, protocol, value, baseline, difference, leaky, cheapest, tried, by_defense))
     return found
+
+
+def _cheapest(stops: list[Stop]) -> Optional[Stop]:
+    """The stop of the least accuracy cost (an unknown cost last), or None."""
+    return min(stops, key=lambda s: float("inf") if s.cost is None else s.cost, default=None)
+
+
+def per_defense(a: Answer) -> str:
+    """Each measured defense's cheapest setting that stops ``a``, with its cost, or that none of its settings does."""
+    told = []
+    for defense, stop in a.by_defense.items():
+        if stop is None:
+            told.append(f"{defense}: none")
+        else:
+            cost = "cost unknown" if stop.cost is None else f"{stop.cost:+.3g}"
+            told.append(f"{defense}: {stop.defense} ({cost})")
+    return "; ".join(told)
 
 
 def answer_html(matrix: dict, out: Path | None = None, images_from: Path | None = None) -> str:
@@ -149,6 +183,7 @@ def answer_html(matrix: dict, out: Path | None = None, images_from: Path | None 
             "− baseline, paired by seed",
             "leaks",
             "cheapest setting that stops it (its value; accuracy cost)",
+            "per defense: its cheapest stop (accuracy cost)",
         )
     )
     return (
@@ -210,6 +245,7 @@ def _row(a: Answer) -> list[str]:
         html.escape(a.difference.text()),
         "yes" if a.leaks else "no",
         html.escape(stop),
+        html.escape(per_defense(a) if a.leaks else "–"),
     ]
 
 
