@@ -23,10 +23,11 @@ def test_the_shared_check_compares_every_result_deciding_key_and_no_logger_key(t
     folder.mkdir()
     (folder / "config.yaml").write_text(OmegaConf.to_yaml(cfg))
     (folder / "metrics.json").write_text(json.dumps({"attack/public_mean/ssim": 0.5, "protocol/client_acc_mean": None}))
-    moved = compose(None, tiny(tmp_path / "elsewhere", *ONE_ROUND, "logger.wandb.group=other", "logger.level=DEBUG"))
+    cached = f"cache_dir={tmp_path / 'cache'}"  # a cached network is the one the run would train
+    moved = compose(None, tiny(tmp_path / "elsewhere", *ONE_ROUND, "logger.wandb.group=other", "logger.level=DEBUG", cached))
     expected = {"attack/public_mean/ssim": 0.5, "protocol/client_acc_mean": float("nan")}
     assert read_result(folder, moved) == pytest.approx(expected, nan_ok=True)
-    assert "logger" not in result_tree(cfg) and "output_dir" not in result_tree(cfg)
+    assert not {"logger", "output_dir", "cache_dir"} & set(result_tree(cfg))
     with pytest.raises(CheckpointError, match=r"protocol\.rounds \(stored 1, given 2\)"):
         check_made_with(folder, compose(None, tiny(tmp_path, *ONE_ROUND, "protocol.rounds=2")))
     (folder / "metrics.json").write_text(json.dumps({"attack/public_mean/ssim": "0.5"}))
