@@ -193,7 +193,7 @@ def test_membership_bootstrap_is_scipys_on_distinct_non_members() -> None:
         vectorized=True,
         rng=np.random.default_rng(3),
     ).confidence_interval
-    assert ours == pytest.approx(list(zip(theirs.low, theirs.high)), abs=1e-12)
+    np.testing.assert_allclose(np.asarray(ours), np.column_stack([theirs.low, theirs.high]), rtol=0, atol=1e-12)
     assert membership_bootstrap([ClientScores(members, non_members, ids)], [ids], LEVELS, resamples=500, seed=3) == ours  # seeded
 
 

@@ -219,6 +219,10 @@ def positive_bootstrap_interval(
         strata: 1-d arrays (of item indices, say).
         statistic: ``(*resampled strata) -> value``; a non-finite value makes the interval (NaN, NaN).
 
+    Where the estimate is within noise of 0 (z · se* > θ̂, the FID of a set with itself: float error), the log scale
+    says nothing: past that point the upper end grows as θ̂ + (e − 1) · z · se*, continuous with θ̂ · exp(z · se*/θ̂) at
+    z · se* = θ̂ and above θ̂ + z · se*, and the lower end θ̂ · exp(−z · se*/θ̂) goes to 0.
+
     Returns:
         (NaN, NaN) where no stratum has two elements; [max(0, θ̂ − z · se*), θ̂ + z · se*] where θ̂ ≤ 0.
     """
@@ -241,4 +245,6 @@ def positive_bootstrap_interval(
         return NO_INTERVAL
     if estimate <= 0:
         return max(0.0, estimate - half), estimate + half
-    return estimate * math.exp(-half / estimate), estimate * math.exp(half / estimate)
+    relative = half / estimate
+    upper = estimate * math.exp(relative) if relative <= 1 else estimate + half * (math.e - 1)
+    return estimate * math.exp(-relative), upper
