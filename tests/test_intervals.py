@@ -24,6 +24,7 @@ from fdattack.functional.intervals import (
     rate_interval,
     t_interval,
     wilson_interval,
+    within_variance,
 )
 from fdattack.functional.membership_bootstrap import ClientScores, membership_bootstrap, membership_points
 from fdattack.functional.membership_metrics import FPR_LEVELS, membership_metrics
@@ -65,10 +66,29 @@ def test_rate_interval_by_hand() -> None:
         half = T2 * math.sqrt(p * (1 - p) / n + T2**2 / (4 * n * n)) / (1 + T2**2 / n)
         assert rate_interval(values) == pytest.approx((centre - half, centre + half), abs=1e-9)
     assert rate_interval([0.2, 0.3, 0.4]) == pytest.approx((0.1223592, 0.5684870), abs=1e-6)
-    assert rate_interval([1.0, 1.0, 1.0]) == (1.0, 1.0) and rate_interval([0.0, 0.0]) == (0.0, 0.0)  # the units agree
+    assert rate_interval([1.0, 1.0, 1.0]) == (1.0, 1.0) and rate_interval([0.0, 0.0]) == (0.0, 0.0)  # a constant
     assert all(math.isnan(v) for v in rate_interval([0.4]))
     with pytest.raises(ValueError, match="rates must lie in"):
         rate_interval([0.5, 1.2])
+
+
+def test_a_rate_counts_its_trials_and_its_seeds_own_spread() -> None:
+    """Three seeds of 20 targets each. At 0 hits everywhere: Wilson over the 60 trials with z = t₂, [0, z²/(60 + z²)]
+    = [0, 0.236], not a point. At 0.2 / 0.2 / 0.2: Wilson at p = 0.2 over 60. At 0.1 / 0.2 / 0.3 the seeds' spread
+    (n* = 0.16 / (0.01/3) = 48 < 60) sets it, and with 5 trials a seed (15 < 48) the trials cap it: never narrower than
+    Wilson over all the trials behind it."""
+    z2 = T2**2
+    assert rate_interval([0.0, 0.0, 0.0], trials=[20, 20, 20]) == pytest.approx((0.0, z2 / (60 + z2)))
+    p, n = 0.2, 60
+    centre, half = (p + z2 / (2 * n)) / (1 + z2 / n), T2 * math.sqrt(p * (1 - p) / n + z2 / (4 * n * n)) / (1 + z2 / n)
+    assert rate_interval([0.2, 0.2, 0.2], trials=[20, 20, 20]) == pytest.approx((centre - half, centre + half))
+    assert rate_interval([0.1, 0.2, 0.3], trials=[20, 20, 20]) == pytest.approx(rate_interval([0.1, 0.2, 0.3]))
+    capped, free = rate_interval([0.1, 0.2, 0.3], trials=[5, 5, 5]), rate_interval([0.1, 0.2, 0.3])
+    assert capped[0] < free[0] and capped[1] > free[1]
+    within = [within_variance(*wilson_interval(4, 20))] * 3  # each seed's own Wilson interval at 4 of 20
+    n = 0.16 / (within[0] / 3)  # the seeds agree: their own spread (Wilson's at 4 of 20) sets n*
+    centre, half = (p + z2 / (2 * n)) / (1 + z2 / n), T2 * math.sqrt(p * (1 - p) / n + z2 / (4 * n * n)) / (1 + z2 / n)
+    assert rate_interval([0.2, 0.2, 0.2], within=within) == pytest.approx((centre - half, centre + half))
 
 
 def test_rate_interval_tends_to_the_t_interval_with_many_trials() -> None:
@@ -79,13 +99,20 @@ def test_rate_interval_tends_to_the_t_interval_with_many_trials() -> None:
 
 
 def test_positive_interval_by_hand() -> None:
-    """[0.1, 0.2, 0.4]: logs log 0.2 + (−1, 0, 1) log 2, so ȳ = log 0.2 and s² = (log 2)²; modified Cox:
-    exp(ȳ + s²/2 ± t₂ sqrt(s²/3 + s⁴/4)) = [0.0341, 1.895] (Student's t: [−0.146, 0.613])."""
+    """[0.1, 0.2, 0.4]: logs log 0.2 + (−1, 0, 1) log 2, so ȳ = log 0.2 and s = log 2 ≤ 1: the hull of the modified Cox
+    interval exp(ȳ + s²/2 ± t₂ sqrt(s²/3 + s⁴/4)) = [0.0341, 1.895] and Student's t cut at 0 ([−0.146, 0.613] → [0, 0.613]):
+    [0, 1.895]. [0.5, 1, 2] at s = log 2 likewise; a 0 among the values: t alone; s = 1.5: Cox half faded out."""
     s2 = math.log(2) ** 2
     centre, half = math.log(0.2) + s2 / 2, T2 * math.sqrt(s2 / 3 + s2 * s2 / 4)
-    assert positive_interval([0.1, 0.2, 0.4]) == pytest.approx((math.exp(centre - half), math.exp(centre + half)), rel=1e-9)
-    assert positive_interval([0.1, 0.2, 0.4]) == pytest.approx((0.0341329, 1.8947202), rel=1e-6)
+    assert positive_interval([0.1, 0.2, 0.4]) == pytest.approx((0.0, math.exp(centre + half)), rel=1e-9)
+    assert positive_interval([0.1, 0.2, 0.4]) == pytest.approx((0.0, 1.8947202), rel=1e-6)
     assert positive_interval([0.0, 0.1, 0.2]) == pytest.approx((0.0, t_interval([0.0, 0.1, 0.2])[1]))  # a 0: t, cut at 0
+    assert positive_interval([1e-9, 0.1, 0.2]) == pytest.approx(positive_interval([0.0, 0.1, 0.2]), abs=1e-6)  # no jump at 0
+    values = np.exp(np.array([-1.5, 0.0, 1.5]))  # s = 1.5: half of the way from the hull to t alone
+    t_low, t_high = t_interval(values, bounds=(0.0, math.inf))
+    s2, ybar = 1.5**2, 0.0
+    cox_low, cox_high = (math.exp(ybar + s2 / 2 + sign * T2 * math.sqrt(s2 / 3 + s2 * s2 / 4)) for sign in (-1, 1))
+    assert positive_interval(values) == pytest.approx((t_low - 0.5 * max(0.0, t_low - cox_low), t_high + 0.5 * (cox_high - t_high)))
     assert positive_interval([3.0, 3.0, 3.0]) == (3.0, 3.0)
     with pytest.raises(ValueError, match="positive quantities must be"):
         positive_interval([0.1, -0.2])
@@ -106,7 +133,7 @@ def test_adversarial_seeds_keep_rates_in_range_and_distances_above_zero() -> Non
     for values in distances:
         for key in ("attack/ldia/kl", "attack/gmi/fid", "attack/gmi/knn_dist", "attack/ldia/l1"):
             low, high = mean_interval(key, values)
-            assert 0 < low <= np.mean(values) <= high, (key, values)
+            assert 0 <= low <= np.mean(values) <= high < math.inf, (key, values)
 
 
 def test_mean_interval_takes_the_scale_of_the_metric_kind() -> None:
@@ -384,7 +411,7 @@ def test_across_seeds_each_metric_takes_its_kind() -> None:
         ("attack/pli/ssim", t_interval([0.2, 0.3, 0.4])),
     ):
         assert (aggregate[key + "_ci_low"], aggregate[key + "_ci_high"]) == pytest.approx(interval)
-    assert aggregate["attack/pli/accuracy_ci_high"] <= 1 and aggregate["attack/ldia/kl_ci_low"] > 0
+    assert aggregate["attack/pli/accuracy_ci_high"] <= 1 and aggregate["attack/ldia/kl_ci_low"] >= 0
 
 
 def test_label_distribution_intervals_are_over_the_clients_above_zero() -> None:
@@ -403,7 +430,7 @@ def test_label_distribution_intervals_are_over_the_clients_above_zero() -> None:
     for key, values in per_client.items():
         low, high = metrics[f"attack/ldia/{key}_ci_low"], metrics[f"attack/ldia/{key}_ci_high"]
         expected = rate_interval(values.numpy()) if key in ("chebyshev", "tv") else positive_interval(values.numpy())
-        assert (low, high) == pytest.approx(expected) and 0 < low < metrics[f"attack/ldia/{key}"] < high
+        assert (low, high) == pytest.approx(expected) and 0 <= low < metrics[f"attack/ldia/{key}"] < high
     assert t_interval(per_client["kl"].numpy())[0] < 0  # where Student's t reached below 0
     assert metrics["attack/ldia/kl"] == pytest.approx(per_client["kl"].numpy().mean())
 

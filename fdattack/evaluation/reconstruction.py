@@ -15,7 +15,7 @@ from fdattack.evaluation.scoring import SCORERS, ScoringContext, check_labels
 from fdattack.fd.results import Reconstructions
 from fdattack.functional.attack_accuracy import attack_accuracy, class_means
 from fdattack.functional.image import standard_ssim
-from fdattack.functional.intervals import HIGH, LOW, interval_keys, mean_interval, wilson_interval, wilson_interval_of_rate
+from fdattack.functional.intervals import HIGH, LOW, TRIALS, interval_keys, mean_interval, wilson_interval, wilson_interval_of_rate
 from fdattack.randomness import derive_seed
 from fdattack.tracking.artifact_cache import ArtifactCache
 
@@ -60,7 +60,7 @@ class ReconstructionScorer:
         check_labels(attack, result, self.target_labels)
         scores, grid = self.measure(result.images, result.labels)
         if result.role == "prior":
-            kept = [k + end for k in PRIOR_METRICS for end in ("", LOW, HIGH)]  # each with its interval
+            kept = [k + end for k in PRIOR_METRICS for end in ("", LOW, HIGH, TRIALS)]  # each with its interval and trials
             return Report(
                 metrics={f"attack/{attack}/prior_{k}": scores[k] for k in kept if k in scores},
                 images={f"attack/{attack}/prior": grid},
@@ -83,6 +83,7 @@ class ReconstructionScorer:
         metrics = {
             "accuracy": result.accuracy,
             **interval_keys("accuracy", wilson_interval(int(result.success.sum()), targets)),
+            "accuracy" + TRIALS: float(targets),
             "ssim": result.ssim_private_mean,
             **interval_keys("ssim", mean_interval("ssim", result.ssim_per_target.numpy())),
             "ssim_standard": float(standard.mean()),
@@ -95,10 +96,11 @@ class ReconstructionScorer:
             identity = self.identity(recon, labels)
             metrics.update(identity)
             for key in ("eval_top1", "eval_top5"):
-                metrics.update(interval_keys(key, wilson_interval_of_rate(identity[key], targets)))
+                metrics.update(interval_keys(key, wilson_interval_of_rate(identity[key], targets)), **{key + TRIALS: float(targets)})
             if "eval_top1_public_look" in identity:
                 looks = sum(int(y) in self.identity.public_look_hits() for y in labels)
                 metrics.update(interval_keys("eval_top1_public_look", wilson_interval_of_rate(identity["eval_top1_public_look"], looks)))
+                metrics["eval_top1_public_look" + TRIALS] = float(looks)
             accuracy = wilson_interval_of_rate(identity["eval_classifier_accuracy"], self.identity.test_images)
             metrics.update(interval_keys("eval_classifier_accuracy", accuracy))
         return metrics, (grid * 0.5 + 0.5).clamp(0, 1)

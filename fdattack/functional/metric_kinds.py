@@ -12,6 +12,7 @@ prefixes of a figure's variants removed (``prior_eval_top1`` is a rate like ``ev
 
 from __future__ import annotations
 
+import math
 from enum import Enum
 
 
@@ -118,6 +119,19 @@ POSITIVE = frozenset(
     }
 )
 
+#: signed quantities bounded by [−1, 1]: the SSIMs and the cosines of features or gradients
+UNIT_SIGNED = frozenset(
+    {
+        "ssim",
+        "ssim_standard",
+        "grad_cosine",
+        "feature_cosine",
+        "feature_cosine_noise",
+        "feature_cosine_raw",
+        "feature_cosine_noise_raw",
+    }
+)
+
 #: prefixes of a figure's variants, which keep its kind
 VARIANT_PREFIXES = ("prior_", "paper_")
 
@@ -132,3 +146,17 @@ def metric_kind(key: str) -> MetricKind:
     if name in POSITIVE:
         return MetricKind.positive
     return MetricKind.signed
+
+
+def metric_range(key: str) -> tuple[float, float]:
+    """The values the metric ``key`` can take: [0, 1] for a rate, [0, ∞) for a positive quantity, [−1, 1] for the
+    SSIMs and cosines (:data:`UNIT_SIGNED`), the real line otherwise; a mean and its interval never leave it."""
+    kind = metric_kind(key)
+    if kind is MetricKind.rate:
+        return 0.0, 1.0
+    if kind is MetricKind.positive:
+        return 0.0, math.inf
+    name = key.rsplit("/", 1)[-1]
+    for prefix in VARIANT_PREFIXES:
+        name = name.removeprefix(prefix)
+    return (-1.0, 1.0) if name in UNIT_SIGNED else (-math.inf, math.inf)

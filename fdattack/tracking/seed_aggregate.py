@@ -4,8 +4,9 @@ the seeds for every metric, per round and at the end.
 Across seeds a metric ``m`` becomes ``m`` (the mean over the seeds that recorded it), ``m_seed_std`` (their sample
 standard deviation, n − 1), ``m_ci_low`` / ``m_ci_high`` (the 95 % interval of the mean over the seeds, the interval
 a reader compares, on the scale of the metric's kind: :func:`~fdattack.functional.intervals.mean_interval`, so a rate
-stays in [0, 1] and a distance above 0) and, once per record, ``seeds/count``. The replicas' own within-run intervals
-are left out: across seeds, the seed-to-seed spread is the uncertainty that counts. Two settings on the same seeds
+stays in [0, 1] and a distance above 0) and, once per record, ``seeds/count``. The seed is the independent unit; each
+replica's own within-run interval (over its targets, images, clients) and a rate's trials (``_trials``) floor the
+seed-to-seed spread, so seeds that happen to agree keep the uncertainty each of them measured. Two settings on the same seeds
 are compared by their paired difference (:func:`~fdattack.functional.comparisons.paired_difference`).
 """
 
@@ -18,7 +19,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from fdattack.functional.intervals import interval_keys, is_interval_key, mean_interval
+from fdattack.functional.intervals import HIGH, LOW, TRIALS, interval_keys, is_interval_key, mean_interval, within_variance
 
 #: suffix of a metric's standard deviation across seeds
 SEED_STD = "_seed_std"
@@ -28,6 +29,10 @@ SEEDS_KEY = "seeds/count"
 
 def _is_number(value: object) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _number(value: object) -> float:
+    return float(value) if _is_number(value) else math.nan  # type: ignore[arg-type]
 
 
 def aggregate_metrics(replicas: Sequence[dict[str, object]]) -> dict[str, float]:
@@ -40,10 +45,13 @@ def aggregate_metrics(replicas: Sequence[dict[str, object]]) -> dict[str, float]
         present = [replica[key] for replica in replicas if key in replica]
         if not all(value is None or _is_number(value) for value in present):
             continue  # not a metric (a string)
-        values = np.array([float(v) for v in present if v is not None and math.isfinite(float(v))])  # type: ignore[arg-type]
+        having = [r for r in replicas if key in r and r[key] is not None and math.isfinite(float(r[key]))]  # type: ignore[arg-type]
+        values = np.array([float(r[key]) for r in having])  # type: ignore[arg-type]
+        within = [within_variance(_number(r.get(key + LOW)), _number(r.get(key + HIGH))) for r in having]
+        trials = [_number(r.get(key + TRIALS)) for r in having]
         out[key] = float(values.mean()) if len(values) else math.nan
         out[key + SEED_STD] = float(values.std(ddof=1)) if len(values) > 1 else math.nan
-        out.update(interval_keys(key, mean_interval(key, values)))
+        out.update(interval_keys(key, mean_interval(key, values, within=within, trials=trials)))
     return out
 
 
