@@ -160,13 +160,15 @@ def test_top1_top5_means_and_sample_stds_match_the_hand_computation() -> None:
 
 def test_intervals_are_over_the_targets_and_none_for_a_single_target() -> None:
     """The target label is the unit, not the image. HAND_LOGITS' per-target top-1: label 0 hits at s = 0, 1 (2/4),
-    label 1 at s = 0 (1/4), so the interval is rate_interval([0.5, 0.25]), not Wilson over 8 images; top-5: 3/4 and 4/4.
+    label 1 at s = 0 (1/4), so the interval is rate_interval([0.5, 0.25]) with each label's 4 draws as its trials (n* at
+    most the 8 draws), not Wilson over 8 images; top-5: 3/4 and 4/4.
     With one target (the L-Attack's c*) there is no unit to resample: NaN, the seeds are its interval. The classifier's
     accuracy, 0.75 of its 4 held-out images: Wilson(3, 4)."""
     scorer = InversionScorer(fake_split(), identity_classifier, grid_samples=2)
     scores = metrics_of(scorer, HAND_LOGITS.view(4, 2, 1, 1, J), [0, 1])
-    assert (scores["top1_ci_low"], scores["top1_ci_high"]) == pytest.approx(rate_interval([0.5, 0.25]))
-    assert (scores["top5_ci_low"], scores["top5_ci_high"]) == pytest.approx(rate_interval([0.75, 1.0]))
+    assert (scores["top1_ci_low"], scores["top1_ci_high"]) == pytest.approx(rate_interval([0.5, 0.25], trials=[4, 4]))
+    assert (scores["top5_ci_low"], scores["top5_ci_high"]) == pytest.approx(rate_interval([0.75, 1.0], trials=[4, 4]))
+    assert scores["top1_trials"] == scores["top5_trials"] == 8
     assert (scores["eval_classifier_accuracy_ci_low"], scores["eval_classifier_accuracy_ci_high"]) == pytest.approx(wilson_interval(3, 4))
     for key in ("knn_dist", "diversity", "feature_cosine", "feature_cosine_raw", "feature_cosine_noise", "feature_cosine_noise_raw"):
         assert scores[f"{key}_ci_low"] <= scores[key] <= scores[f"{key}_ci_high"], key

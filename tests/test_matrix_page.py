@@ -18,6 +18,8 @@ from PIL import Image
 
 from fdattack.config import WandbConfig
 from fdattack.errors import ConfigError
+from fdattack.functional.decisions import Verdict
+from fdattack.functional.intervals import wilson_interval, within_variance
 from fdattack.tracking.matrix_answer import answers, baseline_of, per_defense, sentence
 from fdattack.tracking.matrix_cells import Shown
 from fdattack.tracking.matrix_page import (
@@ -34,6 +36,8 @@ from fdattack.tracking.matrix_page import (
 from fdattack.tracking.wandb_run import MATRIX_JOB_TYPE, log_matrix_summary
 from tests.test_report import chromium
 from tests.test_wandb import finished_records
+
+T2 = 4.302652729749462  # t_{2, 0.975}: three seeds
 
 HEADLINE = ["attack/tbi/accuracy", "attack/tbi/eval_top1", "attack/ldia/kl"]
 UTILITY = ["protocol/client_acc_mean", "protocol/server_acc", "comm/upload_bytes", "comm/download_bytes"]
@@ -385,6 +389,8 @@ def _answer_matrix() -> dict[str, Any]:
         )
         for defense, (acc, tbi, kl) in settings.items()
     ]
+    for c in cells:
+        c["seeds"] = [0, 1, 2]
     return {
         "name": "answer",
         "seeds": [0, 1, 2],
@@ -415,7 +421,7 @@ def test_the_page_leads_with_where_each_attack_leaks_and_the_cheapest_defense_th
     topk_1 (cost 0.10) is cheaper than laplace_2 (0.20)."""
     found = {a.attack: a for a in answers(_answer_matrix())}
     tbi, ldia = found["tbi"], found["ldia"]
-    assert tbi.leaks and tbi.baseline == 0.2 and tbi.tried == 3
+    assert tbi.leaks and tbi.baseline == pytest.approx(0.2) and tbi.tried == 3
     assert tbi.cheapest is not None and tbi.cheapest.defense == "laplace_1" and tbi.cheapest.cost == pytest.approx(0.05)
     assert ldia.leaks and ldia.baseline == 0.5 and ldia.cheapest is not None and ldia.cheapest.defense == "topk_1"
     assert ldia.cheapest.cost == pytest.approx(0.10)
@@ -441,47 +447,88 @@ def test_an_attack_no_setting_stops_is_said_so_and_one_within_its_baseline_does_
 
 def test_a_leak_is_the_per_seed_difference_from_that_seeds_baseline() -> None:
     """LDIA's uniform guess differs by seed (the seed draws the clients' label mixes). KL 0.30 / 0.40 / 0.50 against
-    uniform guesses 0.35 / 0.45 / 0.55: below it by 0.05 at every seed, a leak, though the KL's own interval over the
-    seeds holds the guesses' mean; and with the guesses the other way round (0.25 / 0.35 / 0.45) it is above at every
-    seed, no leak."""
+    uniform guesses 0.35 / 0.45 / 0.55: below it by 0.05 at every seed, with each seed's own within-run sd 0.01 and
+    δ = 0.01, a leak, though the KL's own interval over the seeds holds the guesses' mean; the guesses the other way
+    round (0.25 / 0.35 / 0.45): above at every seed, within δ. Without the seeds' own spread a constant difference has
+    nothing to scale a test by: unknown, neither a certain leak nor a stop."""
     matrix = _answer_matrix()
+    matrix["margins"] = {"kl": 0.01}
     none = next(c for c in matrix["cells"] if c["defense"] == "none")
-    none["metrics"]["attack/ldia/kl"] = metric(0.4, 0.15, 0.65, 0.30, 0.40, 0.50)
+    none["metrics"]["attack/ldia/kl"] = {**metric(0.4, 0.15, 0.65, 0.30, 0.40, 0.50), "within": [1e-4] * 3}
     none["metrics"]["attack/ldia/uniform_kl"] = metric(0.45, 0.3, 0.6, 0.35, 0.45, 0.55)
     ldia = next(a for a in answers(matrix) if a.attack == "ldia")
-    assert ldia.leaks and ldia.difference.mean == pytest.approx(-0.05) and ldia.difference.high == pytest.approx(-0.05)
+    assert ldia.leaks and ldia.decision.mean == pytest.approx(0.05)  # on the leaky side: the guess's KL less the attack's
+    assert ldia.decision.low == pytest.approx(0.05 - T2 * 0.01 / math.sqrt(3))
     none["metrics"]["attack/ldia/uniform_kl"] = metric(0.35, 0.2, 0.5, 0.25, 0.35, 0.45)
     ldia = next(a for a in answers(matrix) if a.attack == "ldia")
-    assert not ldia.leaks and ldia.difference.mean == pytest.approx(0.05)
+    assert ldia.decision.verdict is Verdict.stopped and ldia.decision.mean == pytest.approx(-0.05)
+    del none["metrics"]["attack/ldia/kl"]["within"]
+    assert next(a for a in answers(matrix) if a.attack == "ldia").decision.verdict is Verdict.unknown
+
+
+def test_the_control_is_the_attackers_best_without_the_protocol_seed_by_seed() -> None:
+    """TBI at 0.40 / 0.50 / 0.60 against chance 0.2 leaks; PLI's learned prior at 0.45 / 0.55 / 0.50 and the public look
+    at 0.50 / 0.45 / 0.65 make the control their seed-by-seed best, 0.50 / 0.55 / 0.65, and TBI falls below it: no
+    leak is shown. A control run's value counts the same way; a cell with one seed is unknown, never a stop."""
+    matrix = _answer_matrix()
+    none = next(c for c in matrix["cells"] if c["defense"] == "none")
+    none["metrics"]["attack/pli/prior_accuracy"] = {**metric(0.5, 0.4, 0.6, 0.45, 0.55, 0.50), "within": [4e-3] * 3}
+    none["metrics"]["attack/public_mean/accuracy"] = metric(0.53, 0.4, 0.7, 0.50, 0.45, 0.65)
+    tbi = next(a for a in answers(matrix) if a.attack == "tbi")
+    assert [v for v, _ in tbi.control.values.values()] == [0.50, 0.55, 0.65] and tbi.baseline == pytest.approx(1.7 / 3)
+    assert set(tbi.control.sources) == {"chance", "pli/prior_accuracy", "public_mean/accuracy"}
+    assert not tbi.leaks and tbi.decision.mean == pytest.approx(0.5 - 1.7 / 3)
+    assert "public_mean" not in {a.attack for a in answers(matrix)}  # the public look is a control, not an attack
+    del none["metrics"]["attack/pli/prior_accuracy"], none["metrics"]["attack/public_mean/accuracy"]
+    matrix["axes"]["defenses"].append("control")
+    control = {**none, "id": "digits/fedmd/control", "defense": "control", "metrics": dict(none["metrics"])}
+    control["metrics"]["attack/tbi/accuracy"] = metric(0.45, 0.3, 0.6, 0.35, 0.45, 0.55)
+    matrix["cells"].append(control)
+    tbi = next(a for a in answers(matrix) if a.attack == "tbi")
+    assert [v for v, _ in tbi.control.values.values()] == [0.35, 0.45, 0.55] and "the control run" in tbi.control.sources
+    assert "control" not in {s.defense for s in tbi.settings}  # the control run is no defense
+    laplace = next(c for c in matrix["cells"] if c["defense"] == "laplace_1")
+    laplace["seeds"] = [0]
+    laplace["metrics"]["attack/tbi/accuracy"] = metric(0.05, None, None, 0.05)
+    one = next(s for s in next(a for a in answers(matrix) if a.attack == "tbi").settings if s.defense == "laplace_1")
+    assert one.decision.verdict is Verdict.unknown and not one.stops
 
 
 def test_each_defense_curve_gets_its_cheapest_stop_and_a_value_at_chance_is_not_a_leak() -> None:
     """With laplace_1 and laplace_2 one curve, TBI's answer names laplace_1 for it and none for topk_1 (still above
     chance); LDIA's names topk_1 and laplace_2 (laplace_1 still below the guess). A defended value stored from float32
-    (0.2000000029802322) at chance 0.2 at every seed is no leak: it stops the attack."""
+    (0.2000000029802322) at chance 0.2 at every seed, each seed with the spread of 4 hits in 20 targets, is shown within
+    δ = one chance level of it: it stops the attack; without the seeds' own spread it is unknown."""
     matrix = _answer_matrix()
     matrix["curves"] = {"laplace": {"key": "defense.laplace.scale", "settings": [["laplace_1", 1.0], ["laplace_2", 2.0]]}}
     found = {a.attack: a for a in answers(matrix)}
     assert {d: s and s.defense for d, s in found["tbi"].by_defense.items()} == {"laplace": "laplace_1", "topk_1": None}
     assert {d: s and s.defense for d, s in found["ldia"].by_defense.items()} == {"laplace": "laplace_2", "topk_1": "topk_1"}
-    assert per_defense(found["tbi"]) == "laplace: laplace_1 (+0.05); topk_1: none"
+    assert per_defense(found["tbi"]) == "laplace: laplace_1 (+0.05); topk_1: no stop (1 leaks)"
     topk = next(c for c in matrix["cells"] if c["defense"] == "topk_1")
     at_chance = 0.2000000029802322
     topk["metrics"]["attack/tbi/accuracy"] = metric(at_chance, at_chance, at_chance, at_chance, at_chance, at_chance)
+    assert next(a for a in answers(matrix) if a.attack == "tbi").by_defense["topk_1"] is None
+    topk["metrics"]["attack/tbi/accuracy"]["within"] = [within_variance(*wilson_interval(4, 20))] * 3
     assert next(a for a in answers(matrix) if a.attack == "tbi").by_defense["topk_1"] is not None
 
 
 def test_one_sentence_per_attack_names_the_cheapest_stopping_setting_and_its_cost(answer_page: str) -> None:
     (tbi, ldia) = re.findall(r"<li>(.*?)</li>", section(answer_page, "ul", "class", "sentences"))
-    assert tbi == (
-        "tbi leaks at 1 of 1 place(s) undefended, most at digits / fedmd (0.5 against 0.2); the cheapest setting that stops "
-        "it there is laplace_1 (0.2 [0.1, 0.3], an accuracy cost of 0.05); some setting stops it at 1 of the 1 leaking place(s)."
+    assert html.unescape(tbi) == (
+        "tbi leaks beyond its control at 1 of 1 place(s) undefended, most at digits / fedmd (0.5 against its control's 0.2); "
+        "the cheapest setting shown to stop it there is laplace_1 (0.2 [0.1, 0.3], an accuracy cost of 0.05); a setting is "
+        "shown to stop it at 1 of the 1 leaking place(s)."
     )
-    assert ldia.startswith("ldia leaks at 1 of 1") and "stops it there is topk_1" in ldia and "accuracy cost of 0.1" in ldia
+    assert (
+        ldia.startswith("ldia leaks beyond its control at 1 of 1") and "stop it there is topk_1" in ldia and "accuracy cost of 0.1" in ldia
+    )
     matrix = _answer_matrix()
     for c in matrix["cells"]:
         c["metrics"]["attack/tbi/accuracy"] = metric(0.2, 0.1, 0.3, 0.1, 0.2, 0.3)
-    assert sentence("tbi", [a for a in answers(matrix) if a.attack == "tbi"]).startswith("tbi leaks at none of the 1 place(s)")
+    assert sentence("tbi", [a for a in answers(matrix) if a.attack == "tbi"]).startswith(
+        "tbi is shown to leak beyond its control at none of the 1 place(s) it was measured undefended (1 no leak beyond δ;"
+    )
 
 
 def test_the_images_of_each_leak_are_shown_beside_its_score(tmp_path: Path) -> None:
@@ -495,7 +542,9 @@ def test_the_images_of_each_leak_are_shown_beside_its_score(tmp_path: Path) -> N
     (tmp_path / saved).write_bytes(b"\x89PNG tbi")
     page = write_matrix_page(matrix, tmp_path / "page", images_from=tmp_path)
     (figure,) = re.findall(r"<div class='gallery'>(.*?)</div>", page.read_text(), flags=re.DOTALL)
-    assert figure.count("<figure>") == 1 and "tbi, digits / fedmd, seed 0: 0.5 [0.4, 0.6] against 0.2" in figure
+    assert figure.count("<figure>") == 1 and "tbi, digits / fedmd, seed 0: 0.5 [0.4, 0.6] against its control's 0.2" in html.unescape(
+        figure
+    )
     assert (tmp_path / "page" / "plots" / "answer__tbi__digits__fedmd.png").read_bytes() == b"\x89PNG tbi"
     (tmp_path / saved).unlink()
     assert "class='gallery'" not in write_matrix_page(matrix, tmp_path / "page", images_from=tmp_path).read_text()

@@ -67,7 +67,14 @@ from fdattack.evaluation.report import Report
 from fdattack.evaluation.scoring import SCORERS, ScoringContext, check_labels
 from fdattack.fd.results import Inversions
 from fdattack.functional.frechet import FrechetToReference
-from fdattack.functional.intervals import NO_INTERVAL, interval_keys, mean_interval, positive_bootstrap_interval, wilson_interval_of_rate
+from fdattack.functional.intervals import (
+    NO_INTERVAL,
+    TRIALS,
+    interval_keys,
+    mean_interval,
+    positive_bootstrap_interval,
+    wilson_interval_of_rate,
+)
 from fdattack.functional.inversion_metrics import (
     feature_cosine_samples,
     feature_diversity,
@@ -88,10 +95,14 @@ def _with_interval(key: str, value: float, interval: tuple[float, float]) -> dic
     return {key: value, **interval_keys(key, interval)}
 
 
-def _interval_over_labels(key: str, per_label: Tensor) -> dict[str, float]:
+def _interval_over_labels(key: str, per_label: Tensor, samples: int | None = None) -> dict[str, float]:
     """The interval keys of ``key``, a mean over target labels of ``per_label`` (T,) values: the labels are the units
-    (:func:`~fdattack.functional.intervals.mean_interval`; NaN with one label)."""
-    return interval_keys(key, mean_interval(key, per_label.double().numpy()))
+    (:func:`~fdattack.functional.intervals.mean_interval`; NaN with one label). A rate of hits over ``samples`` draws
+    per label counts them as its trials (never narrower than Wilson over all T · S draws; ``key_trials``)."""
+    if samples is None:
+        return interval_keys(key, mean_interval(key, per_label.double().numpy()))
+    trials = [float(samples)] * len(per_label)
+    return {**interval_keys(key, mean_interval(key, per_label.double().numpy(), trials=trials)), key + TRIALS: float(sum(trials))}
 
 
 class GivenFeatures(nn.Module):
@@ -203,7 +214,7 @@ class InversionScorer:
         for k in (1, 5):
             hits = torch.stack([topk_per_sample(logits[:, [j]], labels[[j]], k) for j in range(t)], dim=1)  # (S, T)
             values[f"top{k}"], values[f"top{k}_std"] = mean_and_std(hits.mean(dim=1))
-            values.update(_interval_over_labels(f"top{k}", hits.mean(dim=0)))
+            values.update(_interval_over_labels(f"top{k}", hits.mean(dim=0), samples=s))
         distances = knn_distances(features, labels, real, self.real_labels)  # S per label with private images, label by label
         cosines = feature_cosine_samples(pre, labels, real_pre, self.real_labels, noise_pre)
         extractor = PenultimateFeatures(classifier)

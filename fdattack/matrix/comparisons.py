@@ -18,7 +18,7 @@ from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING
 
 from fdattack.functional.comparisons import holm_adjusted, paired_difference
-from fdattack.matrix.spec import MatrixSpec
+from fdattack.matrix.spec import CONTROL, MatrixSpec
 
 if TYPE_CHECKING:
     from fdattack.matrix.outputs import CellResult
@@ -48,8 +48,9 @@ class DefenseComparison:
 
 
 def baseline_defense(spec: MatrixSpec) -> str | None:
-    """The undefended setting: the first defense with no overrides, or None where every setting defends."""
-    return next((name for name, overrides in spec.defenses.items() if not overrides), None)
+    """The undefended setting: the first defense with no overrides (never the control runs), or None where every
+    setting defends."""
+    return next((name for name, overrides in spec.defenses.items() if not overrides and name != CONTROL), None)
 
 
 def _finite(value: object) -> float:
@@ -76,7 +77,7 @@ def defense_comparisons(spec: MatrixSpec, results: list["CellResult"], metrics: 
                 continue
             for defense in spec.defenses:
                 defended = done.get((data, protocol, defense))
-                if defense == baseline or defended is None:
+                if defense in (baseline, CONTROL) or defended is None:
                     continue
                 for metric in metrics:
                     a, b = _per_seed(defended, metric), _per_seed(reference, metric)

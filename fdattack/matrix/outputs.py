@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from fdattack.functional.intervals import HIGH, LOW
+from fdattack.functional.intervals import HIGH, LOW, within_variance
 from fdattack.matrix.comparisons import baseline_defense, comparisons_json, defense_comparisons
 from fdattack.matrix.plan import Cell
 from fdattack.matrix.spec import MatrixSpec
@@ -49,15 +49,18 @@ class CellResult:
     images: dict[str, list[str]] = field(default_factory=dict)  # attack -> its last image per seed, relative to the root
 
     def metric(self, key: str) -> dict[str, Any] | None:
-        """``{"mean", "ci_low", "ci_high", "seed_std", "values"}`` of ``key``, or None where no seed recorded it."""
+        """``{"mean", "ci_low", "ci_high", "seed_std", "values", "within"}`` of ``key``, or None where no seed recorded
+        it; ``within`` holds each seed's within-run variance (from its own interval; None where it has none)."""
         if key not in self.aggregate:
             return None
+        within = [within_variance(final.get(key + LOW), final.get(key + HIGH)) for final in self.per_seed]
         return {
             "mean": self.aggregate[key],
             "ci_low": self.aggregate.get(key + LOW),
             "ci_high": self.aggregate.get(key + HIGH),
             "seed_std": self.aggregate.get(key + SEED_STD),
             "values": [final.get(key) for final in self.per_seed],
+            "within": [v if math.isfinite(v) else None for v in within],
         }
 
     def metric_keys(self) -> list[str]:
@@ -90,6 +93,8 @@ def to_json(spec: MatrixSpec, results: list[CellResult]) -> dict[str, Any]:
             "attacks": list(spec.attacks),
         },
         "undefended": baseline_defense(spec),
+        "control": {data: list(overrides) for data, overrides in spec.control.items()},
+        "margins": dict(spec.margins),
         "curves": {name: {"key": c.key, "settings": [list(point) for point in c.settings]} for name, c in spec.curves.items()},
         "headline": {attack: headline_metrics(results, attack) for attack in spec.attacks},
         "utility": [k for k in (*UTILITY, *BUDGETS) if any(k in r.aggregate for r in results)],

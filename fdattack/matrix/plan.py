@@ -68,7 +68,10 @@ def plan_cell(spec: MatrixSpec, data: str, protocol: str, defense: str) -> Cell:
     pattern = spec.skipped(data, protocol, defense)
     if pattern:
         return Cell(data, protocol, defense, reason=f"skipped by the matrix file ({pattern})")
-    experiment, base = _experiment(spec, [*spec.overrides, *spec.data[data], *spec.protocols[protocol], *spec.defenses[defense]])
+    defended = spec.defense_overrides(data, defense)
+    if defended is None:
+        return Cell(data, protocol, defense, reason=f"the matrix file gives {data} no control run (control:)")
+    experiment, base = _experiment(spec, [*spec.overrides, *spec.data[data], *spec.protocols[protocol], *defended])
     try:
         cfg = compose_unchecked(experiment, [*base, "attacks=[]"])
         check_names(cfg)

@@ -17,12 +17,20 @@
     attacks:   [pli, tbi, ldia, lira_distill]
     skip: [mnist/dsfl/*, "att_faces/*/*/lira_*"]   # cells not to run (data/protocol/defense), or attacks left out of
                                                    # cells (data/protocol/defense/attack); each part a shell pattern
+    control: {mnist_gan: [protocol.optim.lr=1.0e-12]}  # per data setting, the overrides of its control run
+    margins: {accuracy: 0.05}    # the equivalence margin δ of a headline metric (defaults: fdattack.functional.decisions)
 
 Each axis maps a setting's name (it names folders and table rows) to the overrides that make it, the tokens of
 ``fdattack run``; an ``experiment=PATH`` token among them sets the experiment file the cell starts from. A defense
 may instead be a curve, its overrides and one key's strengths: it stands for one setting per strength, named
 ``<defense>_<strength>`` with ``<key>=<strength>`` added (:class:`Curve`). The attacks are not an axis: every attack
 whose needs the cell's protocol and data offer runs on the cell's one simulation.
+
+``control`` adds a setting named ``control`` to the defenses of each data setting it names: the undefended simulation
+with the control's overrides instead, in which nothing of the clients' private data reaches what the protocol sends
+(the clients' learning rate at 1e-12: their networks stay at their initialisation). What an attack scores there is what
+it gets without the protocol's data, the baseline its leak is measured against (:mod:`fdattack.tracking.matrix_answer`).
+``margins`` sets, before the run, how close to its baseline an attack must be shown to be to count as stopped.
 """
 
 from __future__ import annotations
@@ -39,10 +47,13 @@ from fdattack.config.registries import registries
 from fdattack.config.schema import SEED_MAX
 from fdattack.config.yaml_files import quote, read_yaml_file
 from fdattack.errors import ConfigError
+from fdattack.functional.decisions import MARGINS
 
 #: the axes a matrix crosses, in the order of a cell's folder ``<data>/<protocol>/<defense>``
 AXES = ("data", "protocols", "defenses")
-KEYS = ("name", "experiment", "overrides", "seeds", *AXES, "attacks", "skip")
+KEYS = ("name", "experiment", "overrides", "seeds", *AXES, "attacks", "skip", "control", "margins")
+#: the defense setting of a data setting's control run (``control:``)
+CONTROL = "control"
 #: a setting's name: it names a folder and a W&B run
 PLAIN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.+-]*$")
 
@@ -75,6 +86,15 @@ class MatrixSpec:
     source: Path
     skip: tuple[str, ...] = ()
     curves: dict[str, Curve] = field(default_factory=dict)
+    control: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    margins: dict[str, float] = field(default_factory=dict)
+
+    def defense_overrides(self, data: str, defense: str) -> tuple[str, ...] | None:
+        """The overrides of ``defense`` in ``data``: the control's where ``defense`` is :data:`CONTROL` (None where
+        ``data`` has no control run)."""
+        if defense == CONTROL:
+            return self.control.get(data)
+        return self.defenses[defense]
 
     def skipped(self, data: str, protocol: str, defense: str, attack: str | None = None) -> str | None:
         """The ``skip`` pattern that leaves out this cell (a three-part pattern), or, given an ``attack``, this attack in
@@ -201,6 +221,35 @@ def _skip(path: Path, value: Any, axes: list[dict[str, tuple[str, ...]]], attack
     return tuple(value)
 
 
+def _control(path: Path, value: Any, data: dict[str, tuple[str, ...]], defenses: dict[str, tuple[str, ...]]) -> dict[str, tuple[str, ...]]:
+    """The control runs' overrides by data setting; each named data setting must exist, and no defense may be named
+    :data:`CONTROL`."""
+    if value is None:
+        return {}
+    if CONTROL in defenses:
+        raise ConfigError(f"{path}: defenses: {CONTROL!r} is the name of the control runs (control:); rename that defense")
+    if not isinstance(value, dict) or not value:
+        raise ConfigError(f"{path}: control must map data settings to their control run's overrides, e.g. control: {{mnist: [key=value]}}")
+    unknown = [name for name in value if name not in data]
+    if unknown:
+        raise ConfigError(f"{path}: control: {unknown[0]!r} is not a data setting (data: {', '.join(data)})")
+    return {name: _tokens(path, f"control.{name}", overrides) for name, overrides in value.items()}
+
+
+def _margins(path: Path, value: Any) -> dict[str, float]:
+    """The equivalence margins by headline metric name, each a positive number."""
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise ConfigError(f"{path}: margins must map headline metrics ({', '.join(MARGINS)}) to positive numbers")
+    for name, margin in value.items():
+        if name not in MARGINS:
+            raise ConfigError(f"{path}: margins: {name!r} is not a headline metric with a margin; choose from: {', '.join(MARGINS)}")
+        if not _number(margin) or not margin > 0:
+            raise ConfigError(f"{path}: margins.{name}={quote(repr(margin))} must be a positive number")
+    return {name: float(margin) for name, margin in value.items()}
+
+
 def load_matrix(path: Path) -> MatrixSpec:
     """Read and check a matrix file.
 
@@ -232,6 +281,9 @@ def load_matrix(path: Path) -> MatrixSpec:
     except ConfigError as err:
         raise ConfigError(f"{path}: {err}") from None
     attacks = _attacks(path, raw["attacks"])
+    control = _control(path, raw.get("control"), data, defenses)
+    if control:
+        defenses = {**defenses, CONTROL: ()}
     return MatrixSpec(
         name=name,
         experiment=Path(experiment) if experiment else None,
@@ -244,4 +296,6 @@ def load_matrix(path: Path) -> MatrixSpec:
         source=path,
         skip=_skip(path, raw.get("skip"), [data, protocols, defenses], attacks),
         curves=curves,
+        control=control,
+        margins=_margins(path, raw.get("margins")),
     )

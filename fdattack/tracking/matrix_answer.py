@@ -1,23 +1,36 @@
 """What the matrix page leads with: per attack and place (data, protocol), whether the undefended attack leaks beyond
-its baseline, and the defense setting that brings it to the baseline at the least cost in the clients' accuracy.
+what the attacker gets without the protocol's data, and the cheapest defense setting shown to bring it back within a
+margin of that.
 
-An attack's headline metric leaks where the mean of its per-seed differences from its baseline (:data:`BASELINES`:
-chance for an accuracy or top-1, the seed's uniform guess for LDIA's KL, 0.5 for an AUC, 1 % for the TPR at 1 % FPR)
-has a 95 % t interval wholly on the leaky side of 0: the seeds are the independent unit, and a seed's baseline is
-compared with that seed's value. A defense setting stops the attack where, by the same test, it no longer leaks (the
-interval of its per-seed differences from the baseline holds 0 or lies on the other side); its cost is the undefended
-clients' accuracy less the defended (the server's where the protocol has no client accuracy).
+**The control.** An attack's leak is measured against the attacker's best without the protocol (:func:`control_of`),
+per seed and paired: the largest, seed by seed, of what applies among chance (or the uniform guess of LDIA's KL, an AUC
+of 0.5, a TPR of 1 % at 1 % FPR: what an attacker with no data scores, provably so for membership, whose members and
+non-members are exchangeable when nothing of them is learned), the public-only priors of the reconstruction attacks
+(PLI's learned prior, ``attack/<any>/prior_<metric>``, and the plain public look, ``attack/public_mean/<metric>``), and
+the same attack in the data setting's control run (``control:`` in the matrix file: the protocol with nothing of the
+private data learned). For a distance (LDIA's KL) the smallest. Taking the best of several is conservative: it can only
+shrink a leak.
+
+**The verdict** (:func:`fdattack.functional.decisions.decide`): *leaks* (the 95 % interval of the per-seed
+differences wholly above 0), *stopped* (its one-sided 95 % upper bound below the margin δ fixed before the run:
+:data:`~fdattack.functional.decisions.MARGINS`, or the matrix file's ``margins:``), *undecided* (neither), *unknown*
+(fewer than two seeds). A defense setting stops the attack only where its own verdict is *stopped*; the cheapest such
+setting is the one that costs the clients the least accuracy (the server's where the protocol has no client
+accuracy). A setting *reduces* the attack where its difference from no defense, seed by seed, survives Holm's
+correction over the matrix's comparisons on the leaky side (:mod:`fdattack.matrix.comparisons`).
 """
 
 from __future__ import annotations
 
 import html
+import math
 import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional, Union
 
-from fdattack.functional.intervals import t_interval
+from fdattack.functional.decisions import MARGINS, Decision, Verdict, decide
+from fdattack.functional.metric_kinds import metric_range
 from fdattack.tracking.matrix_cells import Shown, cells_by_place, finite, lower_leaks, number, shown, utility_of
 
 #: decimals kept of a difference: metrics stored from float32 differ from equal float64 ones by about 1e-9, which
@@ -25,7 +38,13 @@ from fdattack.tracking.matrix_cells import Shown, cells_by_place, finite, lower_
 DIGITS = 6
 #: the names of the answer's copies of the cells' images in the page's ``plots/``
 IMAGE_PREFIX = "answer__"
-#: headline metric -> its baseline: another metric of the same attack (its name), or a constant
+#: the defense setting of a data setting's control run (as :data:`fdattack.matrix.spec.CONTROL`)
+CONTROL = "control"
+#: attacks that read nothing from the protocol (the public look): controls of the others, never answered for
+CONTROL_ATTACKS = ("public_mean",)
+#: the attacker's public-only reconstructions, whose score at a metric bounds what needs no protocol
+PUBLIC_ONLY = ("attack/{attack}/prior_{name}", "attack/public_mean/{name}")
+#: headline metric -> what an attacker with no data scores: another metric of the same attack (its name), or a constant
 BASELINES: dict[str, Union[str, float]] = {
     "accuracy": "chance",
     "top1": "chance",
@@ -33,11 +52,13 @@ BASELINES: dict[str, Union[str, float]] = {
     "auc": 0.5,
     "tpr_at_1pct_fpr": 0.01,
 }
+#: how a verdict reads in the answer table of the undefended cell
+WORDS = {Verdict.leaks: "leaks", Verdict.stopped: "no leak beyond δ", Verdict.undecided: "undecided", Verdict.unknown: "unknown"}
 
 
 def baseline_of(cell: Optional[dict], metric: str) -> Optional[float]:
-    """The baseline of ``metric`` (``attack/<name>/<headline>``) in ``cell``: a constant, or the cell's mean of the
-    attack's baseline metric; None where it has none."""
+    """What an attacker with no data scores at ``metric`` (``attack/<name>/<headline>``) in ``cell``: a constant, or
+    the cell's mean of the attack's baseline metric; None where it has none (the heatmaps centre their colours on it)."""
     _, attack, name = metric.split("/", 2)
     base = BASELINES.get(name)
     if base is None or isinstance(base, float):
@@ -45,58 +66,146 @@ def baseline_of(cell: Optional[dict], metric: str) -> Optional[float]:
     return shown(cell, f"attack/{attack}/{base}").mean
 
 
-def paired_difference(cell: Optional[dict], metric: str) -> Shown:
-    """The mean of ``cell``'s per-seed differences ``metric`` − its baseline and their t interval (a seed with either
-    value missing is left out; no interval under two seeds)."""
-    values = ((cell or {}).get("metrics") or {}).get(metric) or {}
-    seeds = values.get("values") or []
-    _, attack, name = metric.split("/", 2)
-    base = BASELINES.get(name)
-    if isinstance(base, str):
-        bases = (((cell or {}).get("metrics") or {}).get(f"attack/{attack}/{base}") or {}).get("values") or []
-    else:
-        bases = [base] * len(seeds)
-    pairs = zip(map(finite, seeds), map(finite, bases))
-    differences = [round(v - b, DIGITS) for v, b in pairs if v is not None and b is not None]
-    if not differences:
-        return Shown(word="–", reason=f"no seed recorded {metric} and its baseline")
-    low, high = t_interval(differences)
-    mean = sum(differences) / len(differences)
-    return Shown(mean, finite(low), finite(high)) if finite(low) is not None and finite(high) is not None else Shown(mean)
+PerSeed = dict[int, tuple[float, float]]  # seed -> (value, within-run variance; NaN where unknown)
 
 
-def leaks(difference: Shown, metric: str) -> bool:
-    """Whether the paired ``difference`` from the baseline has its interval wholly on the leaky side of 0 (above it, or
-    below for a distance)."""
-    if difference.low is None or difference.high is None:
-        return False
-    return difference.high < 0 if lower_leaks(metric) else difference.low > 0
+def per_seed(cell: Optional[dict], key: str) -> PerSeed:
+    """``key``'s finite value at each seed of ``cell`` with its within-run variance (``matrix.json``'s ``within``)."""
+    if not cell or cell.get("status") != "done":
+        return {}
+    entry = (cell.get("metrics") or {}).get(key) or {}
+    values, within = entry.get("values") or [], entry.get("within") or []
+    found = {}
+    for i, seed in enumerate(cell.get("seeds") or []):
+        value = finite(values[i]) if i < len(values) else None
+        if value is not None:
+            variance = finite(within[i]) if i < len(within) else None
+            found[int(seed)] = (value, math.nan if variance is None else variance)
+    return found
 
 
 @dataclass(frozen=True)
-class Stop:
-    """A defense setting that brings the attack to its baseline: its value and the clients' accuracy it costs."""
+class Control:
+    """The attacker's best without the protocol at one place, per seed, and what it was drawn from."""
+
+    values: PerSeed
+    sources: tuple[str, ...]
+
+    @property
+    def mean(self) -> Optional[float]:
+        return sum(v for v, _ in self.values.values()) / len(self.values) if self.values else None
+
+
+def control_of(cells: dict[tuple[str, str, str], dict], data: str, protocol: str, undefended: str, metric: str) -> Control:
+    """The control of ``metric`` at (``data``, ``protocol``): per seed the best of its candidates (see the module
+    docstring) that the undefended cell or the control run recorded at that seed."""
+    _, attack, name = metric.split("/", 2)
+    base_cell, control_cell = cells.get((data, protocol, undefended)), cells.get((data, protocol, CONTROL))
+    seeds = [int(s) for s in (base_cell or {}).get("seeds") or []]
+    candidates: dict[str, PerSeed] = {}
+    base = BASELINES.get(name)
+    if isinstance(base, float):
+        candidates[f"{base:g}"] = {s: (base, 0.0) for s in seeds}
+    elif isinstance(base, str):
+        candidates[base] = per_seed(base_cell, f"attack/{attack}/{base}")
+    if not lower_leaks(metric):
+        prior_keys = {
+            f"attack/{other}/prior_{name}"
+            for c in (base_cell or {}).get("metrics") or {}
+            if c.startswith("attack/") and (other := c.split("/")[1])
+        }
+        for key in sorted(prior_keys) + [f"attack/public_mean/{name}"]:
+            found = per_seed(base_cell, key)
+            if found and key != metric:
+                candidates[key.removeprefix("attack/")] = found
+    found = per_seed(control_cell, metric)
+    if found:
+        candidates["the control run"] = found
+    pick = min if lower_leaks(metric) else max
+    values: PerSeed = {}
+    for seed in seeds:
+        at_seed = [c[seed] for c in candidates.values() if seed in c]
+        if at_seed:
+            values[seed] = pick(at_seed, key=lambda pair: pair[0])
+    return Control(values, tuple(candidates))
+
+
+def margin_of(matrix: dict, cell: Optional[dict], metric: str) -> Optional[float]:
+    """δ of ``metric``: the matrix file's ``margins:``, else :data:`~fdattack.functional.decisions.MARGINS` (a metric
+    name there: that metric's mean in ``cell``, such as chance); None where there is none."""
+    _, attack, name = metric.split("/", 2)
+    given = (matrix.get("margins") or {}).get(name, MARGINS.get(name))
+    if isinstance(given, str):
+        return shown(cell, f"attack/{attack}/{given}").mean
+    return given
+
+
+def decision_of(cell: Optional[dict], metric: str, control: Control, margin: float, alpha: float = 0.05) -> Decision:
+    """``cell``'s verdict at ``metric`` against ``control``, over the seeds both recorded; a seed's within-run variance
+    is the value's plus the control's (0 for a control with none: a constant or a quantity computed from the truth,
+    such as the uniform guess's KL)."""
+    values = per_seed(cell, metric)
+    seeds = [s for s in values if s in control.values]
+    within = [values[s][1] + (control.values[s][1] if math.isfinite(control.values[s][1]) else 0.0) for s in seeds]
+    return decide(
+        [round(values[s][0], DIGITS) for s in seeds],
+        [round(control.values[s][0], DIGITS) for s in seeds],
+        margin,
+        lower_leaks=lower_leaks(metric),
+        within=within,
+        bounds=metric_range(metric),
+        alpha=alpha,
+    )
+
+
+@dataclass(frozen=True)
+class Setting:
+    """A defense setting at one place: its value, its verdict against the control, its accuracy cost, and whether it
+    reduces the attack against no defense (Holm)."""
 
     defense: str
+    family: str  # the defense (its curve) it is a setting of
     value: Shown
+    decision: Decision
     cost: Optional[float]
+    reduces: bool
+
+    @property
+    def stops(self) -> bool:
+        return self.decision.verdict is Verdict.stopped
 
 
 @dataclass(frozen=True)
 class Answer:
-    """One attack's headline metric at one place, undefended, and the cheapest defense setting that stops it."""
+    """One attack's headline metric at one place: undefended against its control, and every defense setting."""
 
     attack: str
     metric: str
     data: str
     protocol: str
     value: Shown
-    baseline: float
-    difference: Shown  # the per-seed differences from the baseline, paired by seed
-    leaks: bool
-    cheapest: Optional[Stop]
-    tried: int  # defense settings measured at this place
-    by_defense: dict[str, Optional[Stop]] = field(default_factory=dict)  # a defense (its curve) -> its cheapest stop
+    control: Control
+    decision: Decision  # undefended against the control, paired by seed
+    settings: list[Setting]
+    by_defense: dict[str, Optional[Setting]] = field(default_factory=dict)  # a defense (its curve) -> its cheapest stop
+
+    @property
+    def leaks(self) -> bool:
+        return self.decision.verdict is Verdict.leaks
+
+    @property
+    def baseline(self) -> Optional[float]:
+        """The control's mean over the seeds."""
+        return self.control.mean
+
+    @property
+    def tried(self) -> int:
+        return len(self.settings)
+
+    @property
+    def cheapest(self) -> Optional[Setting]:
+        """The stopping setting of the least accuracy cost (an unknown cost last), or None."""
+        return _cheapest([s for s in self.settings if s.stops])
 
 
 def defense_families(matrix: dict) -> dict[str, str]:
@@ -107,60 +216,79 @@ def defense_families(matrix: dict) -> dict[str, str]:
     return family
 
 
-def answers(matrix: dict) -> list[Answer]:
+def _reductions(matrix: dict) -> set[tuple[str, str, str, str]]:
+    """(data, protocol, metric, defense) whose difference from no defense survives Holm on the leaky side."""
+    rows = (matrix.get("comparisons") or {}).get("rows") or []
+    return {
+        (r["data"], r["protocol"], r["metric"], r["defense"])
+        for r in rows
+        if r.get("survives") and ((r["mean"] > 0) if lower_leaks(r["metric"]) else (r["mean"] < 0))
+    }
+
+
+def answers(matrix: dict, alpha: float = 0.05) -> list[Answer]:
     """Every attack's first headline metric with a baseline, at every place whose undefended cell measured it."""
     undefended = matrix.get("undefended")
     if undefended is None:
         return []
     cells, axes, found, families = cells_by_place(matrix), matrix["axes"], [], defense_families(matrix)
+    reductions = _reductions(matrix)
     for attack, metrics in (matrix.get("headline") or {}).items():
         metric = next((m for m in metrics if m.rsplit("/", 1)[-1] in BASELINES), None)
-        if metric is None:
+        if metric is None or attack in CONTROL_ATTACKS:
             continue
         for data in axes["data"]:
             for protocol in axes["protocols"]:
                 base_cell = cells.get((data, protocol, undefended))
-                value, baseline = shown(base_cell, metric), baseline_of(base_cell, metric)
-                if value.mean is None or baseline is None:
+                value, margin = shown(base_cell, metric), margin_of(matrix, base_cell, metric)
+                control = control_of(cells, data, protocol, undefended, metric)
+                if value.mean is None or control.mean is None or margin is None:
                     continue
-                stops, tried, measured = [], 0, set()
                 _, before = utility_of(base_cell)
+                settings = []
                 for defense in axes["defenses"]:
                     cell = cells.get((data, protocol, defense))
                     defended = shown(cell, metric)
-                    if defense == undefended or defended.mean is None:
+                    if defense in (undefended, CONTROL) or defended.mean is None:
                         continue
-                    tried += 1
-                    measured.add(families[defense])
-                    after_defense = paired_difference(cell, metric)
-                    if after_defense.mean is not None and not leaks(after_defense, metric):  # no longer beyond the baseline
-                        _, after = utility_of(cell)
-                        cost = None if before.mean is None or after.mean is None else round(before.mean - after.mean, DIGITS)
-                        stops.append(Stop(defense, defended, cost))
-                cheapest = _cheapest(stops)
-                by_defense = {
-                    f: _cheapest([s for s in stops if families[s.defense] == f]) for f in dict.fromkeys(families.values()) if f in measured
-                }
-                difference = paired_difference(base_cell, metric)
-                leaky = leaks(difference, metric)
-                found.append(Answer(attack, metric, data, protocol, value, baseline, difference, leaky, cheapest, tried, by_defense))
+                    _, after = utility_of(cell)
+                    cost = None if before.mean is None or after.mean is None else round(before.mean - after.mean, DIGITS)
+                    decision = decision_of(cell, metric, control, margin, alpha)
+                    reduces = (data, protocol, metric, defense) in reductions
+                    settings.append(Setting(defense, families[defense], defended, decision, cost, reduces))
+                measured = dict.fromkeys(s.family for s in settings)
+                by_defense = {f: _cheapest([s for s in settings if s.stops and s.family == f]) for f in measured}
+                decision = decision_of(base_cell, metric, control, margin, alpha)
+                found.append(Answer(attack, metric, data, protocol, value, control, decision, settings, by_defense))
     return found
 
 
-def _cheapest(stops: list[Stop]) -> Optional[Stop]:
-    """The stop of the least accuracy cost (an unknown cost last), or None."""
+def _cheapest(stops: list[Setting]) -> Optional[Setting]:
+    """The setting of the least accuracy cost (an unknown cost last), or None."""
     return min(stops, key=lambda s: float("inf") if s.cost is None else s.cost, default=None)
 
 
+def difference_text(d: Decision) -> str:
+    """The mean leak-side difference with its interval and seeds, or the word where there is none."""
+    if not math.isfinite(d.mean):
+        return "–"
+    interval = f" [{d.low:+.3g}, {d.high:+.3g}]" if math.isfinite(d.low) and math.isfinite(d.high) else ""
+    return f"{d.mean:+.3g}{interval} ({d.n} seeds)"
+
+
 def per_defense(a: Answer) -> str:
-    """Each measured defense's cheapest setting that stops ``a``, with its cost, or that none of its settings does."""
+    """Each measured defense's cheapest setting shown to stop ``a``, with its cost, or how its settings stand."""
     told = []
     for defense, stop in a.by_defense.items():
-        if stop is None:
-            told.append(f"{defense}: none")
-        else:
+        if stop is not None:
             cost = "cost unknown" if stop.cost is None else f"{stop.cost:+.3g}"
             told.append(f"{defense}: {stop.defense} ({cost})")
+            continue
+        mine = [s for s in a.settings if s.family == defense]
+        counts = {v: sum(s.decision.verdict is v for s in mine) for v in (Verdict.leaks, Verdict.undecided, Verdict.unknown)}
+        reduced = [s.defense for s in mine if s.reduces]
+        state = ", ".join(f"{n} {v.value}" for v, n in counts.items() if n) or "none"
+        told.append(f"{defense}: no stop ({state}{'; reduces at ' + ', '.join(reduced) if reduced else ''})")
     return "; ".join(told)
 
 
@@ -179,18 +307,24 @@ def answer_html(matrix: dict, out: Path | None = None, images_from: Path | None 
             "metric",
             "data / protocol",
             "undefended [95 % interval]",
-            "baseline",
-            "− baseline, paired by seed",
-            "leaks",
-            "cheapest setting that stops it (its value; accuracy cost)",
-            "per defense: its cheapest stop (accuracy cost)",
+            "control (the attacker's best without the protocol)",
+            "− control, paired by seed [95 % interval]",
+            "margin δ",
+            "verdict",
+            "cheapest setting shown to stop it (its value; accuracy cost)",
+            "per defense: its cheapest stop (accuracy cost), else how its settings stand",
         )
     )
     return (
-        "<section id='answer'><h2>Where each attack leaks, and what stops it</h2><p class='note'>Undefended: the mean over the "
-        "seeds and its 95 % interval; it leaks where the mean of its per-seed differences from the baseline (chance, the "
-        "seed's uniform guess, an AUC of 0.5) has a 95 % t interval wholly beyond 0. A defense setting stops it where, by the "
-        "same test, it no longer leaks; its cost is the clients' accuracy it takes (the server's for FedAvg).</p>"
+        "<section id='answer'><h2>Where each attack leaks, and what stops it</h2><p class='note'>Each attack against its "
+        "control, the attacker's best without the protocol's data, seed by seed: the best of chance (the uniform guess, an "
+        "AUC of 0.5), the public-only priors and public look of the reconstruction attacks, and the attack in the data "
+        "setting's control run. It <b>leaks</b> where the 95 % interval of the per-seed differences (the seeds' spread, "
+        "floored by each seed's own within-run spread) lies wholly beyond 0; it is <b>stopped</b> (no leak beyond δ) where "
+        "the one-sided 95 % upper bound of that difference lies below the margin δ fixed before the run; otherwise it is "
+        "<b>undecided</b>, and with fewer than two seeds <b>unknown</b>. A defense setting stops the attack only where it "
+        "is shown to; its cost is the clients' accuracy it takes (the server's for FedAvg); it <b>reduces</b> the attack "
+        "where its difference from no defense survives Holm's correction.</p>"
         f"{sentences_html(rows)}<div class='scroll'><table class='answer'><tr>{head}</tr>{body}</table></div>"
         f"{gallery_html(matrix, rows, out, images_from)}</section>"
     )
@@ -221,7 +355,7 @@ def _figure(a: Answer, cell: Optional[dict], out: Path | None, images_from: Path
     name = f"{IMAGE_PREFIX}{a.attack}__{a.data}__{a.protocol}.png"
     shutil.copyfile(images_from / saved[0], out / "plots" / name)
     seed = ((cell or {}).get("seeds") or ["?"])[0]
-    caption = f"{a.attack}, {a.data} / {a.protocol}, seed {seed}: {a.value.text()} against {number(a.baseline)}"
+    caption = f"{a.attack}, {a.data} / {a.protocol}, seed {seed}: {a.value.text()} against its control's {number(a.baseline)}"
     return (
         f"<figure><a href='plots/{name}'><img src='plots/{name}' alt='{html.escape(saved[0])}'></a>"
         f"<figcaption>{html.escape(caption)}</figcaption></figure>"
@@ -229,54 +363,63 @@ def _figure(a: Answer, cell: Optional[dict], out: Path | None, images_from: Path
 
 
 def _row(a: Answer) -> list[str]:
-    if not a.leaks:
-        stop = "– (no leak to stop)"
+    if a.decision.verdict is not Verdict.leaks:
+        stop = f"– ({WORDS[a.decision.verdict]} undefended)"
     elif a.cheapest is None:
-        stop = f"none of the {a.tried} setting(s)" if a.tried else "no defense measured here"
+        undecided = sum(s.decision.verdict is Verdict.undecided for s in a.settings)
+        stop = f"none shown of the {a.tried} setting(s) ({undecided} undecided)" if a.tried else "no defense measured here"
     else:
         cost = "cost unknown" if a.cheapest.cost is None else f"accuracy cost {a.cheapest.cost:+.3g}"
         stop = f"{a.cheapest.defense}: {a.cheapest.value.text()} ({cost})"
+    control = f"{number(a.control.mean)} ({', '.join(a.control.sources)})"
     return [
         html.escape(a.attack),
         html.escape(a.metric.rsplit("/", 1)[-1]),
         html.escape(f"{a.data} / {a.protocol}"),
         html.escape(a.value.text()),
-        html.escape(number(a.baseline)),
-        html.escape(a.difference.text()),
-        "yes" if a.leaks else "no",
+        html.escape(control),
+        html.escape(difference_text(a.decision)),
+        html.escape(number(a.decision.margin)),
+        html.escape(WORDS[a.decision.verdict]),
         html.escape(stop),
         html.escape(per_defense(a) if a.leaks else "–"),
     ]
 
 
 def sentence(attack: str, rows: list[Answer]) -> str:
-    """One sentence on ``attack``: at how many places it leaks undefended and where most, the cheapest defense setting
-    that stops it there and its cost, and at how many leaking places some setting does; or that it leaks nowhere here."""
+    """One sentence on ``attack``: at how many places it leaks beyond its control undefended and where most, the
+    cheapest setting shown to stop it there and its cost, and at how many leaking places one is shown; or how the places
+    stand where it leaks nowhere."""
     leaking = [a for a in rows if a.leaks]
     most = max(leaking or rows, key=_leak_size)
     where = f"{most.data} / {most.protocol}"
+    value = f"{number(most.value.mean)} against its control's {number(most.baseline)}"
     if not leaking:
+        tally = {WORDS[v]: sum(a.decision.verdict is v for a in rows) for v in (Verdict.stopped, Verdict.undecided, Verdict.unknown)}
+        counts = ", ".join(f"{n} {word}" for word, n in tally.items() if n)
         return (
-            f"{attack} leaks at none of the {len(rows)} place(s) it was measured undefended (nearest to it {where}: "
-            f"{number(most.value.mean)} against {number(most.baseline)}, {most.difference.text()} from it, paired by seed)."
+            f"{attack} is shown to leak beyond its control at none of the {len(rows)} place(s) it was measured undefended "
+            f"({counts}; nearest to a leak {where}: {value}, {difference_text(most.decision)})."
         )
-    value = f"{number(most.value.mean)} against {number(most.baseline)}"
-    told = f"{attack} leaks at {len(leaking)} of {len(rows)} place(s) undefended, most at {where} ({value})"
+    told = f"{attack} leaks beyond its control at {len(leaking)} of {len(rows)} place(s) undefended, most at {where} ({value})"
     stop = most.cheapest
     if stop is None:
-        there = f"no setting measured there stops it ({most.tried} tried)" if most.tried else "no defense was measured there"
+        undecided = sum(s.decision.verdict is Verdict.undecided for s in most.settings)
+        there = (
+            f"no setting measured there is shown to stop it ({most.tried} tried, {undecided} undecided)"
+            if most.tried
+            else "no defense was measured there"
+        )
     else:
         cost = "an unknown accuracy cost" if stop.cost is None else f"an accuracy cost of {number(stop.cost)}"
-        there = f"the cheapest setting that stops it there is {stop.defense} ({stop.value.text()}, {cost})"
+        there = f"the cheapest setting shown to stop it there is {stop.defense} ({stop.value.text()}, {cost})"
     stopped = sum(a.cheapest is not None for a in leaking)
-    return f"{told}; {there}; some setting stops it at {stopped} of the {len(leaking)} leaking place(s)."
+    return f"{told}; {there}; a setting is shown to stop it at {stopped} of the {len(leaking)} leaking place(s)."
 
 
 def _leak_size(a: Answer) -> float:
-    """How far ``a`` lies beyond its baseline on the leaky side (negative where it falls short of it)."""
-    if a.difference.mean is None:
-        return float("-inf")
-    return -a.difference.mean if lower_leaks(a.metric) else a.difference.mean
+    """How far ``a`` lies beyond its control on the leaky side (negative where it falls short of it)."""
+    return a.decision.mean if math.isfinite(a.decision.mean) else float("-inf")
 
 
 def sentences_html(rows: list[Answer]) -> str:
