@@ -61,6 +61,11 @@ def _parser() -> argparse.ArgumentParser:
     )
     matrix.add_argument("--list", action="store_true", help="print the simulations with their index and state, run nothing")
     matrix.add_argument("--sweep-file", default=None, help="write a W&B sweep (grid over the simulations) to this path, run nothing")
+    matrix.add_argument(
+        "--decide",
+        action="store_true",
+        help="add seeds, a batch at a time, to the cells whose verdict is undecided, up to the file's decide: max_seeds and budget",
+    )
     return parser
 
 
@@ -123,7 +128,7 @@ def _command(args: argparse.Namespace) -> int:
 
         root = Path(args.root) if args.root else None
         sweep_out = Path(args.sweep_file) if args.sweep_file else None
-        return matrix_main(Path(args.file), root, args.jobs, args.cell, args.list, sweep_out)
+        return matrix_main(Path(args.file), root, args.jobs, args.cell, args.list, sweep_out, args.decide)
     from pathlib import Path
 
     from fdattack.tracking.report import write_report

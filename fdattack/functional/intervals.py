@@ -142,7 +142,7 @@ def _wilson(p: float, trials: float, z: float) -> Interval:
     z2 = z * z
     centre = (p + z2 / (2 * trials)) / (1 + z2 / trials)
     half = z * math.sqrt(p * (1 - p) / trials + z2 / (4 * trials * trials)) / (1 + z2 / trials)
-    return max(0.0, centre - half), min(1.0, centre + half)
+    return (0.0 if p == 0 else max(0.0, centre - half)), (1.0 if p == 1 else min(1.0, centre + half))  # exact ends at 0 and 1
 
 
 def rate_interval(
@@ -201,7 +201,8 @@ def positive_interval(
     skewed (a log-normal spread of s = 1 at 3 seeds: 0.93, where t covers 0.84). The interval is their hull while
     s ≤ 1; beyond, the values span decades (a value near 0 beside others, where Cox's ends run to 1e±100), the
     log-normal reading is not credible, and the Cox part fades out linearly until s = 2, from where t alone remains.
-    It thus moves continuously with the values, a 0 among them included (s is then unbounded: t alone).
+    It thus moves continuously with the values, a 0 among them included (s is then unbounded: t alone). Two values take
+    t alone.
 
     Raises:
         ValueError: a negative value.
@@ -217,7 +218,7 @@ def positive_interval(
     logs = np.log(data)
     centre, s2, n = float(logs.mean()), float(logs.var(ddof=1)), len(data)
     weight = min(1.0, max(0.0, (COX_NONE - math.sqrt(s2)) / (COX_NONE - COX_FULL)))
-    if weight == 0.0 or s2 == 0.0:
+    if weight == 0.0 or s2 == 0.0 or n < 3:  # two values: t₁ = 12.7 on s⁴ puts Cox's ends at 1e±5 of the values
         return low, high
     half = _t_quantile(n, confidence) * math.sqrt(s2 / n + s2 * s2 / (2 * (n - 1)))
     cox_low, cox_high = math.exp(centre + s2 / 2 - half), math.exp(centre + s2 / 2 + half)

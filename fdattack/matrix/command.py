@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import os
 import tempfile
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 import yaml
@@ -16,6 +18,7 @@ import yaml
 from fdattack.config.composition import compose_unchecked
 from fdattack.errors import ConfigError
 from fdattack.matrix.comparisons import comparisons_summary
+from fdattack.matrix.decide import SeedState, cells_to_extend, load_state, save_state, verdict_counts
 from fdattack.matrix.outputs import CellResult, summary_table, to_json, write_outputs
 from fdattack.matrix.plan import Cell, cell_folder, plan_cell, plan_cells
 from fdattack.matrix.run import (
@@ -34,6 +37,7 @@ from fdattack.matrix.run import (
 from fdattack.matrix.spec import MatrixSpec, load_matrix
 from fdattack.matrix.stopping import MatrixStopped
 from fdattack.seeds import write_aggregate
+from fdattack.tracking.matrix_answer import answers
 from fdattack.tracking.matrix_page import HEATMAP_PREFIX, write_matrix_page
 from fdattack.tracking.wandb_run import log_matrix_summary
 
@@ -42,19 +46,30 @@ def default_root(spec: MatrixSpec) -> Path:
     return Path("runs") / "matrix" / spec.name
 
 
-def units_of(spec: MatrixSpec, cells: list[Cell]) -> list[Unit]:
-    """The simulations: every runnable cell at every seed, cell-major."""
-    return [Unit(cell, seed) for cell in cells if cell.runs for seed in spec.seeds]
+SeedsOf = Callable[[str], list[int]]
 
 
-def collect(spec: MatrixSpec, cells: list[Cell], root: Path, failures: dict[str, str]) -> list[CellResult]:
+def file_seeds(spec: MatrixSpec) -> SeedsOf:
+    """Every cell at the matrix file's seeds."""
+    return lambda cell_id: list(spec.seeds)
+
+
+def units_of(spec: MatrixSpec, cells: list[Cell], seeds_of: SeedsOf | None = None) -> list[Unit]:
+    """The simulations: every runnable cell at each of its seeds (the file's, or those ``--decide`` gave it), cell-major."""
+    seeds_of = seeds_of or file_seeds(spec)
+    return [Unit(cell, seed) for cell in cells if cell.runs for seed in seeds_of(cell.id)]
+
+
+def collect(spec: MatrixSpec, cells: list[Cell], root: Path, failures: dict[str, str], seeds_of: SeedsOf | None = None) -> list[CellResult]:
     """Each cell's outcome; a cell whose seeds all finished gets its aggregate written into its folder."""
+    seeds_of = seeds_of or file_seeds(spec)
     results = []
     for cell in cells:
         if not cell.runs:
             results.append(CellResult(cell, "n/a", cell.reason))
             continue
-        units = [Unit(cell, seed) for seed in spec.seeds]
+        seeds = seeds_of(cell.id)
+        units = [Unit(cell, seed) for seed in seeds]
         failed = next((failures[u.id] for u in units if u.id in failures), None)
         if failed:
             results.append(CellResult(cell, "failed", failed))
@@ -63,8 +78,8 @@ def collect(spec: MatrixSpec, cells: list[Cell], root: Path, failures: dict[str,
         else:
             cfg = cell_config(spec, cell, root)
             finals = [read_final(cfg, root, u, spec.name) for u in units]
-            aggregate = write_aggregate(cfg, cell_folder(root, cell), list(spec.seeds), finals)
-            results.append(CellResult(cell, "done", None, list(spec.seeds), finals, aggregate, last_images(root, units, cell.attacks)))
+            aggregate = write_aggregate(cfg, cell_folder(root, cell), seeds, finals)
+            results.append(CellResult(cell, "done", None, seeds, finals, aggregate, last_images(root, units, cell.attacks)))
     return results
 
 
@@ -90,13 +105,14 @@ def _one_simulation(spec: MatrixSpec, root: Path, cell_arg: str) -> int:
     return 0
 
 
-def unit_states(spec: MatrixSpec, cells: list[Cell], root: Path) -> dict[str, str]:
+def unit_states(spec: MatrixSpec, cells: list[Cell], root: Path, seeds_of: SeedsOf | None = None) -> dict[str, str]:
     """Each simulation's state by id: ``done``, ``to run`` (nothing yet, or cut short: it resumes) or ``stale: <why>``
     (its folder holds a run of other settings than the matrix file now gives). A cell's config is composed only where
     one of its folders holds something."""
+    seeds_of = seeds_of or file_seeds(spec)
     states = {}
     for cell in cells:
-        units = [Unit(cell, seed) for seed in spec.seeds] if cell.runs else []
+        units = [Unit(cell, seed) for seed in seeds_of(cell.id)] if cell.runs else []
         cfg = cell_config(spec, cell, root) if any(replica_folder(root, u).exists() for u in units) else None
         for unit in units:
             reason = stale_reason(cfg, root, unit, spec.name) if cfg is not None else None
@@ -121,11 +137,11 @@ def check_none_stale(spec: MatrixSpec, units: list[Unit], states: dict[str, str]
         )
 
 
-def _print_list(spec: MatrixSpec, cells: list[Cell], root: Path, only: str | None) -> None:
+def _print_list(spec: MatrixSpec, cells: list[Cell], root: Path, only: str | None, seeds_of: SeedsOf) -> None:
     """``--list``: every simulation of the product (or the one ``--cell`` names) with its index (what ``--cell`` takes)
-    and its state."""
+    and its state; then the seeds ``--decide`` added, marked ``+`` (no index: they are not of the file's product)."""
     by_id = {c.id: c for c in cells}
-    states = unit_states(spec, cells, root)
+    states = unit_states(spec, cells, root, seeds_of)
     chosen = named_simulation(spec, only) if only is not None else None
     for index, (data, protocol, defense, seed) in enumerate(simulation_names(spec)):
         if chosen is not None and chosen != (data, protocol, defense, seed):
@@ -133,6 +149,9 @@ def _print_list(spec: MatrixSpec, cells: list[Cell], root: Path, only: str | Non
         cell = by_id[f"{data}/{protocol}/{defense}"]
         state = f"n/a: {cell.reason}" if not cell.runs else states[Unit(cell, seed).id]
         print(f"{index}\t{cell.id}/{seed}\t{state}")
+    for cell in cells if chosen is None else []:
+        for seed in (s for s in seeds_of(cell.id) if cell.runs and s not in spec.seeds):
+            print(f"+\t{cell.id}/{seed}\t{states[Unit(cell, seed).id]}")
 
 
 def _check_writable(root: Path) -> None:
@@ -163,15 +182,17 @@ def _write_sweep_file(path: Path, sweep: dict) -> None:
         raise ConfigError(f"--sweep-file {path} cannot be written ({err.strerror or err}); choose another path") from None
 
 
-def main(path: Path, root: Path | None, jobs: int, cell: str | None, list_only: bool, sweep_out: Path | None) -> int:
+def main(path: Path, root: Path | None, jobs: int, cell: str | None, list_only: bool, sweep_out: Path | None, decide: bool = False) -> int:
     """The ``fdattack matrix`` command; its errors are the CLI's to report (exit status 2)."""
     if jobs < 1:
         raise ConfigError(f"--jobs {jobs}: run at least one simulation at a time")
     spec = load_matrix(path)
     root = root or default_root(spec)
+    state = load_state(root, spec.design())
+    seeds_of = state.seeds_of if state is not None else file_seeds(spec)
     if list_only:  # runs nothing, writes nothing
         cells = plan_cells(spec)
-        _print_list(spec, cells, root, cell)
+        _print_list(spec, cells, root, cell, seeds_of)
         return 0
     if sweep_out is not None:  # the agents write under root, wherever they run
         units = units_of(spec, plan_cells(spec))
@@ -182,16 +203,23 @@ def main(path: Path, root: Path | None, jobs: int, cell: str | None, list_only: 
     if cell is not None:
         return _one_simulation(spec, root, cell)
     cells = plan_cells(spec)
-    units = units_of(spec, cells)
-    check_none_stale(spec, units, unit_states(spec, cells, root), root)
-    stopped = None
-    try:
-        failures = run_units(spec, units, root, min(jobs, max(1, len(units))))
-    except MatrixStopped as stop:  # what finished is written; then the stop ends the command (exit status 143 / 130)
-        failures, stopped = stop.failures, stop
-    results = collect(spec, cells, root, failures)
-    changed = write_outputs(root, spec, results)
-    matrix = to_json(spec, results)
+    if decide and state is None:
+        state = SeedState(spec.design())
+    started, stopped, failures = time.monotonic(), None, {}
+    while True:
+        units = units_of(spec, cells, state.seeds_of if state else None)
+        check_none_stale(spec, units, unit_states(spec, cells, root, state.seeds_of if state else None), root)
+        try:
+            failures = run_units(spec, units, root, min(jobs, max(1, len(units))))
+        except MatrixStopped as stop:  # what finished is written; then the stop ends the command (exit status 143 / 130)
+            failures, stopped = stop.failures, stop
+        results = collect(spec, cells, root, failures, state.seeds_of if state else None)
+        if not decide or stopped is not None or failures or state is None:
+            break
+        if not _next_look(spec, state, results, root, (time.monotonic() - started) / 60):
+            break
+    changed = write_outputs(root, spec, results, state)
+    matrix = to_json(spec, results, state)
     write_matrix_page(matrix, root / "page", images_from=root)
     if stopped is not None:
         raise stopped
@@ -200,8 +228,48 @@ def main(path: Path, root: Path | None, jobs: int, cell: str | None, list_only: 
         log_matrix_summary(compose_unchecked(spec.experiment, list(spec.overrides)).logger.wandb, root, matrix, plots)
     print(summary_table(spec, results))
     print(comparisons_summary(matrix["comparisons"]))
+    if state is not None and state.looks:
+        design = spec.design()
+        looks = f"{len(state.looks)} look(s) of {design.looks}"
+        print(f"fdattack: --decide: {state.looks[-1]['why']} after {looks} (each at α = {design.alpha:.3g})")
     print(f"fdattack: matrix in {root.resolve()} (matrix.json, matrix.csv, page/index.html)")
     if failures:
         first_id, first = next(iter(failures.items()))
         raise ConfigError(f"{len(failures)} of {len(units)} simulations failed (logs beside their folders); first, {first_id}: {first}")
     return 0
+
+
+def _why(cell_id: str, waiting: set[str], room: list[str], stop: str, seeds: int, max_seeds: int) -> str:
+    """Why a cell holds its seeds after a look (``stop``: why no batch follows, empty where one does)."""
+    if cell_id not in waiting:
+        return f"decided at {seeds} seeds"
+    if cell_id not in room:
+        return f"undecided at max_seeds={max_seeds}"
+    return f"undecided at {seeds} seeds: {stop}" if stop else f"undecided at {seeds} seeds: gets more"
+
+
+def _next_look(spec: MatrixSpec, state: SeedState, results: list[CellResult], root: Path, minutes: float) -> bool:
+    """Record this look's verdicts in ``state`` and give the next batch of seeds to the cells still undecided; whether
+    there is a batch to run (False: every cell decided, each undecided one at ``max_seeds``, or the budget spent)."""
+    matrix = to_json(spec, results, state)
+    rows = answers(matrix)
+    waiting = cells_to_extend(rows, matrix["undefended"], {r.cell.id for r in results if r.status == "done"})
+    room = sorted(c for c in waiting if len(state.seeds_of(c)) < spec.design().max_seeds)
+    if not waiting:
+        why = "every cell decided"
+    elif not room:
+        why = f"the undecided cells have max_seeds={spec.design().max_seeds}"
+    elif minutes >= spec.design().budget_minutes:
+        why = f"the budget of {spec.design().budget_minutes:g} minutes is spent"
+    else:
+        why = ""
+    look = {"look": len(state.looks) + 1, "minutes": round(minutes, 2), "verdicts": verdict_counts(rows), "waiting": sorted(waiting)}
+    state.looks.append({**look, "why": why or f"{len(room)} cell(s) get {spec.design().batch} more seed(s)"})
+    for r in results:  # why each cell holds the seeds it holds
+        if r.status == "done":
+            entry = state.cells.setdefault(r.cell.id, {"seeds": list(r.seeds)})
+            entry["why"] = _why(r.cell.id, waiting, room, why, len(r.seeds), spec.design().max_seeds)
+    for cell_id in room if not why else []:
+        state.cells[cell_id]["seeds"] = spec.design().next_seeds(state.seeds_of(cell_id))
+    save_state(root, state)
+    return not why

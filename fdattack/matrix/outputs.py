@@ -17,12 +17,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from fdattack.functional.intervals import HIGH, LOW, within_variance
+from fdattack.functional.intervals import HIGH, LOW
 from fdattack.matrix.comparisons import baseline_defense, comparisons_json, defense_comparisons
+from fdattack.matrix.decide import SeedState
 from fdattack.matrix.plan import Cell
 from fdattack.matrix.spec import MatrixSpec
 from fdattack.tracking import atomic_write, to_jsonable
-from fdattack.tracking.seed_aggregate import SEED_STD
+from fdattack.tracking.matrix_answer import ALPHA
+from fdattack.tracking.seed_aggregate import SEED_STD, seed_within
 
 #: the attack metrics shown per attack (where it records them): its success and its distance to the truth
 HEADLINE = ("accuracy", "eval_top1", "top1", "kl", "auc", "tpr_at_1pct_fpr")
@@ -50,10 +52,11 @@ class CellResult:
 
     def metric(self, key: str) -> dict[str, Any] | None:
         """``{"mean", "ci_low", "ci_high", "seed_std", "values", "within"}`` of ``key``, or None where no seed recorded
-        it; ``within`` holds each seed's within-run variance (from its own interval; None where it has none)."""
+        it; ``within`` holds each seed's within-run variance (:func:`~fdattack.tracking.seed_aggregate.seed_within`;
+        None where it has none)."""
         if key not in self.aggregate:
             return None
-        within = [within_variance(final.get(key + LOW), final.get(key + HIGH)) for final in self.per_seed]
+        within = [seed_within(final, key) for final in self.per_seed]
         return {
             "mean": self.aggregate[key],
             "ci_low": self.aggregate.get(key + LOW),
@@ -80,8 +83,8 @@ def compared_metrics(spec: MatrixSpec, results: list[CellResult]) -> list[str]:
     return [key for attack in spec.attacks for key in headline_metrics(results, attack)] + [UTILITY[0]]
 
 
-def to_json(spec: MatrixSpec, results: list[CellResult]) -> dict[str, Any]:
-    """The content of ``matrix.json``."""
+def to_json(spec: MatrixSpec, results: list[CellResult], seeds: SeedState | None = None) -> dict[str, Any]:
+    """The content of ``matrix.json``; ``seeds``: what ``--decide`` did to the root (its design sets the verdicts' α)."""
     return {
         "name": spec.name,
         "source": str(spec.source),
@@ -95,6 +98,8 @@ def to_json(spec: MatrixSpec, results: list[CellResult]) -> dict[str, Any]:
         "undefended": baseline_defense(spec),
         "control": {data: list(overrides) for data, overrides in spec.control.items()},
         "margins": dict(spec.margins),
+        "alpha": ALPHA if seeds is None else seeds.design.alpha,
+        "decide": None if seeds is None else seeds.to_json(),
         "curves": {name: {"key": c.key, "settings": [list(point) for point in c.settings]} for name, c in spec.curves.items()},
         "headline": {attack: headline_metrics(results, attack) for attack in spec.attacks},
         "utility": [k for k in (*UTILITY, *BUDGETS) if any(k in r.aggregate for r in results)],
@@ -142,11 +147,11 @@ def to_csv(results: list[CellResult]) -> str:
     return buffer.getvalue()
 
 
-def write_outputs(root: Path, spec: MatrixSpec, results: list[CellResult]) -> bool:
+def write_outputs(root: Path, spec: MatrixSpec, results: list[CellResult], seeds: SeedState | None = None) -> bool:
     """Write ``matrix.json`` and ``matrix.csv`` into ``root`` (each whole or not at all); whether ``matrix.json`` changed
     (False when an earlier call wrote the same matrix)."""
     root.mkdir(parents=True, exist_ok=True)
-    text = json.dumps(to_jsonable(to_json(spec, results)), indent=2, allow_nan=False) + "\n"
+    text = json.dumps(to_jsonable(to_json(spec, results, seeds)), indent=2, allow_nan=False) + "\n"
     path = root / "matrix.json"
     changed = not path.is_file() or path.read_text() != text
     atomic_write(path, lambda handle: handle.write(text.encode()))

@@ -19,6 +19,7 @@
                                                    # cells (data/protocol/defense/attack); each part a shell pattern
     control: {mnist_gan: [protocol.optim.lr=1.0e-12]}  # per data setting, the overrides of its control run
     margins: {accuracy: 0.05}    # the equivalence margin δ of a headline metric (defaults: fdattack.functional.decisions)
+    decide: {max_seeds: 10, batch: 2, budget_minutes: 120}   # --decide: seeds until decided (fdattack.matrix.decide)
 
 Each axis maps a setting's name (it names folders and table rows) to the overrides that make it, the tokens of
 ``fdattack run``; an ``experiment=PATH`` token among them sets the experiment file the cell starts from. A defense
@@ -48,10 +49,11 @@ from fdattack.config.schema import SEED_MAX
 from fdattack.config.yaml_files import quote, read_yaml_file
 from fdattack.errors import ConfigError
 from fdattack.functional.decisions import MARGINS
+from fdattack.matrix.decide import Design, design_of
 
 #: the axes a matrix crosses, in the order of a cell's folder ``<data>/<protocol>/<defense>``
 AXES = ("data", "protocols", "defenses")
-KEYS = ("name", "experiment", "overrides", "seeds", *AXES, "attacks", "skip", "control", "margins")
+KEYS = ("name", "experiment", "overrides", "seeds", *AXES, "attacks", "skip", "control", "margins", "decide")
 #: the defense setting of a data setting's control run (``control:``)
 CONTROL = "control"
 #: a setting's name: it names a folder and a W&B run
@@ -88,6 +90,11 @@ class MatrixSpec:
     curves: dict[str, Curve] = field(default_factory=dict)
     control: dict[str, tuple[str, ...]] = field(default_factory=dict)
     margins: dict[str, float] = field(default_factory=dict)
+    decide: Design | None = None  # ``decide:``; None: the defaults at these seeds
+
+    def design(self) -> Design:
+        """The sequential design of ``--decide``."""
+        return self.decide or Design(self.seeds)
 
     def defense_overrides(self, data: str, defense: str) -> tuple[str, ...] | None:
         """The overrides of ``defense`` in ``data``: the control's where ``defense`` is :data:`CONTROL` (None where
@@ -281,6 +288,7 @@ def load_matrix(path: Path) -> MatrixSpec:
     except ConfigError as err:
         raise ConfigError(f"{path}: {err}") from None
     attacks = _attacks(path, raw["attacks"])
+    seeds = _seeds(path, raw["seeds"])
     control = _control(path, raw.get("control"), data, defenses)
     if control:
         defenses = {**defenses, CONTROL: ()}
@@ -288,7 +296,7 @@ def load_matrix(path: Path) -> MatrixSpec:
         name=name,
         experiment=Path(experiment) if experiment else None,
         overrides=overrides,
-        seeds=_seeds(path, raw["seeds"]),
+        seeds=seeds,
         data=data,
         protocols=protocols,
         defenses=defenses,
@@ -298,4 +306,5 @@ def load_matrix(path: Path) -> MatrixSpec:
         curves=curves,
         control=control,
         margins=_margins(path, raw.get("margins")),
+        decide=design_of(seeds, raw.get("decide"), str(path)),
     )

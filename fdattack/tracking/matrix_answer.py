@@ -52,6 +52,8 @@ BASELINES: dict[str, Union[str, float]] = {
     "auc": 0.5,
     "tpr_at_1pct_fpr": 0.01,
 }
+#: the error rate of each test of a verdict: a 95 % interval for a leak, a one-sided 95 % bound for a stop
+ALPHA = 0.05
 #: how a verdict reads in the answer table of the undefended cell
 WORDS = {Verdict.leaks: "leaks", Verdict.stopped: "no leak beyond δ", Verdict.undecided: "undecided", Verdict.unknown: "unknown"}
 
@@ -96,26 +98,23 @@ class Control:
         return sum(v for v, _ in self.values.values()) / len(self.values) if self.values else None
 
 
-def control_of(cells: dict[tuple[str, str, str], dict], data: str, protocol: str, undefended: str, metric: str) -> Control:
-    """The control of ``metric`` at (``data``, ``protocol``): per seed the best of its candidates (see the module
-    docstring) that the undefended cell or the control run recorded at that seed."""
+def control_of(cells: dict[tuple[str, str, str], dict], judged: Optional[dict], metric: str) -> Control:
+    """The control of ``metric`` for the ``judged`` cell: per seed the best of its candidates (see the module docstring)
+    that the judged cell itself or its place's control run recorded at that seed."""
     _, attack, name = metric.split("/", 2)
-    base_cell, control_cell = cells.get((data, protocol, undefended)), cells.get((data, protocol, CONTROL))
-    seeds = [int(s) for s in (base_cell or {}).get("seeds") or []]
+    judged = judged or {}
+    control_cell = cells.get((judged.get("data"), judged.get("protocol"), CONTROL))
+    seeds = [int(s) for s in judged.get("seeds") or []]
     candidates: dict[str, PerSeed] = {}
     base = BASELINES.get(name)
     if isinstance(base, float):
         candidates[f"{base:g}"] = {s: (base, 0.0) for s in seeds}
     elif isinstance(base, str):
-        candidates[base] = per_seed(base_cell, f"attack/{attack}/{base}")
+        candidates[base] = per_seed(judged, f"attack/{attack}/{base}")
     if not lower_leaks(metric):
-        prior_keys = {
-            f"attack/{other}/prior_{name}"
-            for c in (base_cell or {}).get("metrics") or {}
-            if c.startswith("attack/") and (other := c.split("/")[1])
-        }
-        for key in sorted(prior_keys) + [f"attack/public_mean/{name}"]:
-            found = per_seed(base_cell, key)
+        others = sorted({key.split("/")[1] for key in judged.get("metrics") or {} if key.startswith("attack/")})
+        for key in [f"attack/{other}/prior_{name}" for other in others] + [f"attack/public_mean/{name}"]:
+            found = per_seed(judged, key)
             if found and key != metric:
                 candidates[key.removeprefix("attack/")] = found
     found = per_seed(control_cell, metric)
@@ -140,7 +139,7 @@ def margin_of(matrix: dict, cell: Optional[dict], metric: str) -> Optional[float
     return given
 
 
-def decision_of(cell: Optional[dict], metric: str, control: Control, margin: float, alpha: float = 0.05) -> Decision:
+def decision_of(cell: Optional[dict], metric: str, control: Control, margin: float, alpha: float = ALPHA) -> Decision:
     """``cell``'s verdict at ``metric`` against ``control``, over the seeds both recorded; a seed's within-run variance
     is the value's plus the control's (0 for a control with none: a constant or a quantity computed from the truth,
     such as the uniform guess's KL)."""
@@ -166,6 +165,7 @@ class Setting:
     defense: str
     family: str  # the defense (its curve) it is a setting of
     value: Shown
+    control: Control
     decision: Decision
     cost: Optional[float]
     reduces: bool
@@ -226,8 +226,10 @@ def _reductions(matrix: dict) -> set[tuple[str, str, str, str]]:
     }
 
 
-def answers(matrix: dict, alpha: float = 0.05) -> list[Answer]:
-    """Every attack's first headline metric with a baseline, at every place whose undefended cell measured it."""
+def answers(matrix: dict) -> list[Answer]:
+    """Every attack's first headline metric with a baseline, at every place whose undefended cell measured it, each test
+    at the matrix's ``alpha`` (0.05; less where ``--decide`` spent it over several looks)."""
+    alpha = float(matrix.get("alpha", ALPHA))
     undefended = matrix.get("undefended")
     if undefended is None:
         return []
@@ -241,7 +243,7 @@ def answers(matrix: dict, alpha: float = 0.05) -> list[Answer]:
             for protocol in axes["protocols"]:
                 base_cell = cells.get((data, protocol, undefended))
                 value, margin = shown(base_cell, metric), margin_of(matrix, base_cell, metric)
-                control = control_of(cells, data, protocol, undefended, metric)
+                control = control_of(cells, base_cell, metric)
                 if value.mean is None or control.mean is None or margin is None:
                     continue
                 _, before = utility_of(base_cell)
@@ -253,9 +255,10 @@ def answers(matrix: dict, alpha: float = 0.05) -> list[Answer]:
                         continue
                     _, after = utility_of(cell)
                     cost = None if before.mean is None or after.mean is None else round(before.mean - after.mean, DIGITS)
-                    decision = decision_of(cell, metric, control, margin, alpha)
+                    own = control_of(cells, cell, metric)
+                    decision = decision_of(cell, metric, own, margin, alpha)
                     reduces = (data, protocol, metric, defense) in reductions
-                    settings.append(Setting(defense, families[defense], defended, decision, cost, reduces))
+                    settings.append(Setting(defense, families[defense], defended, own, decision, cost, reduces))
                 measured = dict.fromkeys(s.family for s in settings)
                 by_defense = {f: _cheapest([s for s in settings if s.stops and s.family == f]) for f in measured}
                 decision = decision_of(base_cell, metric, control, margin, alpha)

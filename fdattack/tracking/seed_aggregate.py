@@ -19,7 +19,16 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from fdattack.functional.intervals import HIGH, LOW, TRIALS, interval_keys, is_interval_key, mean_interval, within_variance
+from fdattack.functional.intervals import (
+    HIGH,
+    LOW,
+    TRIALS,
+    interval_keys,
+    is_interval_key,
+    mean_interval,
+    wilson_interval,
+    within_variance,
+)
 
 #: suffix of a metric's standard deviation across seeds
 SEED_STD = "_seed_std"
@@ -35,6 +44,17 @@ def _number(value: object) -> float:
     return float(value) if _is_number(value) else math.nan  # type: ignore[arg-type]
 
 
+def seed_within(final: dict[str, object], key: str) -> float:
+    """One seed's within-run variance of ``key``: for a rate over counted trials (``key_trials``), that of Wilson's
+    interval over them (never 0, not at 0 hits either); else that of the seed's own interval, read at the normal
+    quantile (an interval of a mean over a handful of units, read at Student's quantile, makes this floor larger than
+    the unit's variance: conservative); NaN where the seed has neither."""
+    value, trials = _number(final.get(key)), _number(final.get(key + TRIALS))
+    if math.isfinite(value) and math.isfinite(trials) and trials > 0 and 0.0 <= value <= 1.0:
+        return within_variance(*wilson_interval(round(value * trials), int(trials)))
+    return within_variance(_number(final.get(key + LOW)), _number(final.get(key + HIGH)))
+
+
 def aggregate_metrics(replicas: Sequence[dict[str, object]]) -> dict[str, float]:
     """Mean, ``_seed_std`` and 95 % interval (:func:`~fdattack.functional.intervals.mean_interval`) across ``replicas``
     (one flat metrics dict per seed) of every numeric metric; NaN (recorded as None) and missing values are left out of
@@ -47,7 +67,7 @@ def aggregate_metrics(replicas: Sequence[dict[str, object]]) -> dict[str, float]
             continue  # not a metric (a string)
         having = [r for r in replicas if key in r and r[key] is not None and math.isfinite(float(r[key]))]  # type: ignore[arg-type]
         values = np.array([float(r[key]) for r in having])  # type: ignore[arg-type]
-        within = [within_variance(_number(r.get(key + LOW)), _number(r.get(key + HIGH))) for r in having]
+        within = [seed_within(r, key) for r in having]
         trials = [_number(r.get(key + TRIALS)) for r in having]
         out[key] = float(values.mean()) if len(values) else math.nan
         out[key + SEED_STD] = float(values.std(ddof=1)) if len(values) > 1 else math.nan
