@@ -329,8 +329,39 @@ def answer_html(matrix: dict, out: Path | None = None, images_from: Path | None 
         "is shown to; its cost is the clients' accuracy it takes (the server's for FedAvg); it <b>reduces</b> the attack "
         "where its difference from no defense survives Holm's correction.</p>"
         f"{sentences_html(rows)}<div class='scroll'><table class='answer'><tr>{head}</tr>{body}</table></div>"
-        f"{gallery_html(matrix, rows, out, images_from)}</section>"
+        f"{seeds_html(matrix)}{gallery_html(matrix, rows, out, images_from)}</section>"
     )
+
+
+def seeds_html(matrix: dict) -> str:
+    """Where ``--decide`` added seeds: its design, one line per look (the verdicts it counted and why it went on or
+    stopped), and each cell's seeds with why it stopped; a line on the α otherwise."""
+    decided = matrix.get("decide")
+    if not decided:
+        seeds = len(matrix.get("seeds") or [])
+        return f"<p class='note'>Every cell at the file's {seeds} seeds; each test at α = {matrix.get('alpha', ALPHA):g}.</p>"
+    design = decided["design"]
+    looks = "".join(
+        f"<li>look {look['look']} ({look['minutes']:g} min): undefended {_counts(look['verdicts']['undefended'])}; defended "
+        f"{_counts(look['verdicts']['defended'])}; {html.escape(look['why'])}</li>"
+        for look in decided["looks"]
+    )
+    cells = "".join(
+        f"<tr><td class='text'>{html.escape(cell_id)}</td><td>{len(entry['seeds'])}</td>"
+        f"<td class='text'>{html.escape(entry.get('why', ''))}</td></tr>"
+        for cell_id, entry in sorted(decided["cells"].items())
+    )
+    return (
+        f"<h3>Seeds until decided</h3><p class='note'>--decide: the file's {len(design['first'])} seeds, then {design['batch']} more a "
+        f"look to the cells a verdict waits on, up to {design['max_seeds']} seeds and {design['budget_minutes']:g} minutes: "
+        f"{design['looks']} looks planned, each test at α = {design['alpha']:.3g} so that any false verdict stays below "
+        f"{ALPHA:g} whichever look a cell stops at.</p><ul>{looks}</ul><details><summary>Each cell's seeds and why it stopped"
+        f"</summary><table><tr><th>cell</th><th>seeds</th><th>why</th></tr>{cells}</table></details>"
+    )
+
+
+def _counts(counts: dict[str, int]) -> str:
+    return ", ".join(f"{n} {WORDS[Verdict(v)]}" for v, n in counts.items() if n) or "none"
 
 
 def gallery_html(matrix: dict, rows: list[Answer], out: Path | None, images_from: Path | None) -> str:
