@@ -19,10 +19,15 @@ stopped and started again: finished replicas are read (and checked against their
 takes 1 (the first run) to 12 (PDA-FD's MNIST) minutes per seed on a 2-core CPU (AT&T faces: about 7). A row that
 another table runs too is read from there.
 
-Usage: ``python benchmarks/headline_tables.py [--tables first_run default pli blur defenses pdafd lattack_mnist evasion
-matrix] [--seeds 0 1 2] [--root runs/headline] [--override trainer.accelerator=gpu ...] [--read-only]`` (the real-data
-tables read AT&T faces and MNIST where their experiment files say: ``../shared/data``). ``--override`` adds overrides to
-every run; ``--read-only`` prints the tables of the runs already under ``--root`` and runs nothing.
+What a run measured is kept in the repository, small: each row's aggregate (``seeds.csv``, every metric at every seed;
+``metrics.json``) under ``results/headline/<table>/<row>/`` and the matrix's ``matrix.json`` (and ``seeds.json`` where
+``--decide`` extended it) under ``results/matrix/small/``. ``--read-only`` prints the tables from there, so a fresh clone
+reprints every figure the docs quote; a table with nothing kept says so and which command measures it.
+
+Usage: ``python benchmarks/headline_tables.py [--tables default pli blur defenses few_references pdafd lattack_mnist
+evasion matrix] [--seeds 0 1 2] [--root runs/headline] [--results results] [--override trainer.accelerator=gpu ...]
+[--read-only]`` (the real-data tables read AT&T faces and MNIST where their experiment files say: ``../shared/data``).
+``--override`` adds overrides to every run.
 """
 
 from __future__ import annotations
@@ -32,6 +37,7 @@ import csv
 import json
 import math
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -39,10 +45,15 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from fdattack.functional.comparisons import Difference, holm_adjusted, paired_difference
+from fdattack.functional.decisions import Verdict
 from fdattack.matrix.comparisons import comparisons_summary
-from fdattack.tracking.matrix_answer import answers, per_defense, sentence
+from fdattack.tracking.matrix_answer import WORDS, answers, difference_text, per_defense, sentence
 
 REPO = Path(__file__).resolve().parents[1]
+#: the measured figures kept in the repository (see the module docstring)
+RESULTS = REPO / "results"
+#: what a row keeps of its aggregate
+KEPT = ("seeds.csv", "metrics.json")
 
 
 @dataclass(frozen=True)
@@ -222,10 +233,25 @@ def _evasion(seeds: list[int], root: Path, read_only: bool) -> list[str]:
 
 
 def _matrix(seeds: list[int], root: Path, read_only: bool) -> list[str]:
-    """The small preset (its seeds are the file's); read-only, its surviving comparisons are printed from matrix.json."""
-    if read_only:
-        return [__file__, "--print-matrix", str(root / "matrix.json")]
-    return ["fdattack", "matrix", "conf/matrix/small.yaml", "--jobs", "2", "--root", str(root)]
+    """The small preset (its seeds are the file's; ``--decide`` adds seeds where a verdict waits on them)."""
+    return ["fdattack", "matrix", "conf/matrix/small.yaml", "--jobs", "2", "--decide", "--root", str(root)]
+
+
+def keep_matrix(root: Path, results: Path) -> None:
+    """Copy the matrix's ``matrix.json`` (and ``seeds.json``) from its run root into the kept results."""
+    kept = results / "matrix" / "small"
+    kept.mkdir(parents=True, exist_ok=True)
+    for name in ("matrix.json", "seeds.json"):
+        if (root / name).is_file():
+            shutil.copyfile(root / name, kept / name)
+
+
+def print_matrix(path: Path) -> None:
+    """The answer, the tables and the surviving comparisons of a ``matrix.json``."""
+    matrix = json.loads(path.read_text())
+    print(answer_table(matrix))
+    print(matrix_tables(matrix))
+    print(comparisons_summary(matrix["comparisons"]))
 
 
 #: figure sets measured by their own command: table -> (seeds, its root, read-only) -> the command
@@ -250,8 +276,9 @@ MATRIX_TABLES = [
 
 
 def answer_table(matrix: dict) -> str:
-    """docs/matrix.md's answer: one sentence per attack, then per attack and place its undefended value, baseline, the
-    paired per-seed difference, whether it leaks, the cheapest defense setting that stops it and each defense's."""
+    """docs/matrix.md's answer: one sentence per attack, then per attack and place its undefended value, its control
+    (the attacker's best without the protocol), the paired per-seed difference, the verdict, the cheapest setting shown
+    to stop it and each defense's (:mod:`fdattack.tracking.matrix_answer`)."""
     rows = answers(matrix)
     by_attack: dict[str, list] = {}
     for a in rows:
@@ -259,21 +286,25 @@ def answer_table(matrix: dict) -> str:
     out = [f"- {sentence(attack, found)}" for attack, found in by_attack.items()]
     out += [
         "",
-        "| attack | data / protocol | undefended | baseline | − baseline, paired by seed | leaks | cheapest setting that stops it "
-        "| per defense: its cheapest stop (accuracy cost) |",
+        "| attack | data / protocol | undefended | control (from) | − control, paired by seed | δ | verdict | cheapest setting shown "
+        "to stop it | per defense |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
-    out.append("|---|---|---|---|---|---|---|---|")
     for a in rows:
-        stop = "none measured" if not a.tried else f"none of {a.tried}"
-        if not a.leaks:
-            stop = "– (no leak to stop)"
-        elif a.cheapest is not None:
+        if a.decision.verdict is not Verdict.leaks:
+            stop = "–"
+        elif a.cheapest is None:
+            stop = f"none shown of {a.tried}" if a.tried else "none measured"
+        else:
             cost = "?" if a.cheapest.cost is None else f"{a.cheapest.cost:+.3g}"
             stop = f"{a.cheapest.defense}: {a.cheapest.value.text()} (accuracy cost {cost})"
-        leak = "**yes**" if a.leaks else "no"
         each = per_defense(a) if a.leaks else "–"
-        where = f"{a.attack} | {a.data} / {a.protocol}"
-        out.append(f"| {where} | {a.value.text()} | {a.baseline:.3g} | {a.difference.text()} | {leak} | {stop} | {each} |")
+        control = f"{a.control.mean:.3g} ({', '.join(a.control.sources)})"
+        verdict = f"**{WORDS[a.decision.verdict]}**" if a.leaks else WORDS[a.decision.verdict]
+        out.append(
+            f"| {a.attack} | {a.data} / {a.protocol} | {a.value.text()} | {control} | {difference_text(a.decision)} | "
+            f"{a.decision.margin:.3g} | {verdict} | {stop} | {each} |"
+        )
     return "\n".join(out) + "\n"
 
 
@@ -287,6 +318,8 @@ def matrix_tables(matrix: dict) -> str:
         pairs = [(d, p) for d in matrix["axes"]["data"] for p in matrix["axes"]["protocols"]]
         rows = [(d, p) for d, p in pairs if any(key in by_id.get(f"{d}/{p}/{f}", {}).get("metrics", {}) for f in defenses)]
         columns = [f for f in defenses if any(key in by_id.get(f"{d}/{p}/{f}", {}).get("metrics", {}) for d, p in rows)]
+        if not rows:
+            continue
         out += [f"**{title}**", "", "| data / protocol | " + " | ".join(columns) + " |", "|---|" + "---|" * len(columns)]
         for d, p in rows:
             cells = []
@@ -398,43 +431,63 @@ def comparisons(results: list[tuple[Row, Path]], baselines: list[tuple[str, str,
     return lines
 
 
-def run_external(table: str, seeds: list[int], root: Path, read_only: bool) -> None:
-    """A figure set measured by its own command: run it (or, with ``read_only``, its printing mode) and pass its output on."""
+def run_external(table: str, seeds: list[int], root: Path, results: Path, read_only: bool) -> None:
+    """A figure set measured by its own command: run it and keep what it measured (the matrix's ``matrix.json``), or,
+    with ``read_only``, print what is kept."""
+    if read_only:
+        kept = results / "matrix" / "small" / "matrix.json"
+        if table == "matrix" and kept.is_file():
+            print(f"\n### matrix: kept in {kept.relative_to(REPO) if kept.is_relative_to(REPO) else kept}\n")
+            print_matrix(kept)
+        else:
+            print(f"\n### {table}: nothing kept in {results}; `python benchmarks/headline_tables.py --tables {table}` measures it\n")
+        return
     command = EXTERNAL[table](seeds, root / table, read_only)
     print(f"\n### {table}: `{' '.join(command)}`\n", flush=True)
     env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
     proc = subprocess.run([sys.executable, *command] if command[0].endswith(".py") else command, cwd=REPO, env=env)
     if proc.returncode != 0:
         raise SystemExit(f"{table}: {' '.join(command)} failed ({proc.returncode})")
+    if table == "matrix":
+        keep_matrix(root / table, results)
+
+
+def keep_row(folder: Path, kept: Path) -> None:
+    """Copy a row's aggregate (:data:`KEPT`) into the kept results."""
+    kept.mkdir(parents=True, exist_ok=True)
+    for name in KEPT:
+        shutil.copyfile(folder / name, kept / name)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--tables", nargs="+", default=[*TABLES, *EXTERNAL], choices=[*TABLES, *EXTERNAL])
     parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
-    parser.add_argument("--root", type=Path, default=REPO / "runs" / "headline")
+    parser.add_argument("--root", type=Path, default=REPO / "runs" / "headline", help="where the runs go")
+    parser.add_argument("--results", type=Path, default=RESULTS, help="where what they measured is kept (and read with --read-only)")
     parser.add_argument("--override", nargs="*", default=[], help="overrides added to every run, e.g. trainer.accelerator=gpu")
-    parser.add_argument("--read-only", action="store_true", help="print the tables of the runs under --root; run nothing")
-    parser.add_argument("--print-matrix", type=Path, help="print the tables and surviving comparisons of this matrix.json and stop")
+    parser.add_argument("--read-only", action="store_true", help="print the tables kept under --results; run nothing")
+    parser.add_argument("--print-matrix", type=Path, help="print the answer, tables and surviving comparisons of this matrix.json")
     args = parser.parse_args()
     if args.print_matrix:
-        matrix = json.loads(args.print_matrix.read_text())
-        print(answer_table(matrix))
-        print(matrix_tables(matrix))
-        print(comparisons_summary(matrix["comparisons"]))
+        print_matrix(args.print_matrix)
         return
     for table in args.tables:
         if table in EXTERNAL:
-            run_external(table, args.seeds, args.root, args.read_only)
+            run_external(table, args.seeds, args.root, args.results, args.read_only)
             continue
         rows, columns = TABLES[table]
-        results = [(row, row_folder(row, args.root, table)) for row in rows]
+        kept = [(row, row_folder(row, args.results / "headline", table)) for row in rows]
         if not args.read_only:
             print(f"running table {table} ({len(rows)} rows x {len(args.seeds)} seeds)", file=sys.stderr)
-            for row, folder in results:
-                run_row(row, args.seeds, folder, args.override)
-        missing = [row.name for row, folder in results if not (folder / "metrics.json").is_file()]
-        results = [(row, folder) for row, folder in results if row.name not in missing]  # a row still running
+            for row, keep in kept:
+                run_row(row, args.seeds, row_folder(row, args.root, table), args.override)
+                keep_row(row_folder(row, args.root, table), keep)
+        missing = [row.name for row, folder in kept if not (folder / "metrics.json").is_file()]
+        results = [(row, folder) for row, folder in kept if row.name not in missing]
+        if not results:
+            print(f"\n### {table}: nothing kept in {args.results}; `python benchmarks/headline_tables.py --tables {table}` measures it\n")
+            continue
         read = {folder: per_seed(folder) for _, folder in results}
         seeds = sorted({seed for values in read.values() for by_seed in values.values() for seed in by_seed})  # as run
         print(f"\n### {table}: mean over seeds {', '.join(map(str, seeds))} [95 % interval across the seeds] (each seed)\n")
@@ -444,7 +497,7 @@ def main() -> None:
             metrics = json.loads((folder / "metrics.json").read_text())
             print(f"| {row.name} | " + " | ".join(cell(metrics, read[folder].get(key, {}), key) for key, _ in columns) + " |")
         if missing:
-            print(f"\nNot run yet (no aggregate under {args.root / table}): {', '.join(missing)}")
+            print(f"\nNothing kept yet under {args.results / 'headline' / table}: {', '.join(missing)}")
         print("\nSeed by seed (paired difference, 95 % t interval):")
         print("\n".join(f"- {line}" for line in comparisons(results, BASELINES[table], columns)))
 

@@ -49,13 +49,13 @@ class LabelDistributionScorer:
 
     def __call__(self, attack: str, result: LabelDistributions) -> Report:
         """``attack/<attack>/{kl,kl_eq7,chebyshev,l1,tv}`` (means over the estimated clients, each with the interval of
-        the mean over the clients: ``_ci_low``, ``_ci_high``) and the baselines."""
+        the mean over the clients: ``_ci_low``, ``_ci_high``, and their count, ``_units``) and the baselines."""
         truth = self.truth[list(result.clients)]
         scores = distances(truth, result.estimates.double())
         metrics = {}
         for key, value in scores.items():
             metrics[f"attack/{attack}/{key}"] = float(value.mean())
-            metrics.update(interval_keys(f"attack/{attack}/{key}", mean_interval(key, value.numpy())))
+            metrics.update(interval_keys(f"attack/{attack}/{key}", mean_interval(key, value.numpy()), units=len(value)))
         metrics.update({f"attack/{attack}/{key}": value for key, value in self.baselines.items()})
         return Report(metrics=metrics)
 

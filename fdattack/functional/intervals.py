@@ -52,19 +52,23 @@ BOOTSTRAP_CELLS = 2_000_000
 LOW, HIGH = "_ci_low", "_ci_high"
 #: suffix of a rate's count of independent trials beside it: ``attack/pli/accuracy_trials`` (its targets)
 TRIALS = "_trials"
+#: suffix of the count of units a mean's interval is over (Student's t with units − 1 degrees of freedom): ``attack/ldia/kl_units``
+UNITS = "_units"
 
 Interval = tuple[float, float]
 NO_INTERVAL: Interval = (math.nan, math.nan)
 
 
-def interval_keys(key: str, interval: Interval) -> dict[str, float]:
-    """``{key_ci_low: low, key_ci_high: high}``."""
-    return {key + LOW: float(interval[0]), key + HIGH: float(interval[1])}
+def interval_keys(key: str, interval: Interval, units: int | None = None) -> dict[str, float]:
+    """``{key_ci_low: low, key_ci_high: high}``, and ``key_units`` where the interval is a mean's over ``units`` units
+    read at Student's quantile (so its width can be read back as a standard error: :func:`within_variance`)."""
+    keys = {key + LOW: float(interval[0]), key + HIGH: float(interval[1])}
+    return keys if units is None else {**keys, key + UNITS: float(units)}
 
 
 def is_interval_key(key: str) -> bool:
     """Whether ``key`` belongs beside another metric: one end of its interval, or its count of trials."""
-    return key.endswith((LOW, HIGH, TRIALS))
+    return key.endswith((LOW, HIGH, TRIALS, UNITS))
 
 
 def _t_quantile(units: int, confidence: float) -> float:
@@ -86,13 +90,19 @@ def wilson_interval_of_rate(rate: float, trials: int, confidence: float = CONFID
     return wilson_interval(round(rate * trials), trials, confidence) if math.isfinite(rate) else NO_INTERVAL
 
 
-def within_variance(low: float | None, high: float | None, confidence: float = CONFIDENCE) -> float:
-    """The squared standard error that a run's own 95 % interval [low, high] implies: ((high − low) / 2z)², z the normal
-    quantile (an asymmetric interval, Wilson's at 0 hits, counts by its width); NaN where an end is missing."""
+def within_variance(low: float | None, high: float | None, confidence: float = CONFIDENCE, units: float | None = None) -> float:
+    """The squared standard error that a run's own 95 % interval [low, high] implies: ((high − low) / 2q)², q the normal
+    quantile, or Student's with ``units`` − 1 degrees of freedom for a mean's interval over that many units (read at
+    the normal quantile, an interval over 2 clients would claim 42 times its variance); an asymmetric interval,
+    Wilson's at 0 hits, counts by its width; NaN where an end is missing."""
     if low is None or high is None or not (math.isfinite(low) and math.isfinite(high)):
         return math.nan
-    z = float(stats.norm.ppf((1 + confidence) / 2))
-    return ((high - low) / (2 * z)) ** 2
+    q = (
+        _t_quantile(int(units), confidence)
+        if units is not None and math.isfinite(units) and units >= 2
+        else stats.norm.ppf((1 + confidence) / 2)
+    )
+    return ((high - low) / (2 * float(q))) ** 2
 
 
 def _aligned(values: Sequence[float] | np.ndarray, within: Sequence[float] | np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:

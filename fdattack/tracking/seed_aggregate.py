@@ -23,6 +23,7 @@ from fdattack.functional.intervals import (
     HIGH,
     LOW,
     TRIALS,
+    UNITS,
     interval_keys,
     is_interval_key,
     mean_interval,
@@ -52,7 +53,7 @@ def seed_within(final: dict[str, object], key: str) -> float:
     value, trials = _number(final.get(key)), _number(final.get(key + TRIALS))
     if math.isfinite(value) and math.isfinite(trials) and trials > 0 and 0.0 <= value <= 1.0:
         return within_variance(*wilson_interval(round(value * trials), int(trials)))
-    return within_variance(_number(final.get(key + LOW)), _number(final.get(key + HIGH)))
+    return within_variance(_number(final.get(key + LOW)), _number(final.get(key + HIGH)), units=_number(final.get(key + UNITS)))
 
 
 def aggregate_metrics(replicas: Sequence[dict[str, object]]) -> dict[str, float]:
