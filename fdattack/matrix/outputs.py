@@ -2,8 +2,9 @@
 interval across the seeds), ``matrix.csv`` (one row per cell and metric) and the table printed at the end.
 
 Across seeds a metric's interval is the one that fits its kind (:mod:`fdattack.tracking.seed_aggregate`: a
-Wilson-type interval for rates, a log-scale one for distances, Student's t otherwise): the seed-to-seed spread is the
-uncertainty a reader compares. ``comparisons`` holds each defense against no defense, seed by seed
+Wilson-type interval for rates, Student's t joined with a log-scale one for distances, Student's t otherwise), each
+seed's own within-run spread a floor under the seeds' (``within`` in ``matrix.json``). ``comparisons`` holds each
+defense against no defense, seed by seed
 (:mod:`fdattack.matrix.comparisons`).
 """
 

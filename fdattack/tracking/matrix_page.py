@@ -46,7 +46,8 @@ div.gallery img{max-height:480px;width:auto;image-rendering:pixelated} div.galle
 )
 LEGEND = (
     "<ul><li>Each cell: the mean over the seeds, then <span class='ci'>[its 95 % interval across the seeds]</span> "
-    "(none with one seed): Wilson-type for a rate, on the log scale for a distance, Student's t otherwise.</li>"
+    "(none with one seed): Wilson-type for a rate, Student's t joined with a log-scale interval for a distance, Student's t "
+    "otherwise, each seed's own within-run spread a floor under the seeds'.</li>"
     "<li><b>n/a</b>: the protocol or data cannot give what the attack or defense needs; <b>failed</b>: a seed failed; "
     "<b>incomplete</b>: seeds left to run; <b>–</b>: not recorded; <b>nan</b>: not a number. Hover a table cell for the "
     "reason.</li>"
