@@ -382,6 +382,9 @@ def test_paired_difference_by_hand() -> None:
     # equal at every seed up to rounding (0.6 − 0.8 and 0.2 − 0.4 differ in the 17th digit): still no spread, not p ≈ 1e-32
     rounded = paired_difference([0.6, 0.2, 0.6], [0.8, 0.4, 0.8])
     assert rounded.mean == pytest.approx(-0.2) and math.isnan(rounded.p_value)
+    # the same −0.1 at every seed with each seed's own spread (sd 0.05 of its difference): t = 0.1 / (0.05/√3) = 2√3
+    floored = paired_difference([0.1, 0.1, 0.1], [0.2, 0.2, 0.2], within=[0.05**2] * 3)
+    assert floored.p_value == pytest.approx(2 * stats.t.sf(2 * math.sqrt(3), 2)) and floored.low < -0.1 < floored.high
     with pytest.raises(ValueError, match="one value per seed"):
         paired_difference([0.5, 0.6], [0.4])
 

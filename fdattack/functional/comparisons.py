@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import numpy as np
 from scipy import stats
 
-from fdattack.functional.intervals import CONFIDENCE, t_interval
+from fdattack.functional.intervals import CONFIDENCE, standard_error, t_interval
 
 
 @dataclass(frozen=True)
@@ -30,8 +30,8 @@ class Difference:
     Attributes:
         mean: the mean of the per-seed differences.
         low, high: its Student-t interval (``confidence``, 95 % by default).
-        p_value: two-sided p-value of the one-sample t test of mean difference 0; NaN where the differences do not
-            vary (the test has no spread to scale by) or fewer than two seeds are paired.
+        p_value: two-sided p-value of the one-sample t test of mean difference 0 (its standard error floored by the
+            runs' own spread where given); NaN where there is no spread to scale by or fewer than two seeds are paired.
         n: the number of paired seeds.
     """
 
@@ -43,17 +43,27 @@ class Difference:
 
 
 def paired_difference(
-    a_per_seed: Sequence[float] | np.ndarray, b_per_seed: Sequence[float] | np.ndarray, confidence: float = CONFIDENCE
+    a_per_seed: Sequence[float] | np.ndarray,
+    b_per_seed: Sequence[float] | np.ndarray,
+    confidence: float = CONFIDENCE,
+    within: Sequence[float] | np.ndarray | None = None,
 ) -> Difference:
     """The difference a − b of two settings' values on the same seeds (position s of each is seed s); a seed where
-    either value is NaN is left out of both."""
+    either value is NaN is left out of both. ``within``: each seed's within-run variance of its difference (a's plus
+    b's), the floor under the seeds' spread (:func:`~fdattack.functional.intervals.standard_error`): with it, a
+    difference that is the same at every seed has a test too, scaled by the runs' own spread."""
     a, b = np.asarray(a_per_seed, dtype=np.float64), np.asarray(b_per_seed, dtype=np.float64)
     if a.shape != b.shape or a.ndim != 1:
         raise ValueError(f"paired values need one value per seed on each side, got shapes {a.shape} and {b.shape}")
-    d = (a - b)[np.isfinite(a) & np.isfinite(b)]
+    kept = np.isfinite(a) & np.isfinite(b)
+    d = (a - b)[kept]
+    w = np.full(len(d), math.nan) if within is None else np.asarray(within, dtype=np.float64)[kept]
+    if len(d) and _constant(d):
+        d = np.full(len(d), float(d.mean()))  # one difference up to rounding: no spread between the seeds
     mean = float(d.mean()) if len(d) else math.nan
-    low, high = t_interval(d, confidence)
-    p_value = float(stats.ttest_1samp(d, 0.0).pvalue) if len(d) >= 2 and not _constant(d) else math.nan
+    low, high = t_interval(d, confidence, within=w)
+    se = standard_error(d, w) if len(d) >= 2 else 0.0
+    p_value = float(2 * stats.t.sf(abs(mean) / se, len(d) - 1)) if se > 0 else math.nan
     return Difference(mean, low, high, p_value, len(d))
 
 

@@ -6,9 +6,10 @@ headline metrics and the clients' accuracy), the comparison is the paired differ
 seeds both cells recorded (:func:`fdattack.functional.comparisons.paired_difference`: mean, 95 % t interval, p-value of
 the paired t test). A matrix makes many such comparisons at once, so which of them survive is decided by Holm's
 step-down correction over all of them (family-wise level 5 %), and the family's size is printed beside the result.
-The undefended cell is the defense whose overrides are empty (``none: []`` in the presets). A comparison whose per-seed
-differences are all equal (a metric no defense moves, a rate at the same count at every seed) has no t test: it is
-listed in ``matrix.json`` but left out of the family.
+The undefended cell is the defense whose overrides are empty (``none: []`` in the presets). Each seed's within-run
+spread (both cells') floors the seeds' spread, so a difference that is the same at every seed (a rate at the same count)
+is tested against the runs' own spread; one with no spread known at all (a metric no defense moves and nothing
+measured within a run, such as the bytes) has no t test: it is listed in ``matrix.json`` but left out of the family.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from typing import TYPE_CHECKING
 
 from fdattack.functional.comparisons import holm_adjusted, paired_difference
 from fdattack.matrix.spec import CONTROL, MatrixSpec
+from fdattack.tracking.seed_aggregate import seed_within
 
 if TYPE_CHECKING:
     from fdattack.matrix.outputs import CellResult
@@ -61,6 +63,10 @@ def _per_seed(result: "CellResult", key: str) -> dict[int, float]:
     return {seed: _finite(final.get(key)) for seed, final in zip(result.seeds, result.per_seed)}
 
 
+def _within(result: "CellResult", key: str) -> dict[int, float]:
+    return {seed: seed_within(final, key) for seed, final in zip(result.seeds, result.per_seed)}
+
+
 def defense_comparisons(spec: MatrixSpec, results: list["CellResult"], metrics: list[str]) -> list[DefenseComparison]:
     """Every defended cell against the undefended cell of its (data, protocol), for each of ``metrics`` both recorded,
     with Holm's correction over those with a p-value (a comparison with fewer than two paired seeds, or whose per-seed
@@ -70,6 +76,7 @@ def defense_comparisons(spec: MatrixSpec, results: list["CellResult"], metrics: 
         return []
     done = {(r.cell.data, r.cell.protocol, r.cell.defense): r for r in results if r.status == "done"}
     rows: list[tuple[str, str, str, str, list[int], list[float], list[float]]] = []
+    spreads: list[list[float]] = []  # per row, each seed's within-run variance of the difference
     for data in spec.data:
         for protocol in spec.protocols:
             reference = done.get((data, protocol, baseline))
@@ -84,7 +91,9 @@ def defense_comparisons(spec: MatrixSpec, results: list["CellResult"], metrics: 
                     seeds = [s for s in defended.seeds if math.isfinite(a.get(s, math.nan)) and math.isfinite(b.get(s, math.nan))]
                     if seeds:
                         rows.append((data, protocol, metric, defense, seeds, [b[s] for s in seeds], [a[s] for s in seeds]))
-    differences = [paired_difference(values, reference) for *_, reference, values in rows]
+                        wa, wb = _within(defended, metric), _within(reference, metric)
+                        spreads.append([wa.get(s, math.nan) + wb.get(s, math.nan) for s in seeds])
+    differences = [paired_difference(values, reference, within=w) for (*_, reference, values), w in zip(rows, spreads)]
     tested = [i for i, d in enumerate(differences) if math.isfinite(d.p_value)]
     holm = dict(zip(tested, holm_adjusted([differences[i].p_value for i in tested])))
     adjusted = [holm.get(i, math.nan) for i in range(len(rows))]
