@@ -14,6 +14,7 @@ from omegaconf import OmegaConf
 from fdattack.cli import main
 from fdattack.functional.intervals import rate_interval, t_interval
 from fdattack.tracking.report_runs import load_runs
+from fdattack.tracking.seed_aggregate import seed_within
 from tests.conftest import error_of, tiny
 from tests.report_runs import fake_run
 
@@ -48,14 +49,17 @@ def test_each_seed_is_a_replica_in_its_own_folder(seeded: Path) -> None:
 
 
 def test_the_aggregate_is_mean_std_and_t_interval_across_the_seeds(seeded: Path) -> None:
-    """SSIM is signed: Student's t across the seeds (rates and distances take their own scales: tests/test_intervals.py)."""
+    """SSIM is signed: Student's t across the seeds, each seed's own interval over its targets a floor under their spread,
+    cut to [−1, 1] (rates and distances take their own scales: tests/test_intervals.py)."""
     replicas = [_metrics(seeded / f"seed_{seed}") for seed in (0, 1)]
     aggregate = _metrics(seeded)
     values = np.array([r[SSIM] for r in replicas])
     assert aggregate["seeds/count"] == 2
     assert aggregate[SSIM] == pytest.approx(values.mean())
     assert aggregate[SSIM + "_seed_std"] == pytest.approx(values.std(ddof=1))
-    assert (aggregate[SSIM + "_ci_low"], aggregate[SSIM + "_ci_high"]) == pytest.approx(t_interval(values))
+    within = [seed_within(r, SSIM) for r in replicas]
+    expected = t_interval(values, within=within, bounds=(-1.0, 1.0))
+    assert (aggregate[SSIM + "_ci_low"], aggregate[SSIM + "_ci_high"]) == pytest.approx(expected)
     rounds = [json.loads(line) for line in (seeded / "rounds.jsonl").read_text().splitlines()]
     assert [row["round"] for row in rounds] == [0, 1] and rounds[1][SSIM] == pytest.approx(values.mean())
     table = (seeded / "seeds.csv").read_text().splitlines()

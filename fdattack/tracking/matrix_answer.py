@@ -42,8 +42,6 @@ IMAGE_PREFIX = "answer__"
 CONTROL = "control"
 #: attacks that read nothing from the protocol (the public look): controls of the others, never answered for
 CONTROL_ATTACKS = ("public_mean",)
-#: the attacker's public-only reconstructions, whose score at a metric bounds what needs no protocol
-PUBLIC_ONLY = ("attack/{attack}/prior_{name}", "attack/public_mean/{name}")
 #: headline metric -> what an attacker with no data scores: another metric of the same attack (its name), or a constant
 BASELINES: dict[str, Union[str, float]] = {
     "accuracy": "chance",
