@@ -383,6 +383,9 @@ def test_paired_difference_by_hand() -> None:
     rounded = paired_difference([0.6, 0.2, 0.6], [0.8, 0.4, 0.8])
     assert rounded.mean == pytest.approx(-0.2) and math.isnan(rounded.p_value)
     # the same −0.1 at every seed with each seed's own spread (sd 0.05 of its difference): t = 0.1 / (0.05/√3) = 2√3
+    # a rate's difference from a control at 0.1 cannot pass 0.9: the interval is cut there (plain t reached 1.06)
+    bounded = paired_difference([0.7, 1.0, 1.0], [0.1, 0.1, 0.1], bounds=(0.0, 1.0))
+    assert bounded.high == pytest.approx(0.9) and paired_difference([0.7, 1.0, 1.0], [0.1, 0.1, 0.1]).high > 0.9
     floored = paired_difference([0.1, 0.1, 0.1], [0.2, 0.2, 0.2], within=[0.05**2] * 3)
     assert floored.p_value == pytest.approx(2 * stats.t.sf(2 * math.sqrt(3), 2)) and floored.low < -0.1 < floored.high
     with pytest.raises(ValueError, match="one value per seed"):

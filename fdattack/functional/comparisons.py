@@ -47,11 +47,13 @@ def paired_difference(
     b_per_seed: Sequence[float] | np.ndarray,
     confidence: float = CONFIDENCE,
     within: Sequence[float] | np.ndarray | None = None,
+    bounds: tuple[float, float] = (-math.inf, math.inf),
 ) -> Difference:
     """The difference a − b of two settings' values on the same seeds (position s of each is seed s); a seed where
     either value is NaN is left out of both. ``within``: each seed's within-run variance of its difference (a's plus
     b's), the floor under the seeds' spread (:func:`~fdattack.functional.intervals.standard_error`): with it, a
-    difference that is the same at every seed has a test too, scaled by the runs' own spread."""
+    difference that is the same at every seed has a test too, scaled by the runs' own spread. ``bounds``: the range of
+    the metric itself; the interval is cut to where the mean difference can lie (a − b̄ for a in the range)."""
     a, b = np.asarray(a_per_seed, dtype=np.float64), np.asarray(b_per_seed, dtype=np.float64)
     if a.shape != b.shape or a.ndim != 1:
         raise ValueError(f"paired values need one value per seed on each side, got shapes {a.shape} and {b.shape}")
@@ -61,7 +63,8 @@ def paired_difference(
     if len(d) and _constant(d):
         d = np.full(len(d), float(d.mean()))  # one difference up to rounding: no spread between the seeds
     mean = float(d.mean()) if len(d) else math.nan
-    low, high = t_interval(d, confidence, within=w)
+    reference = float(b[kept].mean()) if len(d) else 0.0
+    low, high = t_interval(d, confidence, within=w, bounds=(bounds[0] - reference, bounds[1] - reference))
     se = standard_error(d, w) if len(d) >= 2 else 0.0
     p_value = float(2 * stats.t.sf(abs(mean) / se, len(d) - 1)) if se > 0 else math.nan
     return Difference(mean, low, high, p_value, len(d))

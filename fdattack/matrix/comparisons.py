@@ -19,6 +19,7 @@ from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING
 
 from fdattack.functional.comparisons import holm_adjusted, paired_difference
+from fdattack.functional.metric_kinds import metric_range
 from fdattack.matrix.spec import CONTROL, MatrixSpec
 from fdattack.tracking.seed_aggregate import seed_within
 
@@ -93,7 +94,10 @@ def defense_comparisons(spec: MatrixSpec, results: list["CellResult"], metrics: 
                         rows.append((data, protocol, metric, defense, seeds, [b[s] for s in seeds], [a[s] for s in seeds]))
                         wa, wb = _within(defended, metric), _within(reference, metric)
                         spreads.append([wa.get(s, math.nan) + wb.get(s, math.nan) for s in seeds])
-    differences = [paired_difference(values, reference, within=w) for (*_, reference, values), w in zip(rows, spreads)]
+    differences = [
+        paired_difference(values, reference, within=w, bounds=metric_range(metric))
+        for (_, _, metric, *_, reference, values), w in zip(rows, spreads)
+    ]
     tested = [i for i, d in enumerate(differences) if math.isfinite(d.p_value)]
     holm = dict(zip(tested, holm_adjusted([differences[i].p_value for i in tested])))
     adjusted = [holm.get(i, math.nan) for i in range(len(rows))]
