@@ -205,15 +205,16 @@ def main(path: Path, root: Path | None, jobs: int, cell: str | None, list_only: 
     cells = plan_cells(spec)
     if decide and state is None:
         state = SeedState(spec.design())
+        seeds_of = state.seeds_of  # reads the state as each look extends it
     started, stopped, failures = time.monotonic(), None, {}
     while True:
-        units = units_of(spec, cells, state.seeds_of if state else None)
-        check_none_stale(spec, units, unit_states(spec, cells, root, state.seeds_of if state else None), root)
+        units = units_of(spec, cells, seeds_of)
+        check_none_stale(spec, units, unit_states(spec, cells, root, seeds_of), root)
         try:
             failures = run_units(spec, units, root, min(jobs, max(1, len(units))))
         except MatrixStopped as stop:  # what finished is written; then the stop ends the command (exit status 143 / 130)
             failures, stopped = stop.failures, stop
-        results = collect(spec, cells, root, failures, state.seeds_of if state else None)
+        results = collect(spec, cells, root, failures, seeds_of)
         if not decide or stopped is not None or failures or state is None:
             break
         if not _next_look(spec, state, results, root, (time.monotonic() - started) / 60):
