@@ -12,7 +12,17 @@ from conftest import error_of
 from test_matrix import matrix_file, run_matrix
 
 from fdattack.functional.decisions import Decision, Verdict
-from fdattack.matrix.decide import Design, cells_to_extend, design_of
+from fdattack.matrix.decide import (
+    SEEDS_FILE,
+    Design,
+    SeedState,
+    affordable,
+    batch_minutes,
+    cells_to_extend,
+    design_of,
+    load_state,
+    save_state,
+)
 from fdattack.tracking.matrix_answer import Answer, Control, Setting
 from fdattack.tracking.matrix_cells import Shown
 
@@ -28,6 +38,34 @@ def test_the_design_plans_its_looks_and_spends_alpha_over_them() -> None:
     for bad, named in (({"max_seeds": 2}, "max_seeds"), ({"batch": 0}, "batch"), ({"budget_minutes": -1}, "budget_minutes")):
         with pytest.raises(Exception, match=named):
             design_of((0, 1, 2), bad, "m.yaml")
+
+
+def test_a_batch_goes_only_to_the_places_whose_simulations_end_within_the_budget() -> None:
+    """A cell's batch costs its simulations' mean wall time times the batch; places (a place's cells, its control among
+    them, get seeds together) are taken cheapest first while their summed cost over the jobs, and the longest cell's,
+    fit in the minutes left."""
+    assert batch_minutes([{"time/total_s": 60.0}, {"time/total_s": 120.0}, {}], 2) == pytest.approx(3.0)
+    assert batch_minutes([{"accuracy": 1.0}], 2) == 0.0  # nothing recorded: no cost known
+    costs = {"faces/fedmd/none": 4.0, "faces/fedmd/control": 2.0, "mnist/dsfl/none": 1.0, "mnist/dsfl/dpsgd_1": 10.0}
+    costs["gan/fedavg/none"] = 3.0
+    assert affordable(costs, 100.0, 2) == sorted(costs)
+    assert affordable(costs, 4.0, 2) == ["gan/fedavg/none"]  # then faces/fedmd: (3 + 6) / 2 = 4.5 > 4
+    assert affordable(costs, 5.0, 2) == ["faces/fedmd/control", "faces/fedmd/none", "gan/fedavg/none"]  # mnist/dsfl: 10 > 5
+    assert affordable(costs, 2.9, 2) == []  # the cheapest place (gan, 3 minutes) is longer than what is left
+    assert affordable(costs, 3.0, 1) == ["gan/fedavg/none"]
+
+
+def test_the_minutes_spent_survive_a_resumed_run(tmp_path: Path) -> None:
+    """seeds.json keeps the minutes every invocation spent, so a stopped and resumed run spends one budget; a file
+    written before the minutes were kept reads its last look's."""
+    state = SeedState(Design((0, 1, 2)), minutes=12.5)
+    save_state(tmp_path, state)
+    assert load_state(tmp_path, Design((0, 1, 2))).minutes == pytest.approx(12.5)
+    raw = json.loads((tmp_path / SEEDS_FILE).read_text())
+    del raw["minutes"]
+    raw["looks"] = [{"look": 1, "minutes": 7.25}]
+    (tmp_path / SEEDS_FILE).write_text(json.dumps(raw))
+    assert load_state(tmp_path, Design((0, 1, 2))).minutes == pytest.approx(7.25)
 
 
 def _answer(verdict: Verdict, settings: dict[str, Verdict]) -> Answer:

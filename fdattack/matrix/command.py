@@ -18,7 +18,7 @@ import yaml
 from fdattack.config.composition import compose_unchecked
 from fdattack.errors import ConfigError
 from fdattack.matrix.comparisons import comparisons_summary
-from fdattack.matrix.decide import SeedState, cells_to_extend, load_state, save_state, verdict_counts
+from fdattack.matrix.decide import SeedState, affordable, batch_minutes, cells_to_extend, load_state, save_state, verdict_counts
 from fdattack.matrix.outputs import CellResult, summary_table, to_json, write_outputs
 from fdattack.matrix.plan import Cell, cell_folder, plan_cell, plan_cells
 from fdattack.matrix.run import (
@@ -207,6 +207,7 @@ def main(path: Path, root: Path | None, jobs: int, cell: str | None, list_only: 
         state = SeedState(spec.design())
         seeds_of = state.seeds_of  # reads the state as each look extends it
     started, stopped, failures = time.monotonic(), None, {}
+    spent_before = state.minutes if state is not None else 0.0
     while True:
         units = units_of(spec, cells, seeds_of)
         check_none_stale(spec, units, unit_states(spec, cells, root, seeds_of), root)
@@ -217,8 +218,11 @@ def main(path: Path, root: Path | None, jobs: int, cell: str | None, list_only: 
         results = collect(spec, cells, root, failures, seeds_of)
         if not decide or stopped is not None or failures or state is None:
             break
-        if not _next_look(spec, state, results, root, (time.monotonic() - started) / 60):
+        if not _next_look(spec, state, results, root, spent_before + (time.monotonic() - started) / 60, jobs):
             break
+    if decide and state is not None and stopped is not None:  # a resumed run spends what is left of the one budget
+        state.minutes = spent_before + (time.monotonic() - started) / 60
+        save_state(root, state)
     changed = write_outputs(root, spec, results, state)
     matrix = to_json(spec, results, state)
     write_matrix_page(matrix, root / "page", images_from=root)
@@ -244,33 +248,39 @@ def _why(cell_id: str, waiting: set[str], room: list[str], stop: str, seeds: int
     """Why a cell holds its seeds after a look (``stop``: why no batch follows, empty where one does)."""
     if cell_id not in waiting:
         return f"decided at {seeds} seeds"
-    if cell_id not in room:
+    if seeds >= max_seeds:
         return f"undecided at max_seeds={max_seeds}"
+    if cell_id not in room:
+        return f"undecided at {seeds} seeds: {stop or 'its batch would end past the budget'}"
     return f"undecided at {seeds} seeds: {stop}" if stop else f"undecided at {seeds} seeds: gets more"
 
 
-def _next_look(spec: MatrixSpec, state: SeedState, results: list[CellResult], root: Path, minutes: float) -> bool:
-    """Record this look's verdicts in ``state`` and give the next batch of seeds to the cells still undecided; whether
-    there is a batch to run (False: every cell decided, each undecided one at ``max_seeds``, or the budget spent)."""
+def _next_look(spec: MatrixSpec, state: SeedState, results: list[CellResult], root: Path, minutes: float, jobs: int) -> bool:
+    """Record this look's verdicts in ``state`` and give the next batch of seeds to the undecided cells whose batch ends
+    within the budget (``minutes``: spent so far); whether there is a batch to run (False: every cell decided, each
+    undecided one at ``max_seeds``, or no batch fits in what is left of the budget)."""
+    design = spec.design()
     matrix = to_json(spec, results, state)
     rows = answers(matrix)
     waiting = cells_to_extend(rows, matrix["undefended"], {r.cell.id for r in results if r.status == "done"})
-    room = sorted(c for c in waiting if len(state.seeds_of(c)) < spec.design().max_seeds)
+    costs = {r.cell.id: batch_minutes(r.per_seed, design.batch) for r in results if r.cell.id in waiting}
+    room = affordable({c: costs[c] for c in waiting if len(state.seeds_of(c)) < design.max_seeds}, design.budget_minutes - minutes, jobs)
+    state.minutes = minutes
     if not waiting:
         why = "every cell decided"
+    elif not any(len(state.seeds_of(c)) < design.max_seeds for c in waiting):
+        why = f"the undecided cells have max_seeds={design.max_seeds}"
     elif not room:
-        why = f"the undecided cells have max_seeds={spec.design().max_seeds}"
-    elif minutes >= spec.design().budget_minutes:
-        why = f"the budget of {spec.design().budget_minutes:g} minutes is spent"
+        why = f"no batch ends within the budget of {design.budget_minutes:g} minutes ({minutes:.0f} spent)"
     else:
         why = ""
     look = {"look": len(state.looks) + 1, "minutes": round(minutes, 2), "verdicts": verdict_counts(rows), "waiting": sorted(waiting)}
-    state.looks.append({**look, "why": why or f"{len(room)} cell(s) get {spec.design().batch} more seed(s)"})
+    state.looks.append({**look, "why": why or f"{len(room)} cell(s) get {design.batch} more seed(s)"})
     for r in results:  # why each cell holds the seeds it holds
         if r.status == "done":
             entry = state.cells.setdefault(r.cell.id, {"seeds": list(r.seeds)})
-            entry["why"] = _why(r.cell.id, waiting, room, why, len(r.seeds), spec.design().max_seeds)
+            entry["why"] = _why(r.cell.id, waiting, room, why, len(r.seeds), design.max_seeds)
     for cell_id in room if not why else []:
-        state.cells[cell_id]["seeds"] = spec.design().next_seeds(state.seeds_of(cell_id))
+        state.cells[cell_id]["seeds"] = design.next_seeds(state.seeds_of(cell_id))
     save_state(root, state)
     return not why

@@ -9,8 +9,13 @@ stays at most α whichever look it stops at: stopping a cell as soon as it is de
 the whole matrix, whichever look they come from, are read at α/K, and a plain ``fdattack matrix`` run on a root that
 ``--decide`` extended reads them so too.
 
-``<root>/seeds.json`` keeps the design, each extended cell's seeds and why it stopped, and one line per look (its
-seeds, the verdicts it counted, the minutes so far); the page and ``matrix.json`` show them.
+The budget bounds the run, not only its start: a batch is given only to the cells whose simulations are expected to
+end within it (each cell's mean seconds a simulation so far, ``time/total_s``, times the batch, over the jobs; the
+cheapest cells first), and the minutes count over every invocation on the root, so a stopped and resumed run spends
+one budget.
+
+``<root>/seeds.json`` keeps the design, each extended cell's seeds and why it stopped, the minutes spent, and one line
+per look (its seeds, the verdicts it counted, the minutes so far); the page and ``matrix.json`` show them.
 """
 
 from __future__ import annotations
@@ -28,6 +33,8 @@ from fdattack.tracking.matrix_answer import ALPHA, CONTROL, Answer
 
 #: the file of a root's extended seeds
 SEEDS_FILE = "seeds.json"
+#: a simulation's own wall time, in every replica's final metrics
+SECONDS_KEY = "time/total_s"
 
 
 @dataclass(frozen=True)
@@ -84,6 +91,7 @@ class SeedState:
     design: Design
     cells: dict[str, dict[str, Any]] = field(default_factory=dict)  # cell id -> {"seeds": [...], "why": "..."}
     looks: list[dict[str, Any]] = field(default_factory=list)
+    minutes: float = 0.0  # spent by every invocation on the root so far
 
     def seeds_of(self, cell_id: str) -> list[int]:
         return list(self.cells.get(cell_id, {}).get("seeds") or self.design.first)
@@ -93,6 +101,7 @@ class SeedState:
             "design": {**asdict(self.design), "first": list(self.design.first), "looks": self.design.looks, "alpha": self.design.alpha},
             "cells": self.cells,
             "looks": self.looks,
+            "minutes": round(self.minutes, 2),
         }
 
 
@@ -109,7 +118,10 @@ def load_state(root: Path, design: Design) -> SeedState | None:
         raw = json.loads(path.read_text())
         saved = raw["design"]
         state = SeedState(
-            Design(tuple(saved["first"]), saved["max_seeds"], saved["batch"], saved["budget_minutes"]), raw["cells"], raw["looks"]
+            Design(tuple(saved["first"]), saved["max_seeds"], saved["batch"], saved["budget_minutes"]),
+            raw["cells"],
+            raw["looks"],
+            float(raw.get("minutes", raw["looks"][-1]["minutes"] if raw["looks"] else 0.0)),
         )
     except (OSError, ValueError, KeyError, TypeError) as err:
         raise ConfigError(f"{path} cannot be read ({err}); delete it to forget the extended seeds") from None
@@ -145,3 +157,27 @@ def verdict_counts(rows: list[Answer]) -> dict[str, dict[str, int]]:
     undefended = {v.value: sum(a.decision.verdict is v for a in rows) for v in Verdict}
     defended = {v.value: sum(s.decision.verdict is v for a in rows for s in a.settings) for v in Verdict}
     return {"undefended": undefended, "defended": defended}
+
+
+def affordable(costs: dict[str, float], minutes_left: float, jobs: int) -> list[str]:
+    """The cells whose next batch fits in ``minutes_left`` (``costs``: cell id -> its batch's minutes of simulation),
+    place by place (a place's cells, its control run among them, are paired seed by seed, so they get seeds together),
+    cheapest place first: the chosen cells' summed cost over ``jobs``, and the longest one's, each within it."""
+    places: dict[str, list[str]] = {}
+    for cell_id in costs:
+        places.setdefault(cell_id.rsplit("/", 1)[0], []).append(cell_id)
+    chosen: list[str] = []
+    total, longest = 0.0, 0.0
+    for place in sorted(places, key=lambda p: (sum(costs[c] for c in places[p]), p)):
+        cost, peak = sum(costs[c] for c in places[place]), max(costs[c] for c in places[place])
+        if max((total + cost) / jobs, longest, peak) > minutes_left:
+            break
+        chosen += places[place]
+        total, longest = total + cost, max(longest, peak)
+    return sorted(chosen)
+
+
+def batch_minutes(per_seed: list[dict[str, float]], batch: int) -> float:
+    """A cell's next batch in minutes: ``batch`` times its simulations' mean wall time so far (0 where none recorded it)."""
+    seconds = [final[SECONDS_KEY] for final in per_seed if math.isfinite(final.get(SECONDS_KEY, math.nan))]
+    return batch * (sum(seconds) / len(seconds)) / 60 if seconds else 0.0
