@@ -41,8 +41,9 @@ def test_the_default_runs_ldia_leaks_beyond_the_uniform_guess_at_three_seeds(tmp
     2.129 at every seed (the default partition gives every seed the same label counts): differences −0.947 / −1.040 /
     −0.967, a spread of 0.093, so the interval's upper end (about −0.86) lies 0.86 below 0. Asserted: the verdict is
     *leaks* (the 95 % t interval of the paired differences wholly below 0, at 2 degrees of freedom; the margin of the
-    KL kind, 0.1, decides only a stop), and each seed's KL lies below the uniform guess's. It fails where LDIA estimates nothing (its KL then is the uniform guess's or a random
-    guess's, above it) or where the baseline is computed against another truth.
+    KL kind, 0.1, decides only a stop), and each seed's KL lies below the uniform guess's. It fails where LDIA
+    estimates nothing (its KL then is the uniform guess's or a random guess's, above it) or where the baseline is
+    computed against another truth.
     """
     runs = [_default_run(tmp_path / str(seed), seed) for seed in SEEDS]
     values, controls = [r[KL] for r in runs], [r[UNIFORM] for r in runs]
