@@ -249,9 +249,33 @@ def keep_matrix(root: Path, results: Path) -> None:
 def print_matrix(path: Path) -> None:
     """The answer, the tables and the surviving comparisons of a ``matrix.json``."""
     matrix = json.loads(path.read_text())
+    seeds = path.with_name("seeds.json")
+    if seeds.is_file():
+        print(decide_table(json.loads(seeds.read_text())))
     print(answer_table(matrix))
     print(matrix_tables(matrix))
     print(comparisons_summary(matrix["comparisons"]))
+
+
+def decide_table(state: dict) -> str:
+    """What ``--decide`` did (a root's ``seeds.json``): each look's verdict counts, minutes and why it went on or
+    stopped, then each cell it extended with its seeds and why it holds them."""
+    design = state["design"]
+    out = [
+        f"`--decide`: {design['looks']} looks planned (seeds {design['first']}, batches of {design['batch']} up to "
+        f"{design['max_seeds']}, a budget of {design['budget_minutes']:g} minutes), each test at α = {design['alpha']:.3g}; "
+        f"{state.get('minutes', 0):.0f} minutes spent.",
+        "",
+        "| look | minutes | undefended: leaks / stopped / undecided | defended: leaks / stopped / undecided | cells waiting | then |",
+        "|---|---|---|---|---|---|",
+    ]
+    for look in state["looks"]:
+        counts = ["{leaks} / {stopped} / {undecided}".format(**look["verdicts"][side]) for side in ("undefended", "defended")]
+        out.append(f"| {look['look']} | {look['minutes']:.0f} | {counts[0]} | {counts[1]} | {len(look['waiting'])} | {look['why']} |")
+    extended = {cell: entry for cell, entry in state["cells"].items() if len(entry["seeds"]) > len(design["first"])}
+    out += ["", "| cell | seeds | why |", "|---|---|---|"]
+    out += [f"| {cell} | {len(entry['seeds'])} | {entry.get('why', '')} |" for cell, entry in sorted(extended.items())]
+    return "\n".join(out) + "\n"
 
 
 #: figure sets measured by their own command: table -> (seeds, its root, read-only) -> the command
