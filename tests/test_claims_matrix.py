@@ -1,7 +1,7 @@
 """The README's and docs/matrix.md's claims about the small preset, re-decided from the kept ``results/matrix/small/``.
 
-The matrix's figures come from ``fdattack matrix conf/matrix/small.yaml --jobs 2 --decide`` (hours on 2 cores, too long
-for the suite); its ``matrix.json`` keeps every cell's per-seed values, so each claim the pages make of it is checked
+The matrix's figures come from ``fdattack matrix conf/matrix/small.yaml --jobs 2 --decide`` (about two hours on 2
+cores, too long for the suite); its ``matrix.json`` keeps every cell's per-seed values, so each claim the pages make of it is checked
 here against what the verdict rule (:func:`fdattack.tracking.matrix_answer.answers`) decides from those seeds. A claim
 whose cell stops deciding that way, or a count the pages quote that the kept results do not give, fails.
 """

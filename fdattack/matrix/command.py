@@ -275,8 +275,8 @@ def _next_look(spec: MatrixSpec, state: SeedState, results: list[CellResult], ro
     else:
         why = ""
     look = {"look": len(state.looks) + 1, "minutes": round(minutes, 2), "verdicts": verdict_counts(rows), "waiting": sorted(waiting)}
-    added = sorted({len(design.next_seeds(state.seeds_of(c))) - len(state.seeds_of(c)) for c in room})
-    more = "-".join(str(n) for n in dict.fromkeys([added[0], added[-1]])) if added else "0"
+    added = sorted({len(design.next_seeds(state.seeds_of(c))) - len(state.seeds_of(c)) for c in room}) or [0]
+    more = str(added[0]) if added[0] == added[-1] else f"{added[0]}-{added[-1]}"  # the last look may reach max_seeds with fewer
     state.looks.append({**look, "why": why or f"{len(room)} cell(s) get {more} more seed(s)"})
     for r in results:  # why each cell holds the seeds it holds
         if r.status == "done":
