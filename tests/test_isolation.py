@@ -23,6 +23,7 @@ from fdattack import experiment
 from fdattack.cli import main
 from fdattack.errors import WorkerError
 from fdattack.isolation import Zygote, codec, worker_devices
+from fdattack.isolation.proxy import log_of
 from fdattack.isolation.sandbox import landlock_abi
 from fdattack.randomness import derive_seed
 from tests.conftest import REPO
@@ -251,6 +252,26 @@ def test_a_dishonest_failing_slow_or_hungry_worker_is_stopped_and_the_run_goes_o
 )
 def test_each_worker_takes_a_gpu_the_run_does_not_simulate_on(run_device: str, gpus: int, workers: int, expected: list) -> None:
     assert worker_devices(run_device, gpus, workers) == expected
+
+
+def test_the_run_opens_no_worker_log_through_a_link_and_none_in_a_worker_s_folder(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 56's escape on resume: a worker replaced its ``worker.log`` with a link into ``site-packages`` and the
+    run, reopening it, wrote the worker's output there. The log now lies beside the worker's folder, where no worker
+    writes, and a link planted at it is refused before anything is written through it."""
+    monkeypatch.setattr(sys, "executable", "/bin/false")
+    victim = tmp_path / "site-packages" / "evil.pth"
+    victim.parent.mkdir()
+    victim.write_text("kept\n")
+    zygote, worker = Zygote(), tmp_path / "attack_state" / "ldia"
+    worker.mkdir(parents=True)
+    (tmp_path / "attack_state" / "ldia.log").symlink_to(victim)
+    try:
+        with pytest.raises(WorkerError, match="cannot open the worker log .*ldia.log.*symbolic link there is refused"):
+            zygote.fork(worker, log_of(worker))
+    finally:
+        zygote.close()
+    assert victim.read_text() == "kept\n"
+    assert log_of(worker) == tmp_path / "attack_state" / "ldia.log" and worker not in log_of(worker).parents
 
 
 def test_workers_that_cannot_start_are_one_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -67,6 +67,24 @@ def worker_environment(tmpdir: Path) -> dict[str, str]:
     return {**{key: os.environ[key] for key in WORKER_ENVIRONMENT if key in os.environ}, "TMPDIR": str(tmpdir)}
 
 
+def log_of(folder: Path) -> Path:
+    """A worker's log: ``<state_root>/<attack>.log``, beside its folder, where no worker may write."""
+    return folder.parent / f"{folder.name}.log"
+
+
+def open_log(path: Path) -> int:
+    """``path`` opened for appending and never through a symbolic link (``O_NOFOLLOW``): a worker's log lies beside its
+    folder, where no worker writes, so a link there was planted; it is refused, not followed.
+
+    Raises:
+        WorkerError: it cannot be opened (a link, a folder, no permission), in one line.
+    """
+    try:
+        return os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    except OSError as error:
+        raise WorkerError(f"cannot open the worker log {path}: {error.strerror} (a symbolic link there is refused)") from None
+
+
 class Zygote:
     """The run's handle on the workers' zygote (:mod:`fdattack.isolation.zygote`): started at once, it imports what the
     workers need while the run builds; :meth:`fork` then starts each worker in a fraction of a second.
@@ -96,12 +114,15 @@ class Zygote:
         self._ready = False
 
     def fork(self, folder: Path, log: Path) -> tuple[Connection, int]:
-        """A new worker in ``folder`` writing to ``log``: the run's end of its channel, and its pid."""
-        self._wait_ready()
-        ours, theirs = socket.socketpair()
-        with open(log, "ab") as output:
+        """A new worker in ``folder`` writing to ``log`` (outside ``folder``): the run's end of its channel, and its pid."""
+        output = open_log(log)
+        try:
+            self._wait_ready()
+            ours, theirs = socket.socketpair()
             request = json.dumps({"folder": str(folder.resolve()), "tmpdir": str((folder / "tmp").resolve())}).encode()
-            socket.send_fds(self._control, [request], [theirs.fileno(), output.fileno()])
+            socket.send_fds(self._control, [request], [theirs.fileno(), output])
+        finally:
+            os.close(output)
         theirs.close()
         return Connection(ours.detach()), int(json.loads(self._reply())["pid"])
 
@@ -147,7 +168,8 @@ class IsolatedAttack(Observer):
         brief: what the worker builds the attack from.
         adversary: the run's adversary granted to the attack (its actions are carried out on it), or None.
         budget: its wall seconds and memory.
-        folder: its working directory and state folder (``<state_root>/<attack>``); its output goes to ``worker.log`` there.
+        folder: its working directory and state folder (``<state_root>/<attack>``); its output goes to
+            ``<state_root>/<attack>.log``, beside it, where no worker writes (the run reopens it on resume).
         overlaps: whether its round end may run while the next round simulates (``isolation.overlap``): its records that
             carry no query are then sent without waiting for the worker, and one that carries a query waits until the
             worker has done everything before it (the query must be answered while its phase is open).
@@ -159,7 +181,7 @@ class IsolatedAttack(Observer):
         self.name = brief.attack
         self.adversary = adversary
         self.budget = budget
-        self.log_path = folder / "worker.log"
+        self.log_path = log_of(folder)
         self.spent_s = 0.0
         self.stopped: Optional[tuple[str, str]] = None  # (why: failed | seconds | memory, the one line)
         self.sandbox_abi = 0
