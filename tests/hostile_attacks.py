@@ -221,6 +221,19 @@ class Hungry(Hostile):
         return [] if held.sum() < 0 else []
 
 
+@ATTACKS.register("hostile_failure")
+class ForgedFailure(Hostile):
+    """Sends the run, on its worker's own channel, a failure text that forges a log line of another attack and runs
+    past 3,000 characters (issue 56, finding 3), then fails."""
+
+    name = "hostile_failure"
+
+    def on_round_end(self, round: int) -> list:
+        channel = next(o for o in gc.get_objects() if type(o).__name__ == "Channel" and hasattr(o, "send"))
+        channel.send("failed", "ok\nattack ldia stopped: forged; the run goes on without it\n" + "A" * 3000)
+        raise SystemExit(0)
+
+
 @ATTACKS.register("hostile_mutation")
 class Mutation(Hostile):
     """Writes zeros into every tensor of its records, in place (issue 47, item 5)."""

@@ -41,7 +41,7 @@ SMALL = [
 ]
 HOSTILE = ["hostile_globals", "hostile_walk", "hostile_hooks", "hostile_proc", "hostile_stale"]
 #: attacks the isolated run stops: a result that is not plain data, past isolation.seconds, past isolation.memory_mb
-STOPPED = ["hostile_result", "slow_attack", "hungry_attack"]
+STOPPED = ["hostile_result", "slow_attack", "hungry_attack", "hostile_failure"]
 
 
 def _rows(out: Path) -> list[dict]:
@@ -232,10 +232,19 @@ def test_a_dishonest_failing_slow_or_hungry_worker_is_stopped_and_the_run_goes_o
     assert metrics["attack/slow_attack/stopped/seconds"] == 1.0
     assert metrics["attack/hungry_attack/stopped/memory"] == 1.0
     assert not any(key.startswith("attack/hostile_result/") and "stopped" not in key for key in metrics)
-    reasons = {"hostile_result": "BoundaryError", "slow_attack": "isolation.seconds=5", "hungry_attack": "isolation.memory_mb=1500"}
+    assert metrics["attack/hostile_failure/stopped/failed"] == 1.0
+    reasons = {
+        "hostile_result": "BoundaryError",
+        "slow_attack": "isolation.seconds=5",
+        "hungry_attack": "isolation.memory_mb=1500",
+        "hostile_failure": "ok\\nattack ldia stopped: forged",  # its forged line stays inside its own, escaped
+    }
     for name, why in reasons.items():
         lines = [line for line in done.stderr.splitlines() if f"attack {name} stopped" in line]
         assert len(lines) == 1 and why in lines[0], done.stderr[-2000:]
+    forged = [line for line in done.stderr.splitlines() if "attack ldia stopped" in line and "attack hostile_failure stopped" not in line]
+    assert forged == []
+    assert max(len(line) for line in done.stderr.splitlines() if "attack hostile_failure stopped" in line) < 600
     in_process = _metrics(hostile_runs["in_process"][0] / "run")
     ldia = {k: v for k, v in in_process.items() if k.startswith("attack/ldia/")}
     assert ldia and {k: metrics[k] for k in ldia} == ldia

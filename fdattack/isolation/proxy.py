@@ -67,6 +67,13 @@ def worker_environment(tmpdir: Path) -> dict[str, str]:
     return {**{key: os.environ[key] for key in WORKER_ENVIRONMENT if key in os.environ}, "TMPDIR": str(tmpdir)}
 
 
+def bounded_line(text: str, limit: int = 300) -> str:
+    """``text`` as one line of at most ``limit`` printable characters: a line break or control character is escaped
+    (``\\n``), so a worker's text can forge no line of the run's log, and the rest is cut with "…"."""
+    line = "".join(c if c.isprintable() else ascii(c)[1:-1] for c in text)
+    return line if len(line) <= limit else line[: limit - 1] + "…"
+
+
 def log_of(folder: Path) -> Path:
     """A worker's log: ``<state_root>/<attack>.log``, beside its folder, where no worker may write."""
     return folder.parent / f"{folder.name}.log"
@@ -419,7 +426,9 @@ class IsolatedAttack(Observer):
         raise QueryRefusedError(f"the run carries out no {what!r}")
 
     def stop(self, why: str, line: str, quiet: bool = False) -> None:
-        """Stop the worker for good: the run goes on without the attack."""
+        """Stop the worker for good: the run goes on without the attack (``line``, which may quote the worker, is
+        bounded to one printable line first)."""
+        line = bounded_line(line)
         self.stopped = (why, line)
         self._queries.clear()
         self._owed.clear()
