@@ -17,6 +17,7 @@ import pytest
 from fdattack.functional.decisions import Verdict
 from fdattack.matrix.comparisons import comparisons_summary
 from fdattack.matrix.decide import verdict_counts
+from fdattack.matrix.spec import load_matrix
 from fdattack.tracking.matrix_answer import Answer, answers
 
 REPO = Path(__file__).resolve().parents[1]
@@ -36,6 +37,27 @@ def rows(matrix: dict) -> dict[tuple[str, str, str], Answer]:
 
 def _flat(text: str) -> str:
     return " ".join(text.split())
+
+
+def test_the_kept_matrix_was_made_by_the_preset_the_pages_name(matrix: dict) -> None:
+    """What is read back is checked against what made it: the preset's name, seeds, axes, control runs, margins and
+    ``--decide`` design (whose looks set the α every verdict here is read at)."""
+    spec = load_matrix(REPO / "conf" / "matrix" / "small.yaml")
+    design = spec.design()
+    assert (matrix["name"], matrix["seeds"]) == (spec.name, list(spec.seeds))
+    axes = {"data": spec.data, "protocols": spec.protocols, "defenses": spec.defenses, "attacks": spec.attacks}
+    assert matrix["axes"] == {key: list(value) for key, value in axes.items()}
+    assert matrix["control"] == {data: list(overrides) for data, overrides in spec.control.items()}
+    assert matrix["margins"] == dict(spec.margins)
+    kept = matrix["decide"]["design"]
+    assert (kept["first"], kept["max_seeds"], kept["batch"], kept["budget_minutes"]) == (
+        list(design.first),
+        design.max_seeds,
+        design.batch,
+        design.budget_minutes,
+    )
+    assert matrix["alpha"] == kept["alpha"] == design.alpha
+    assert json.loads((KEPT / "seeds.json").read_text()) == matrix["decide"]
 
 
 def test_every_cell_that_ran_kept_at_least_three_seeds(matrix: dict) -> None:
