@@ -14,6 +14,7 @@ stopped with one line in the log; the run goes on without it, and the rounds aft
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
 import os
@@ -89,7 +90,8 @@ def open_log(path: Path) -> int:
     try:
         return os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
     except OSError as error:
-        raise WorkerError(f"cannot open the worker log {path}: {error.strerror} (a symbolic link there is refused)") from None
+        why = "a symbolic link there is refused" if error.errno == errno.ELOOP else error.strerror
+        raise WorkerError(f"cannot open the worker log {path}: {why}") from None
 
 
 class Zygote:
