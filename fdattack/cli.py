@@ -66,6 +66,13 @@ def _parser() -> argparse.ArgumentParser:
         action="store_true",
         help="add seeds, a batch at a time, to the cells whose verdict is undecided, up to the file's decide: max_seeds and budget",
     )
+    matrix.add_argument(
+        "--isolation",
+        choices=("in_process", "process"),
+        default=None,
+        help="where the attacks of every simulation run (isolation.mode; default: the file's). process: each in a sandboxed worker; "
+        "its results are its own (the default root gets -process), never an in-process run's",
+    )
     return parser
 
 
@@ -128,7 +135,7 @@ def _command(args: argparse.Namespace) -> int:
 
         root = Path(args.root) if args.root else None
         sweep_out = Path(args.sweep_file) if args.sweep_file else None
-        return matrix_main(Path(args.file), root, args.jobs, args.cell, args.list, sweep_out, args.decide)
+        return matrix_main(Path(args.file), root, args.jobs, args.cell, args.list, sweep_out, args.decide, args.isolation)
     from pathlib import Path
 
     from fdattack.tracking.report import write_report

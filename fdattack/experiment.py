@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import logging
+import secrets
 import tempfile
 import time
 from copy import deepcopy
@@ -23,6 +24,7 @@ from omegaconf import DictConfig, OmegaConf
 from torchvision.utils import save_image
 
 from fdattack.attacks import ATTACKS, Attack, AttackContext
+from fdattack.attacks.declaration import Declaration, DeclarationError, declare, settings_of
 from fdattack.attacks.state_store import ClientStateStore
 from fdattack.config.validation import check_names
 from fdattack.data.domains import DOMAIN_TRANSFORMS
@@ -33,6 +35,7 @@ from fdattack.engine.cluster import check_launcher
 from fdattack.errors import CheckpointError, ConfigError, FdattackError, stop_if_terminated
 from fdattack.evaluation import SCORERS, ConfidenceGapDiagnostic, Evaluator, Oracle, Report, ScoringContext
 from fdattack.evaluation.membership import CandidatePool, candidate_pool
+from fdattack.fd import results as results_module
 from fdattack.fd.adversary import Adversary
 from fdattack.fd.observer import Observer
 from fdattack.fd.orchestrator import RoundOrchestrator
@@ -64,7 +67,7 @@ from fdattack.tracking import (
     save_checkpoint,
     set_rng_state,
 )
-from fdattack.tracking.artifact_cache import ArtifactCache
+from fdattack.tracking.artifact_cache import AttackCache
 from fdattack.tracking.exit_record import exit_record
 from fdattack.tracking.logs import configure_logging
 from fdattack.tracking.machine import machine_info
@@ -85,19 +88,31 @@ def known_degradation(cfg: DictConfig) -> Degradation | None:
     return partial(DOMAIN_TRANSFORMS.get(cfg.data.aux_domain), k=cfg.data.blur_strength)
 
 
-def attack_classes(cfg: DictConfig) -> list[type[Attack]]:
-    """The registered classes of ``cfg.attacks``, in order."""
-    return [ATTACKS.get(name) for name in cfg.attacks]
+def attack_settings(cfg: DictConfig, name: str) -> dict:
+    """``attack.<name>`` as a plain dict (what an attack's ``Settings`` are made from where it runs)."""
+    return OmegaConf.to_container(cfg.attack[name], resolve=True)  # type: ignore[return-value]
 
 
-def membership_candidates(cfg: DictConfig, data: FederatedData) -> CandidatePool | None:
+def declare_attacks(cfg: DictConfig, zygote: Zygote | None) -> dict[str, Declaration]:
+    """Each attack's declarations with its settings, by name (:mod:`fdattack.attacks.declaration`): read by a confined
+    child of ``zygote`` (``isolation.mode=process``: no attack code runs in the run for them), else in this process."""
+    settings = {name: attack_settings(cfg, name) for name in cfg.attacks}
+    if zygote is not None:
+        return zygote.declare(list(cfg.plugins), settings)
+    try:
+        return {name: declare(ATTACKS.get(name), plain) for name, plain in settings.items()}
+    except DeclarationError as err:
+        raise ConfigError(f"attacks: {err}") from None
+
+
+def membership_candidates(cfg: DictConfig, data: FederatedData, declared: dict[str, Declaration]) -> CandidatePool | None:
     """The candidate samples of the membership attacks (None when none runs), drawn with the run seed.
 
     Raises:
         ConfigError: the test set, whence every client's non-members come, is empty (``data.test_fraction=0`` on a
             dataset without a test split of its own): no client could be scored.
     """
-    readers = [name for name in cfg.attacks if ViewPart.candidates in ATTACKS.get(name).reads]
+    readers = [name for name in cfg.attacks if ViewPart.candidates in declared[name].reads]
     if not readers:
         return None
     if len(data.split.test) == 0:
@@ -130,21 +145,28 @@ def build_defenses(cfg: DictConfig) -> list[Defense]:
     return [DEFENSES.get(name)(OmegaConf.to_object(cfg.defense[name]), cfg.seed) for name in cfg.defenses]
 
 
-def attacker_seed(run_seed: int) -> int:
-    """The attacker's seed: derived from the run seed, never the run seed itself, from which the run's secrets derive
-    (the candidates' order, the non-member draws, the defenses' noise, the evasive clients' salts, the data split)."""
-    return derive_seed(run_seed, "attacker")
+def attack_root(cfg: DictConfig, kept: int | None = None) -> int:
+    """The root of the attacks' randomness (``attack_seed``): given, kept in a checkpoint (``kept``, on resume), the run
+    seed in process, or with ``isolation.mode=process`` 63 random bits, which no search of the run's seeds finds."""
+    if cfg.attack_seed is not None:
+        return int(cfg.attack_seed)
+    if kept is not None:
+        return kept
+    return secrets.randbits(63) if cfg.isolation.mode == "process" else int(cfg.seed)
 
 
-def _declared(cfg: DictConfig, name: str, protocol: Protocol, adversaries: dict[str, Adversary]) -> tuple[type[Attack], object, frozenset]:
-    """Attack ``name``'s class, its settings from ``attack.<name>`` and the server powers they need; an adversary with
-    those powers, where it needs any, is granted by ``protocol`` and kept in ``adversaries`` under ``name``."""
-    cls = ATTACKS.get(name)
-    settings = OmegaConf.to_object(cfg.attack[name])
-    powers = cls.adversary_powers(settings)
-    if powers:
-        adversaries[name] = protocol.grant_adversary(powers)
-    return cls, settings, powers
+def attacker_seed(root: int) -> int:
+    """The attacker's seed, derived from the attacks' root (:func:`attack_root`), never the run seed, from which the
+    run's secrets derive (the candidates' order, the non-member draws, the defenses' noise, the evasive clients' salts,
+    the data split)."""
+    return derive_seed(root, "attacker")
+
+
+def _grant(name: str, declared: Declaration, protocol: Protocol, adversaries: dict[str, Adversary]) -> None:
+    """An adversary with the powers attack ``name`` declares, where it declares any, granted by ``protocol`` and kept in
+    ``adversaries`` under ``name``."""
+    if declared.powers:
+        adversaries[name] = protocol.grant_adversary(declared.powers)
 
 
 def attack_cache(cfg: DictConfig, name: str) -> Path:
@@ -154,7 +176,13 @@ def attack_cache(cfg: DictConfig, name: str) -> Path:
 
 
 def build_attacks(
-    cfg: DictConfig, view: AttackerView, protocol: Protocol, engine: LocalTrainer | None = None, state_root: Path | None = None
+    cfg: DictConfig,
+    view: AttackerView,
+    protocol: Protocol,
+    declared: dict[str, Declaration],
+    root: int,
+    engine: LocalTrainer | None = None,
+    state_root: Path | None = None,
 ) -> tuple[list[Attack], dict[str, Adversary]]:
     """The attacks of ``cfg.attacks``, each built from its own copy of the attacker's view
     (:meth:`~fdattack.fd.threat.AttackerView.for_attack`), its own ``attack.<name>`` settings and a context; an attack
@@ -162,6 +190,8 @@ def build_attacks(
 
     Args:
         protocol: grants the adversaries (the attacks never receive it).
+        declared: each attack's declarations (:func:`declare_attacks`).
+        root: the attacks' root (:func:`attack_root`).
         engine: the attacks' engine (a Fabric of their own on the run's devices), which their training goes through.
         state_root: folder where attacks keep their per-client networks between rounds (None: memory), with the
             rounds of the ``keep_checkpoints`` newest checkpoints.
@@ -173,21 +203,28 @@ def build_attacks(
     attacks: list[Attack] = []
     adversaries: dict[str, Adversary] = {}
     for name in cfg.attacks:
-        cls, settings, powers = _declared(cfg, name, protocol, adversaries)
+        _grant(name, declared[name], protocol, adversaries)
         context = AttackContext(
-            seed=attacker_seed(cfg.seed),
+            seed=attacker_seed(root),
             store=ClientStateStore(state_root / name if state_root is not None else None, keep=cfg.keep_checkpoints),
             progress=str(cfg.logger.progress),
             engine=engine,
             adversary=adversaries.get(name),
-            cache=None if cfg.cache_dir is None else ArtifactCache(attack_cache(cfg, name)),
+            cache=None if cfg.cache_dir is None else AttackCache(attack_cache(cfg, name), name, "in_process"),
         )
-        attacks.append(cls(view.for_attack(name, cls.reads), settings, context))
+        cls = ATTACKS.get(name)
+        attacks.append(cls(view.for_attack(name, declared[name].reads), settings_of(cls, attack_settings(cfg, name)), context))
     return attacks, adversaries
 
 
 def start_isolated_attacks(
-    cfg: DictConfig, view: AttackerView, protocol: Protocol, state_root: Path, zygote: Zygote
+    cfg: DictConfig,
+    view: AttackerView,
+    protocol: Protocol,
+    declared: dict[str, Declaration],
+    root: int,
+    state_root: Path,
+    zygote: Zygote,
 ) -> tuple[list[IsolatedAttack], dict[str, Adversary]]:
     """``isolation.mode=process``: the attacks of ``cfg.attacks``, each in a worker process of its own (forked by
     ``zygote``) built from the brief :func:`build_attacks` would build it from (:mod:`fdattack.isolation`); the workers
@@ -204,15 +241,16 @@ def start_isolated_attacks(
     attacks: list[IsolatedAttack] = []
     adversaries: dict[str, Adversary] = {}
     for name, (accelerator, on) in zip(cfg.attacks, devices):
-        cls, settings, powers = _declared(cfg, name, protocol, adversaries)
-        shape = AdversaryShape(frozenset(powers), len(protocol.split.public), tuple(protocol.split.image_shape)) if powers else None
+        _grant(name, declared[name], protocol, adversaries)
+        powers = declared[name].powers
+        shape = AdversaryShape(powers, len(protocol.split.public), tuple(protocol.split.image_shape)) if powers else None
         brief = WorkerBrief(
             attack=name,
             plugins=tuple(cfg.plugins),
-            settings=settings,
-            view=view.for_attack(name, cls.reads),
-            seed=attacker_seed(cfg.seed),
-            globals_seed=derive_seed(cfg.seed, "worker globals", name),
+            settings=attack_settings(cfg, name),
+            view=view.for_attack(name, declared[name].reads),
+            seed=attacker_seed(root),
+            globals_seed=derive_seed(root, "worker globals", name),
             state_root=str(state_root.resolve()),
             keep=int(cfg.keep_checkpoints),
             threads=torch.get_num_threads(),
@@ -220,7 +258,7 @@ def start_isolated_attacks(
             adversary=shape,  # type: ignore[arg-type]
             cache=None if cfg.cache_dir is None else str(attack_cache(cfg, name).resolve()),
         )
-        overlaps = len([a for a in attacks if a.overlaps]) < beside and can_overlap(cls, name in adversaries)
+        overlaps = len([a for a in attacks if a.overlaps]) < beside and can_overlap(declared[name], name in adversaries)
         attacks.append(IsolatedAttack(brief, adversaries.get(name), budget, state_root / name, zygote, overlaps))
     for attack in attacks:
         attack.wait_ready()
@@ -231,15 +269,19 @@ def start_isolated_attacks(
             "the files the run's user can (docs/threat-model.md)"
         )
     elif confined:
-        log.info("attack workers: each confined by Landlock (ABI %d) to reading Python's files and writing its state folder", min(confined))
+        log.info(
+            "attack workers: each confined by Landlock (ABI %d) to reading Python's files and writing its state folder, and by "
+            "seccomp to starting no process, socket or program",
+            min(confined),
+        )
     return attacks, adversaries
 
 
-def can_overlap(cls: type[Attack], has_adversary: bool) -> bool:
+def can_overlap(declared: Declaration, has_adversary: bool) -> bool:
     """Whether an attack may end its rounds beside the next round's simulation: not with an adversary (its actions
     shape the next round), nor with results scored on the round's networks
     (:meth:`~fdattack.evaluation.scoring.ScorerRegistry.on_round_models`)."""
-    return not has_adversary and not any(SCORERS.on_round_models(t) for t in cls.produces)
+    return not has_adversary and not any(SCORERS.on_round_models(t) for t in declared.produces)
 
 
 def _say_what_overlaps(workers: Sequence[IsolatedAttack]) -> None:
@@ -261,17 +303,18 @@ def _say_what_overlaps(workers: Sequence[IsolatedAttack]) -> None:
 def build_evaluator(
     cfg: DictConfig,
     oracle: Oracle,
+    declared: dict[str, Declaration],
     progress: Progress | None = None,
     candidates: CandidatePool | None = None,
     cache_dir: Path | None = None,
 ) -> Evaluator:
-    """The evaluation side: the diagnostics and, for each result type the attacks declare in ``produces``, its registered
+    """The evaluation side: the diagnostics and, for each result type the attacks declare in ``produces`` (``declared``), its registered
     scorer (:data:`~fdattack.evaluation.SCORERS`) built from one :class:`~fdattack.evaluation.ScoringContext` (the
     membership scorer against ``candidates``, the evaluation classifiers kept under ``cache_dir``)."""
     diagnostics = []
     if cfg.evaluation.confidence_gap.enabled:
         diagnostics.append(ConfidenceGapDiagnostic(oracle, cfg.evaluation.confidence_gap.max_samples, cfg.evaluation.confidence_gap.bins))
-    produced = set().union(*(cls.produces for cls in attack_classes(cfg)))
+    produced = set().union(*(d.produces for d in declared.values()))
     context = ScoringContext(cfg, oracle, derive_seed(cfg.seed, "evaluation"), progress, candidates, cache_dir)
     return Evaluator(oracle, {t: SCORERS.get(t)(context) for t in sorted(produced, key=lambda t: t.__name__)}, diagnostics)
 
@@ -350,7 +393,9 @@ class Experiment:
         self.oracle = Oracle(
             self.data.split, self.engine, tuple(self.protocol.clients), self.protocol.server, self.protocol.client_accuracy
         )
-        candidates = membership_candidates(cfg, self.data)
+        self.declared = declare_attacks(cfg, self._zygote)
+        self._attack_root = attack_root(cfg)  # isolated, a resumed run goes on with its checkpoint's (run())
+        candidates = membership_candidates(cfg, self.data, self.declared)
         self.view = view_for(cfg, self.protocol, self.data, candidates)
         # only rank 0 writes the run directory; the other ranks keep their attack states in a scratch folder
         self._scratch = None if self.fabric.is_global_zero else tempfile.TemporaryDirectory(prefix="fdattack-attack-state-")
@@ -359,10 +404,8 @@ class Experiment:
         self.adversaries: dict[str, Adversary] = {}
         self._observers: list[Observer] = []  # added by :meth:`observe`, after the attacks
         self._state_root = state_root
-        # the attacks whose records carry a query handle, read from their classes before any attack is built
-        self._queriers = frozenset(
-            name for name in cfg.attacks if Capability.public_outputs in ATTACKS.get(name).required(OmegaConf.to_object(cfg.attack[name]))
-        )
+        # the attacks whose records carry a query handle, from their declarations
+        self._queriers = frozenset(name for name in cfg.attacks if Capability.public_outputs in self.declared[name].needs)
         if cfg.isolation.mode != "process":  # workers start in run(), once the run directory is laid out
             # the attacks' own Fabric on the same devices: the run's Fabric lists every client module it set up
             attack_engine = LocalTrainer(
@@ -370,9 +413,11 @@ class Experiment:
                 batch_size=cfg.protocol.optim.batch_size,
                 vectorise=t.vectorise,
             )
-            self.attacks, self.adversaries = build_attacks(cfg, self.view, self.protocol, attack_engine, state_root)
+            self.attacks, self.adversaries = build_attacks(
+                cfg, self.view, self.protocol, self.declared, self._attack_root, attack_engine, state_root
+            )
         evaluation_cache = Path(cfg.cache_dir) / "evaluation" if cfg.cache_dir else self.output_dir / "artifacts"
-        self.evaluator = build_evaluator(cfg, self.oracle, self.progress, candidates, evaluation_cache)
+        self.evaluator = build_evaluator(cfg, self.oracle, self.declared, self.progress, candidates, evaluation_cache)
 
     def observe(self, observer: Observer, query: bool = False) -> None:
         """Hand ``observer`` (a probe, a logger of one's own) every round record after the attacks, and end its rounds
@@ -408,17 +453,20 @@ class Experiment:
         """:meth:`run` while the run directory is locked."""
         cfg, fabric, run_dir, progress = self.cfg, self.fabric, self.run_dir, self.progress
         self._on_rank_zero(self._prepare_run_dir)
+        last = run_dir.checkpoints.latest() if cfg.resume else None
+        state = load_checkpoint(last[1]) if last is not None else None  # the pre-flight checked its keys, round and fingerprint
         if self._zygote is not None:
+            self._attack_root = attack_root(cfg, None if state is None else state.get("attack_seed"))
             progress.activity(f"starting {len(cfg.attacks)} attack worker(s)")
-            workers, self.adversaries = start_isolated_attacks(cfg, self.view, self.protocol, self._state_root, self._zygote)
+            workers, self.adversaries = start_isolated_attacks(
+                cfg, self.view, self.protocol, self.declared, self._attack_root, self._state_root, self._zygote
+            )
             self.attacks = [*workers, *self._observers]  # type: ignore[list-item]
             self._memory_watch = MemoryWatch(workers) if cfg.isolation.memory_mb is not None else None
             if cfg.isolation.overlap:
                 _say_what_overlaps(workers)
         start_round, elapsed_before, wandb_id = 0, 0.0, None
-        last = run_dir.checkpoints.latest() if cfg.resume else None
-        if last is not None:
-            state = load_checkpoint(last[1])  # the pre-flight checked its keys, round and fingerprint
+        if last is not None and state is not None:
             self._restore(state, last[1])
             start_round, elapsed_before, wandb_id = int(state["round"]), float(state["elapsed_s"]), state["wandb_id"]
             run_dir.truncate_rounds(start_round)
@@ -434,7 +482,9 @@ class Experiment:
             log.info("data: %s", ", ".join(f"{k}={v}" for k, v in self.data.split.info.items()))
 
         rounds = int(cfg.protocol.rounds)
-        orchestrator = RoundOrchestrator(self.protocol, self.attacks, cfg.protocol.on_bad_upload, self._on_phase, self._queriers)
+        orchestrator = RoundOrchestrator(
+            self.protocol, self.attacks, cfg.protocol.on_bad_upload, self._on_phase, self._queriers, self._attack_root
+        )
         wandb_cfg = cfg.logger.wandb if fabric.is_global_zero else _disabled(cfg)
         tracker = WandbRun.start(wandb_cfg, self.output_dir, {**_flat_config(cfg), "machine": machine}, resume_id=wandb_id)
         with exit_record(run_dir), tracker:
@@ -533,12 +583,37 @@ class Experiment:
         return report.metrics
 
     def _score(self, report: Report, round_index: int, attack: Attack | IsolatedAttack, results: list) -> None:
-        """Score ``attack``'s results of the round into ``report`` (with why its worker stopped, if it did)."""
-        scored = self.evaluator.score(attack.name, results)
+        """Score ``attack``'s results of the round into ``report`` (with why its worker stopped, if it did). An isolated
+        attack whose results cannot be scored (a type it does not declare, fields its scorer refuses) is stopped, and
+        the run goes on without it; in process such an error ends the run, as any attack's error does there."""
         if isinstance(attack, IsolatedAttack):
+            try:
+                self._check_declared(attack.name, results)
+                scored = self.evaluator.score(attack.name, results)
+            except Exception as err:  # noqa: BLE001 - whatever its results make the scorers raise costs this attack only
+                attack.stop("failed", f"its results could not be scored ({type(err).__name__}: {err})")
+                scored = Report()
             scored.metrics.update(attack.stopped_metrics())
+        else:
+            self._check_declared(attack.name, results)
+            scored = self.evaluator.score(attack.name, results)
         self.progress.scores(round_index, attack.name, scored.metrics)
         report.update(scored)
+
+    def _check_declared(self, name: str, results: list) -> None:
+        """Raise RuntimeError where attack ``name`` returned a result type it does not declare in ``produces`` (another
+        attack's declaring it built its scorer; an observer of :meth:`observe` declares nothing and is not checked).
+        Types are compared by identity, which runs no code of theirs; what is not a result type at all is the
+        evaluator's to refuse (:func:`~fdattack.fd.boundary.plain_result`)."""
+        declared = self.declared.get(name)
+        if declared is None:
+            return
+        for kind in (type(r) for r in results):
+            if any(kind is t for t in results_module.RESULT_TYPES) and not any(kind is t for t in declared.produces):
+                raise RuntimeError(
+                    f"attack {name} returned {kind.__name__} but does not declare them: set produces = frozenset({{{kind.__name__}}}) "
+                    "on its class"
+                )
 
     def _on_phase(self, round_index: int, name: str) -> None:
         """Before each protocol phase: stop for a SIGTERM whose first exception Python dropped, then show the phase."""
@@ -591,6 +666,7 @@ class Experiment:
             "protocol": self.protocol.state_dict(),
             "attacks": {a.name: a.state_dict() for a in self.attacks if a not in skip},
             "rng": rng_state(),
+            "attack_seed": self._attack_root,
         }
         return deepcopy(state) if copy else state
 

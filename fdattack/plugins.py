@@ -12,17 +12,24 @@ pytest finds its plugins:
 
 Each module is checked as it is imported, each failure one line (:class:`~fdattack.errors.ConfigError`): it must
 import, register at least one new component, each with its ``Settings`` dataclass, take no name already registered,
-and leave no process-wide torch hook or mode behind (module-level code runs in the run's own process; an attack's
-run-time code is what ``isolation.mode=process`` confines). Importing this module costs nothing; :func:`load_plugins`
-imports the registries.
+and leave no process-wide torch hook or mode, thread, trace function or gc callback behind (module-level code runs in the
+run's own process, before any data is loaded; an attack's run-time code is what ``isolation.mode=process`` confines,
+where a worker imports its plugins once confined). Importing this module costs nothing; :func:`load_plugins` imports
+the registries.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import gc
 import importlib
+import importlib.util
+import os
 import re
+import sys
+import threading
 from importlib.metadata import EntryPoint, entry_points
+from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from fdattack.errors import ConfigError
@@ -55,6 +62,24 @@ def load_plugins(modules: Sequence[str] = ()) -> None:
         _ENTRY_POINTS_LOADED = True
     for module in modules:
         _load(module, f"plugins: {module!r}", lambda name=module: importlib.import_module(name))
+
+
+def plugin_sources(modules: Sequence[str] = ()) -> list[Path]:
+    """Where the plugins :func:`load_plugins` would import live (each top-level package's folder, or a lone module's
+    file, and each entry point's metadata folder), found without importing any: what a worker confined before it imports
+    them must be able to read."""
+    points = _entry_points()
+    tops = {point.module.partition(".")[0] for point in points} | {module.partition(".")[0] for module in modules}
+    found = [Path(where) for where in (getattr(getattr(point, "dist", None), "_path", None) for point in points) if where]
+    for top in sorted(tops):
+        spec = importlib.util.find_spec(top)
+        if spec is None:
+            continue
+        if spec.submodule_search_locations:
+            found.extend(Path(location) for location in spec.submodule_search_locations)
+        elif spec.origin:
+            found.append(Path(spec.origin))
+    return found
 
 
 def loaded_plugins() -> tuple[str, ...]:
@@ -93,7 +118,7 @@ def _load(module: str, where: str, load: Callable[[], object]) -> None:
         return
     registries = _registries()
     before = _entries(registries)
-    torch_before = _torch_state()
+    state_before = _process_state()
     try:
         load()
     except ValueError as err:
@@ -106,10 +131,10 @@ def _load(module: str, where: str, load: Callable[[], object]) -> None:
         ) from None
     except Exception as err:  # what a module's import raises is the module's: one line naming it
         raise ConfigError(f"{where} does not import: {_first_line(err)}") from None
-    left = _torch_left(torch_before, _torch_state())
+    left = _left_behind(state_before, _process_state())
     if left:
         raise ConfigError(
-            f"{where} left process-wide torch state behind when imported ({left}); a plugin's import may only register components "
+            f"{where} left process-wide state behind when imported ({left}); a plugin's import may only register components "
             "(docs/plugins.md)"
         )
     own = sorted(
@@ -157,8 +182,9 @@ def _first_line(err: BaseException) -> str:
     return f"{type(err).__name__}: {text[0]}" if text else type(err).__name__
 
 
-def _torch_state() -> dict[str, tuple[Any, ...]]:
-    """Torch's process-wide hook tables (their handles' ids) and mode stacks, by where they live."""
+def _process_state() -> dict[str, tuple[Any, ...]]:
+    """Torch's process-wide hook tables (their handles' ids) and mode stacks, the process's threads, trace functions and gc
+    callbacks, by where they live."""
     import torch
     from torch.nn.modules import module as nn_module
     from torch.optim import optimizer
@@ -173,10 +199,22 @@ def _torch_state() -> dict[str, tuple[Any, ...]]:
     state["an active TorchDispatchMode"] = tuple(map(id, _python_dispatch._get_current_dispatch_mode_stack()))
     hooks = torch._C._autograd._top_saved_tensors_default_hooks(False)
     state["default saved-tensors hooks"] = tuple(map(id, hooks)) if hooks else ()
+    state["a running thread"] = _threads()
+    state["a trace or profile function"] = tuple(id(f) for f in (sys.gettrace(), sys.getprofile(), threading.gettrace()) if f is not None)
+    state["a gc callback"] = tuple(map(id, gc.callbacks))
     return state
 
 
-def _torch_left(before: dict[str, tuple[Any, ...]], after: dict[str, tuple[Any, ...]]) -> str:
-    """The entries of ``after`` that differ from ``before``, in words (``torch.nn.modules.module._global_forward_hooks: 0 -> 1``)."""
-    changed = [where for where in after if after[where] != before.get(where, ())]
+def _threads() -> tuple[Any, ...]:
+    """The process's threads (the kernel's tasks where ``/proc`` lists them, else Python's): one started at import would
+    run on after it, in the run unconfined and in a worker outside its sandbox where started before it."""
+    try:
+        return tuple(sorted(os.listdir("/proc/self/task")))
+    except OSError:
+        return tuple(sorted(t.ident or 0 for t in threading.enumerate()))
+
+
+def _left_behind(before: dict[str, tuple[Any, ...]], after: dict[str, tuple[Any, ...]]) -> str:
+    """The entries of ``after`` that ``before`` lacks, in words (``torch.nn.modules.module._global_forward_hooks: 0 -> 1``)."""
+    changed = [where for where in after if set(after[where]) - set(before.get(where, ()))]
     return "; ".join(f"{where}: {len(before.get(where, ()))} -> {len(after[where])}" for where in changed)

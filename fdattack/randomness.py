@@ -94,11 +94,12 @@ class GlobalStreams:
             _load(outside)
 
 
-def observer_streams(run_seed: int, observer: str, round: int, call: str) -> GlobalStreams:
+def observer_streams(root: int, observer: str, round: int, call: str) -> GlobalStreams:
     """Fresh global streams for one call into an observer (an attack): ``observer`` seeing the record of phase ``call`` of
-    ``round``, or ending the round. Seeded from (run seed, observer, round, call) through :func:`derive_seed` (one-way),
-    so what the attack reads from them tells it neither the run seed nor what anyone else drew."""
-    return GlobalStreams(derive_seed(run_seed, "observer", observer, round, call))
+    ``round``, or ending the round. Seeded from (the attacks' root, observer, round, call) through :func:`derive_seed`
+    (one-way), so what the attack reads from them tells it nothing of what anyone else drew; the root is the run seed
+    in process and a secret of the run's isolated (``attack_seed``), which no search of seeds finds."""
+    return GlobalStreams(derive_seed(root, "observer", observer, round, call))
 
 
 @contextmanager

@@ -217,7 +217,7 @@ class Hungry(Hostile):
 
     def on_round_end(self, round: int) -> list:
         held = torch.ones(3 * 2**28)  # 3 GiB of float32, every page touched
-        time.sleep(10)
+        time.sleep(30)
         return [] if held.sum() < 0 else []
 
 
@@ -246,3 +246,154 @@ class Mutation(Hostile):
                 tensor.zero_()
         if record.aggregate is not None:
             record.aggregate.zero_()
+
+
+# ------------------------------------------------------------------ issue 56: no attack code in the run after the data, no message trusted
+def _private_rows_in_memory() -> int:
+    """How many private images a walk of this process's memory finds (the run's split, where it holds one)."""
+    return sum(sum(len(s) for s in o.private) for o in gc.get_objects() if type(o).__name__ == "FederatedSplit")
+
+
+@dataclass
+class SearchingSettings:
+    """Settings whose making walks memory for the run's private images (issue 56, finding 1)."""
+
+    def __post_init__(self) -> None:
+        SearchingDeclarations.seen["settings"] = max(SearchingDeclarations.seen["settings"], _private_rows_in_memory())
+
+
+@ATTACKS.register("hostile_declarations")
+class SearchingDeclarations(Hostile):
+    """Its ``required`` and its settings' ``__post_init__`` walk memory for the run's private images and stash what they
+    find in the settings object (which the run once pickled into the worker's brief); it reports what reached it."""
+
+    name = "hostile_declarations"
+    Settings = SearchingSettings
+    seen = {"required": 0, "settings": 0}
+
+    @classmethod
+    def required(cls, settings: Any) -> frozenset[Capability]:
+        found = _private_rows_in_memory()
+        cls.seen["required"] = max(cls.seen["required"], found)
+        settings.stashed_rows = max(getattr(settings, "stashed_rows", 0), found)
+        return cls.needs
+
+    def on_record(self, record: RoundRecord) -> None:
+        self.found(
+            required_saw_rows=self.seen["required"],
+            settings_saw_rows=self.seen["settings"],
+            rows_in_settings=getattr(self.settings, "stashed_rows", 0),
+            rows_here=_private_rows_in_memory(),
+        )
+
+
+def _own_connection() -> Any:
+    """The worker's end of its channel to the run, found as an attack would find it."""
+    return next(o for o in gc.get_objects() if type(o).__name__ == "Channel" and hasattr(o, "send"))._conn
+
+
+@ATTACKS.register("hostile_shape")
+class AbsurdShape(Hostile):
+    """Sends results whose tensor header claims 2^64 elements of no bytes (issue 56, finding 3)."""
+
+    name = "hostile_shape"
+
+    def on_round_end(self, round: int) -> list:
+        header = json.dumps({"l": ["results", {"l": [{"t": "float32", "s": [0, 2**64], "n": 0}]}]}).encode()
+        _own_connection().send_bytes(len(header).to_bytes(8, "little") + header)
+        time.sleep(60)
+        return []
+
+
+@ATTACKS.register("hostile_silence")
+class HeaderWithoutBody(Hostile):
+    """Sends the length of a message and never its body (issue 56, finding 3)."""
+
+    name = "hostile_silence"
+
+    def on_round_end(self, round: int) -> list:
+        os.write(_own_connection().fileno(), (1000).to_bytes(4, "big"))
+        time.sleep(600)
+        return []
+
+
+@ATTACKS.register("hostile_huge")
+class HugeMessage(Hostile):
+    """Announces a message of 16 GiB (issue 56, finding 3)."""
+
+    name = "hostile_huge"
+
+    def on_round_end(self, round: int) -> list:
+        os.write(_own_connection().fileno(), (-1).to_bytes(4, "big", signed=True) + (1 << 34).to_bytes(8, "big"))
+        time.sleep(600)
+        return []
+
+
+@ATTACKS.register("hostile_undeclared")
+class UndeclaredResult(Hostile):
+    """Returns a plain result of a type it does not declare in ``produces`` (issue 56, finding 3)."""
+
+    name = "hostile_undeclared"
+
+    def on_round_end(self, round: int) -> list:
+        from fdattack.fd.results import LabelDistributions
+
+        return [LabelDistributions(clients=(0,), estimates=torch.full((1, 10), 0.1))]
+
+
+@ATTACKS.register("hostile_search")
+class SeedSearch(Hostile):
+    """Searches the run seed back from the seed of its own call's streams (``torch.initial_seed()``), among the first
+    thousand seeds, by the derivation the run uses (issue 56, finding 8)."""
+
+    name = "hostile_search"
+
+    def on_record(self, record: RoundRecord) -> None:
+        from fdattack.randomness import derive_seed
+
+        own = torch.initial_seed()
+        found = [s for s in range(1000) if derive_seed(s, "observer", self.name, record.round, record.phase) == own]
+        self.found(run_seed_found=found[0] if found else -1)
+
+
+def _outcome(attempt: Any) -> str:
+    """``done``, or the name of the exception ``attempt()`` raised."""
+    try:
+        attempt()
+    except Exception as err:  # noqa: BLE001 - what stopped it is the finding
+        return type(err).__name__
+    return "done"
+
+
+def _fork() -> None:
+    pid = os.fork()
+    if pid == 0:
+        os._exit(0)
+    os.waitpid(pid, 0)
+
+
+def _shared_memory() -> None:
+    path = Path("/dev/shm") / f"fdattack-hostile-{os.getpid()}"
+    path.write_text("a message for another worker")
+    path.unlink()
+
+
+@ATTACKS.register("hostile_escape")
+class Escape(Hostile):
+    """Tries to leave its sandbox's budget or reach another worker: a child process (which no per-process budget would
+    watch), a program, a UDP datagram and a unix socket, a file in ``/dev/shm``, a memfd (issue 56, findings 4 and 5)."""
+
+    name = "hostile_escape"
+
+    def on_record(self, record: RoundRecord) -> None:
+        import socket
+        import subprocess
+
+        self.found(
+            fork=_outcome(_fork),
+            program=_outcome(lambda: subprocess.run(["true"], check=True)),
+            udp=_outcome(lambda: socket.socket(socket.AF_INET, socket.SOCK_DGRAM).sendto(b"x", ("127.0.0.1", 9))),
+            unix_socket=_outcome(lambda: socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)),
+            shared_memory=_outcome(_shared_memory),
+            memfd=_outcome(lambda: os.close(os.memfd_create("held"))),
+        )

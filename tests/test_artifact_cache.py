@@ -46,24 +46,24 @@ def _maker(calls: list[int], value: float = 1.0, seconds: float = 0.0):  # type:
 
 
 def test_an_entry_is_made_once_and_read_back_by_later_fetches(tmp_path: Path) -> None:
-    cache, calls = ArtifactCache(tmp_path / "cache"), []
+    cache, calls = ArtifactCache(tmp_path / "cache", "in_process"), []
     first = cache.fetch("prior", "k1", _maker(calls))
-    again = ArtifactCache(tmp_path / "cache").fetch("prior", "k1", _maker(calls, value=2.0))
+    again = ArtifactCache(tmp_path / "cache", "in_process").fetch("prior", "k1", _maker(calls, value=2.0))
     assert calls == [1] and torch.equal(again["net"]["w"], first["net"]["w"]) and again["note"] == "trained"
     other = cache.fetch("prior", "k2", _maker(calls, value=3.0))  # another key is another entry
     assert calls == [1, 1] and float(other["net"]["w"][0, 0]) == 3.0
-    assert sorted(p.name for p in (tmp_path / "cache").glob("*.pt")) == ["prior_k1.pt", "prior_k2.pt"]
+    assert sorted(p.name for p in (tmp_path / "cache").glob("*.pt")) == ["prior_k1.in_process.pt", "prior_k2.in_process.pt"]
 
 
 def test_an_unreadable_or_unfitting_entry_is_one_line_and_made_again(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
-    cache, calls = ArtifactCache(tmp_path), []
+    cache, calls = ArtifactCache(tmp_path, "in_process"), []
     cache.fetch("prior", "k", _maker(calls))
     cache.path("prior", "k").write_bytes(b"not a checkpoint")
     with caplog.at_level(logging.WARNING, logger="fdattack"):
         remade = cache.fetch("prior", "k", _maker(calls, value=5.0))
     assert calls == [1, 1] and float(remade["net"]["w"][0, 0]) == 5.0
     (line,) = [r.getMessage() for r in caplog.records]
-    assert "prior_k.pt" in line and "unusable" in line and "\n" not in line
+    assert "prior_k.in_process.pt" in line and "unusable" in line and "\n" not in line
     assert float(cache.fetch("prior", "k", _maker(calls))["net"]["w"][0, 0]) == 5.0 and calls == [1, 1]  # stored again
 
     def wants_three_by_three(payload: dict) -> None:
@@ -77,7 +77,7 @@ def test_an_unreadable_or_unfitting_entry_is_one_line_and_made_again(tmp_path: P
 
 
 def test_a_reader_that_is_not_the_writer_makes_without_storing(tmp_path: Path) -> None:
-    cache, calls = ArtifactCache(tmp_path), []
+    cache, calls = ArtifactCache(tmp_path, "in_process"), []
     cache.fetch("prior", "k", _maker(calls), writer=False)
     assert calls == [1] and not list(tmp_path.glob("*.pt"))
     cache.fetch("prior", "k", _maker(calls))
@@ -88,7 +88,7 @@ def test_a_reader_that_is_not_the_writer_makes_without_storing(tmp_path: Path) -
 def test_two_asking_at_once_make_it_once(tmp_path: Path) -> None:
     """The second asker waits on the entry's lock (flock: separate opens conflict, in threads as in processes) and reads
     what the first made."""
-    cache, calls, got = ArtifactCache(tmp_path), [], []
+    cache, calls, got = ArtifactCache(tmp_path, "in_process"), [], []
     threads = [threading.Thread(target=lambda: got.append(cache.fetch("gan", "k", _maker(calls, seconds=0.3)))) for _ in range(2)]
     for thread in threads:
         thread.start()

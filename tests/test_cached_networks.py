@@ -71,9 +71,10 @@ def test_an_isolated_attack_writes_its_own_gan_prior_and_a_second_run_reads_it(t
     WGAN-GP prior it trains is read back by the next run, in process, with the same results (isolated and in-process
     runs agree without a cache: tests/test_isolation.py)."""
     cache = tmp_path / "cache"
-    isolated = _run(tmp_path / "isolated", FEDAVG, *GMI, f"cache_dir={cache}", "isolation.mode=process")  # trains, writes
+    seed = "attack_seed=7"  # the same attacks' seed in both runs (an isolated run's is otherwise a secret of its own)
+    isolated = _run(tmp_path / "isolated", FEDAVG, *GMI, f"cache_dir={cache}", "isolation.mode=process", seed)  # trains, writes
     made = _entries(cache)
     assert sorted(k.split("_")[0] for k in made) == ["attacks/gmi/gan", "evaluation/inversion"]
-    again = _run(tmp_path / "again", FEDAVG, *GMI, f"cache_dir={cache}")  # reads
+    again = _run(tmp_path / "again", FEDAVG, *GMI, f"cache_dir={cache}", seed)  # reads
     assert _entries(cache) == made
     assert again == isolated  # what it read back is what the worker trained

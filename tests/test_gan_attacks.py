@@ -314,8 +314,9 @@ def test_attacks_return_inversions_and_reuse_their_cached_gans_on_resume(
     monkeypatch.setattr(GANInversionAttack, "train_gan", counting)
     args = ["run", str(FEDAVG), *tiny(tmp_path), *DIGITS, *SMALL, "attacks=[gmi,kedmi,vmi]", "keep_checkpoints=3"]
     assert main(args) == 0  # `fdattack run`
-    # GMI's prior once (VMI mines the same cached network), KED-MI's GAN every round
-    assert trained == ["WGAN-GP prior", "K+1 GAN of round 1", "K+1 GAN of round 2"]
+    # GMI's prior once and VMI's (seeded as GMI's: the same network; no folder is shared between attacks), KED-MI's GAN
+    # every round
+    assert trained == ["WGAN-GP prior", "K+1 GAN of round 1", "WGAN-GP prior", "K+1 GAN of round 2"]
     assert [name for name, _ in inversions] == ["gmi", "kedmi", "vmi", "gmi", "kedmi", "vmi"]
     top1: list[float] = []
     for name, result in inversions:
@@ -331,8 +332,11 @@ def test_attacks_return_inversions_and_reuse_their_cached_gans_on_resume(
         top1.append(result.details["target_top1"])
     # the attacks' own check: the target model puts their inversions in their labels far above chance (1/10), on average
     assert sum(top1) / len(top1) >= 0.3, top1
-    cached = tmp_path / "run" / "attack_state" / "shared"
-    assert len(list((cached / "gan").glob("wgangp_*.pt"))) == 1 and len(list((cached / "gan").glob("kplusonegan_*.pt"))) == 2
+    states = tmp_path / "run" / "attack_state"
+    assert [len(list((states / name / "gan").glob("wgangp_*.pt"))) for name in ("gmi", "vmi")] == [1, 1]
+    assert len(list((states / "kedmi" / "gan").glob("kplusonegan_*.pt"))) == 2
+    gmi_prior, vmi_prior = (torch.load(next((states / name / "gan").glob("wgangp_*.pt"))) for name in ("gmi", "vmi"))
+    assert all(torch.equal(gmi_prior[net][k], v) for net in ("generator", "critic") for k, v in vmi_prior[net].items())
 
     reference = [r.images for _, r in inversions[3:]]
     (tmp_path / "run" / "checkpoints" / "round_0002.pt").unlink()  # resume from round 1's checkpoint: round 2 runs again

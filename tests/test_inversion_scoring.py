@@ -34,6 +34,7 @@ from fdattack.fd.threat import Capability, ViewPart
 from fdattack.functional.intervals import rate_interval, wilson_interval
 from fdattack.functional.inversion_metrics import feature_cosine, feature_diversity, inversion_grid, topk_per_sample
 from fdattack.knobs import knob
+from fdattack.tracking.artifact_cache import ArtifactCache
 from fdattack.tracking.report import write_report
 from fdattack.tracking.summary import attack_summary
 from tests.conftest import error_of, tiny
@@ -98,7 +99,8 @@ def digits(tmp_path_factory: pytest.TempPathFactory) -> SimpleNamespace:
     cache = tmp_path_factory.mktemp("classifier")
     with torch.random.fork_rng():
         torch.set_num_threads(1)
-        classifier = inversion_classifier(split, default_engine(), InversionEvaluationSettings(epochs=3), SEED, cache)()
+        settings = InversionEvaluationSettings(epochs=3)
+        classifier = inversion_classifier(split, default_engine(), settings, SEED, ArtifactCache(cache, "in_process"))()
     return SimpleNamespace(split=split, classifier=classifier, checkpoint=next(cache.glob("inversion_classifier_*.pt")))
 
 
@@ -377,7 +379,8 @@ def test_a_checkpoint_is_loaded_not_trained(digits: SimpleNamespace, monkeypatch
 def test_a_cached_classifier_is_reused_not_trained_again(digits: SimpleNamespace, monkeypatch: pytest.MonkeyPatch) -> None:
     engine = default_engine()
     monkeypatch.setattr(engine, "fit_module", lambda *args, **kwargs: pytest.fail("trained again despite the cache"))
-    again = inversion_classifier(digits.split, engine, InversionEvaluationSettings(epochs=3), SEED, digits.checkpoint.parent)()
+    cache = ArtifactCache(digits.checkpoint.parent, "in_process")
+    again = inversion_classifier(digits.split, engine, InversionEvaluationSettings(epochs=3), SEED, cache)()
     for a, b in zip(again.net.state_dict().values(), digits.classifier.net.state_dict().values()):
         torch.testing.assert_close(a.cpu(), b.cpu())
     assert again.test_accuracy == pytest.approx(digits.classifier.test_accuracy)

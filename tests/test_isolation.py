@@ -11,8 +11,10 @@ from __future__ import annotations
 import json
 import math
 import os
+import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -22,7 +24,8 @@ import torch
 from fdattack import experiment
 from fdattack.cli import main
 from fdattack.errors import WorkerError
-from fdattack.isolation import Zygote, codec, worker_devices
+from fdattack.isolation import Zygote, codec, seccomp, worker_devices
+from fdattack.isolation.framing import MessageError, MessageReader, read_message
 from fdattack.isolation.proxy import log_of
 from fdattack.isolation.sandbox import landlock_abi
 from fdattack.randomness import derive_seed
@@ -39,9 +42,29 @@ SMALL = [
     "data.max_per_class=30",
     *SMALL_ATTACKS,
 ]
-HOSTILE = ["hostile_globals", "hostile_walk", "hostile_hooks", "hostile_proc", "hostile_stale"]
-#: attacks the isolated run stops: a result that is not plain data, past isolation.seconds, past isolation.memory_mb
-STOPPED = ["hostile_result", "slow_attack", "hungry_attack", "hostile_failure"]
+HOSTILE = [
+    "hostile_globals",
+    "hostile_walk",
+    "hostile_hooks",
+    "hostile_proc",
+    "hostile_stale",
+    "hostile_declarations",
+    "hostile_search",
+    "hostile_escape",
+]
+#: attacks the isolated run stops, each with why: a result that is not plain data, past isolation.seconds, past
+#: isolation.memory_mb, a forged failure line, a tensor header of 2^64 elements, a length with no body (which keeps no
+#: other worker waiting), a 16 GiB length, a result type it does not declare
+STOPPED = {
+    "hostile_result": ("failed", "BoundaryError"),
+    "slow_attack": ("seconds", "isolation.seconds=10"),
+    "hungry_attack": ("memory", "isolation.memory_mb=1500"),
+    "hostile_failure": ("failed", "ok\\nattack ldia stopped: forged"),  # its forged line stays inside its own, escaped
+    "hostile_shape": ("failed", "not plain data (a tensor field of no known dtype or shape)"),
+    "hostile_silence": ("seconds", "isolation.seconds=10"),
+    "hostile_huge": ("failed", f"a message of {1 << 34} bytes, over the limit of {1500 << 20}"),
+    "hostile_undeclared": ("failed", "could not be scored (RuntimeError: attack hostile_undeclared returned LabelDistributions but"),
+}
 
 
 def _rows(out: Path) -> list[dict]:
@@ -119,8 +142,9 @@ def test_the_codec_refuses_to_encode_what_is_not_plain_data(value: object) -> No
         (lambda h: len(h).to_bytes(8, "little") + h)(b'{"t":"object","s":[1],"n":8}') + b"\x00" * 8,  # no such dtype
         (lambda h: len(h).to_bytes(8, "little") + h)(b'{"py/object":"os.system"}'),  # a node of no known kind
         (lambda h: len(h).to_bytes(8, "little") + h)(b"3"),  # a bare JSON number (ints travel as strings)
+        (lambda h: len(h).to_bytes(8, "little") + h)(b'{"t":"float32","s":[0,18446744073709551616],"n":0}'),  # 2^64 rows of nothing
     ],
-    ids=["pickle", "short", "trailing", "misfit", "dtype", "unknown-node", "bare-number"],
+    ids=["pickle", "short", "trailing", "misfit", "dtype", "unknown-node", "bare-number", "absurd-shape"],
 )
 def test_the_codec_refuses_crafted_messages(message: bytes) -> None:
     with pytest.raises(codec.CodecError):
@@ -129,17 +153,47 @@ def test_the_codec_refuses_crafted_messages(message: bytes) -> None:
 
 # ------------------------------------------------------------------------------------------------ results and resume
 @pytest.mark.slow
+def test_the_run_reads_a_worker_s_messages_without_waiting_and_refuses_lengths_over_its_limit() -> None:
+    """A message that arrives in pieces is returned whole once its last byte is in, never before; a length with no body
+    gives None at once (the run goes on with its other workers) and says since when it was begun; a length over the
+    limit is refused before its body is read; a closed channel is EOFError."""
+    ours, theirs = socket.socketpair()
+    reader = MessageReader(ours.fileno(), limit=1000)
+    body = codec.encode(["results", [torch.arange(6.0)]])
+    framed = len(body).to_bytes(4, "big") + body
+    theirs.sendall(framed[:3])
+    assert reader.read() is None and reader.begun is not None and reader.size is None
+    theirs.sendall(framed[3:10])
+    assert reader.read() is None and reader.size == len(body)
+    theirs.sendall(framed[10:] + (0).to_bytes(4, "big"))
+    kind, (tensor,) = codec.decode(reader.read())
+    assert kind == "results" and torch.equal(tensor, torch.arange(6.0))
+    assert reader.read() == bytearray() and reader.begun is None
+    theirs.sendall((1000).to_bytes(4, "big"))  # a length and never its body: nothing waits for it
+    assert reader.read() is None and reader.size == 1000
+    with pytest.raises(TimeoutError):
+        read_message(reader, time.monotonic() + 0.3)
+    huge = MessageReader(theirs.fileno(), limit=1000)
+    ours.sendall((-1).to_bytes(4, "big", signed=True) + (1 << 34).to_bytes(8, "big"))
+    with pytest.raises(MessageError, match=f"a message of {1 << 34} bytes, over the limit of 1000"):
+        huge.read()
+    ours.close()
+    with pytest.raises(EOFError):
+        huge.read()
+
+
 def test_isolated_attacks_give_the_in_process_results_and_resume_alike(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The same run in process and isolated with overlapping round ends: every metric of every round equal (the workers
     draw from the streams the run would have given each call, in the order it would have called them); the isolated
-    run resumed from the checkpoint it wrote while its workers ended the round ends equal too, and so does that
-    checkpoint resumed in process (``isolation.mode`` and ``overlap`` decide no result). Isolated without overlap, the
-    hostile runs below check LDIA's metrics against the in-process run's.
+    run resumed from the checkpoint it wrote while its workers ended the round ends equal too, overlapping or not
+    (``isolation.overlap`` decides no result; with ``attack_seed`` given, ``isolation.mode`` changes none, but an isolated
+    run is never resumed in process).
+    Isolated without overlap, the hostile runs below check LDIA's metrics against the in-process run's.
 
     DS-FL's clients train before they upload, so LDIA's round end overlaps that training; PLI and TBI, whose records
     carry a query, catch up at the upload."""
     dsfl = [key for key in SMALL if not key.startswith("protocol.transfer_")]  # FedMD's set-up keys
-    args = ["run", *dsfl, "protocol=dsfl", "attacks=[pli,tbi,ldia]", "protocol.rounds=2", "keep_checkpoints=2"]
+    args = ["run", *dsfl, "protocol=dsfl", "attacks=[pli,tbi,ldia]", "protocol.rounds=2", "keep_checkpoints=2", "attack_seed=42"]
     in_process, isolated = tmp_path / "in_process", tmp_path / "isolated"
     assert main([*args, f"output_dir={in_process}"]) == 0
     overlap = [f"output_dir={isolated}", "isolation.mode=process", "isolation.overlap=true"]
@@ -156,8 +210,10 @@ def test_isolated_attacks_give_the_in_process_results_and_resume_alike(tmp_path:
     assert _rows(isolated) == _rows(in_process) and _metrics(isolated) == _metrics(in_process)
 
     (isolated / "checkpoints" / "round_0002.pt").unlink()
-    assert main([*args, f"output_dir={isolated}", "resume=true"]) == 0  # the workers' states, read in process
+    assert main([*args, f"output_dir={isolated}", "isolation.mode=process", "resume=true"]) == 0  # resumed without overlap
     assert _rows(isolated) == _rows(in_process) and _metrics(isolated) == _metrics(in_process)
+    # an isolated result is never continued in process, where an attack could read the run
+    assert main([*args, f"output_dir={isolated}", "resume=true"]) == 2
 
 
 # ------------------------------------------------------------------------------------------------ hostile attacks
@@ -172,7 +228,7 @@ def hostile_runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Pa
         "process": [
             f"attacks=[{','.join([*HOSTILE, *STOPPED, 'hostile_mutation', 'ldia'])}]",
             "isolation.mode=process",
-            "isolation.seconds=5",
+            "isolation.seconds=10",
             "isolation.memory_mb=1500",
         ],
     }
@@ -208,6 +264,17 @@ def test_hostile_attacks_reach_the_run_in_process_and_find_nothing_of_it_isolate
     assert inside["hostile_walk"]["networks"] > 0
     assert inside["hostile_proc"]["argv_secrets"] > 0 and inside["hostile_proc"]["lock_or_run_files"] > 0
 
+    assert inside["hostile_declarations"]["required_saw_rows"] > 0 and inside["hostile_declarations"]["rows_here"] > 0
+    # isolated, its declarations are read in a confined child of the zygote and its settings made in its worker: the
+    # run calls none of its code, and what its settings' making or its declarations saw was nothing
+    assert isolated["hostile_declarations"] == {"required_saw_rows": 0, "settings_saw_rows": 0, "rows_in_settings": 0, "rows_here": 0}
+    # in process each call's streams derive from the run seed, and a search finds it; isolated, from a secret of the run's
+    assert inside["hostile_search"] == {"run_seed_found": 42} and isolated["hostile_search"] == {"run_seed_found": -1}
+    escapes = ("fork", "program", "udp", "unix_socket", "shared_memory", "memfd")
+    assert inside["hostile_escape"] == {what: "done" for what in escapes}
+    if seccomp.filter_supported():  # no process, program, socket or memfd; and (Landlock) no file in /dev/shm
+        shm = "PermissionError" if landlock_abi() else "done"
+        assert isolated["hostile_escape"] == {**{what: "PermissionError" for what in escapes}, "shared_memory": shm}
     assert isolated["hostile_hooks"] == {"forwards_seen": 0, "images_seen": 0, "functions_seen": 0}
     assert isolated["hostile_walk"] == {"run_objects": 0, "networks": 0, "frames_with_run_objects": 0, "answering_threads": 0}
     proc = isolated["hostile_proc"]
@@ -228,20 +295,11 @@ def test_a_dishonest_failing_slow_or_hungry_worker_is_stopped_and_the_run_goes_o
     an attack that zeroes every tensor of its records in place, scores as LDIA in process."""
     folder, done = hostile_runs["process"]
     metrics = _metrics(folder / "run")
-    assert metrics["attack/hostile_result/stopped/failed"] == 1.0
-    assert metrics["attack/slow_attack/stopped/seconds"] == 1.0
-    assert metrics["attack/hungry_attack/stopped/memory"] == 1.0
-    assert not any(key.startswith("attack/hostile_result/") and "stopped" not in key for key in metrics)
-    assert metrics["attack/hostile_failure/stopped/failed"] == 1.0
-    reasons = {
-        "hostile_result": "BoundaryError",
-        "slow_attack": "isolation.seconds=5",
-        "hungry_attack": "isolation.memory_mb=1500",
-        "hostile_failure": "ok\\nattack ldia stopped: forged",  # its forged line stays inside its own, escaped
-    }
-    for name, why in reasons.items():
-        lines = [line for line in done.stderr.splitlines() if f"attack {name} stopped" in line]
-        assert len(lines) == 1 and why in lines[0], done.stderr[-2000:]
+    for name, (why, line) in STOPPED.items():
+        assert metrics[f"attack/{name}/stopped/{why}"] == 1.0, name
+        assert not any(key.startswith(f"attack/{name}/") and "stopped" not in key for key in metrics), name
+        lines = [text for text in done.stderr.splitlines() if f"attack {name} stopped" in text]
+        assert len(lines) == 1 and line in lines[0], (name, done.stderr[-3000:])
     forged = [line for line in done.stderr.splitlines() if "attack ldia stopped" in line and "attack hostile_failure stopped" not in line]
     assert forged == []
     assert max(len(line) for line in done.stderr.splitlines() if "attack hostile_failure stopped" in line) < 600

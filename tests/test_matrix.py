@@ -215,6 +215,30 @@ def test_list_cell_and_sweep_file_name_the_same_simulations(tmp_path: Path, caps
     assert sweep["parameters"]["cell"]["values"] == [f"digits/fedmd/{d}/{s}" for d in ("none", "laplace") for s in (0, 1)]
 
 
+def test_an_isolated_matrix_runs_its_attacks_in_workers_and_reuses_no_in_process_result(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``--isolation process``: each simulation's attacks run in sandboxed workers (their logs beside their folders), a
+    simulation an in-process matrix ran in the same root is stale, not reused (an in-process attack could have read the
+    run), and the sweep's agents run isolated too."""
+    path = matrix_file(tmp_path, protocols={"fedmd": ["protocol=fedmd"]}, defenses={"none": []}, seeds=[0])
+    root = tmp_path / "root"
+    assert run_matrix(path, root) == 0
+    seed_0 = root / "digits/fedmd/none/seed_0"
+    assert not (seed_0 / "attack_state" / "ldia.log").exists()
+    capsys.readouterr()
+    assert run_matrix(path, root, "--isolation", "process") == 2
+    err = capsys.readouterr().err
+    assert "were made with other settings" in err and "isolation.mode" in err, err
+    isolated = tmp_path / "isolated"
+    assert run_matrix(path, isolated, "--isolation", "process") == 0
+    worker_logs = sorted(p.name for p in (isolated / "digits/fedmd/none/seed_0/attack_state").glob("*.log"))
+    assert worker_logs == ["ldia.log", "public_mean.log"]
+    assert "mode: process" in (isolated / "digits/fedmd/none/seed_0/config.yaml").read_text()
+    assert run_matrix(path, isolated, "--isolation", "process", "--sweep-file", str(tmp_path / "sweep.yaml")) == 0
+    assert yaml.safe_load((tmp_path / "sweep.yaml").read_text())["command"][-3:] == ["--isolation", "process", "${args}"]
+
+
 # -------------------------------------------------------------------------------------------- faults
 def test_jobs_run_in_processes_with_their_share_of_the_cores_and_a_failure_leaves_the_others(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]

@@ -9,6 +9,7 @@ torch's global hook tables and mode stacks afterwards (:func:`plugin_folder`).
 
 from __future__ import annotations
 
+import gc
 import importlib
 import json
 import math
@@ -193,15 +194,21 @@ def test_a_plugin_that_takes_a_registered_name_is_one_line_naming_both(
     [
         ("torch.nn.modules.module.register_module_forward_hook(lambda module, args, out: None)", "module._global_forward_hooks: 0 -> 1"),
         ("torch.overrides.BaseTorchFunctionMode().__enter__()", "an active TorchFunctionMode: 0 -> 1"),
+        # a thread that would wait for the run's data (issue 56, finding 7); it ends with the test's process
+        ("import threading, time\nthreading.Thread(target=time.sleep, args=(5,), daemon=True).start()", "a running thread: "),
+        ("import gc\ngc.callbacks.append(lambda phase, info: None)", "a gc callback: 0 -> 1"),
     ],
-    ids=["forward_hook", "function_mode"],
+    ids=["forward_hook", "function_mode", "thread", "gc_callback"],
 )
 def test_a_plugin_that_leaves_a_global_torch_hook_behind_is_refused(
     plugin_folder: Path, capsys: pytest.CaptureFixture[str], tmp_path: Path, code: str, left: str
 ) -> None:
     (plugin_folder / "hooking.py").write_text(f"import torch\n{SMALL.format(name='hooking')}\n{code}\n")
     line = refused(capsys, tmp_path, "plugins=[hooking]", "attacks=[hooking]")
-    assert line.startswith("fdattack: error: plugins: 'hooking' left process-wide torch state behind when imported (") and left in line
+    try:
+        assert line.startswith("fdattack: error: plugins: 'hooking' left process-wide state behind when imported (") and left in line
+    finally:
+        gc.callbacks[:] = [c for c in gc.callbacks if getattr(c, "__module__", None) != "hooking"]
 
 
 def test_hooks_set_before_a_plugin_is_imported_are_not_blamed_on_it(plugin_folder: Path) -> None:

@@ -166,6 +166,7 @@ class GreyAttack(Attack):
     name = "grey"
     Settings = GreySettings
     needs = frozenset({Capability.public_data})
+    produces = frozenset({Reconstructions})
 
     def on_round_end(self, round):
         c, h, w = self.view.image_shape

@@ -18,7 +18,7 @@ from fdattack.fd.adversary import Adversary
 from fdattack.fd.observer import Observer
 from fdattack.fd.threat import SERVER_POWERS, AttackerView, Capability, ViewPart
 from fdattack.registry import Registry
-from fdattack.tracking.artifact_cache import ArtifactCache
+from fdattack.tracking.artifact_cache import AttackCache
 
 
 @dataclass
@@ -26,15 +26,16 @@ class AttackContext:
     """What the run lends an attack besides its view and settings.
 
     Attributes:
-        seed: the attacker's seed (:func:`fdattack.experiment.attacker_seed`: derived from the run seed, never the run
-            seed, from which the run's secrets derive); each attack derives its own streams from it and its name, and
-            attacks that share a network (VMI mines GMI's prior) find it under the same seed.
+        seed: the attacker's seed (:func:`fdattack.experiment.attacker_seed`: derived from the run's ``attack_seed``,
+            never the run seed, from which the run's secrets derive); each attack derives its own streams from it and its
+            name, and attacks that train the same network (VMI trains GMI's prior) train it from the same seed.
         store: where per-client training state waits between rounds (memory by default).
         progress: progress bars over the attack's training: auto | always | never.
         engine: the run's engine (``trainer.accelerator``/``precision``/DDP); None = a single CPU process.
         adversary: the active powers granted (only to attacks that need one), or None.
         cache: where the attack keeps networks that depend only on its view's public part, its settings and its seed
-            (PLI's learned prior, a GAN prior) and finds them again in later runs (``cache_dir``); None: trained every run.
+            (PLI's learned prior, a GAN prior) and finds them again in later runs (``cache_dir``; ``fetch`` only, no
+            path); None: trained every run.
     """
 
     seed: int
@@ -42,7 +43,7 @@ class AttackContext:
     progress: str = "never"
     engine: Optional[LocalTrainer] = None
     adversary: Optional[Adversary] = None
-    cache: Optional[ArtifactCache] = None
+    cache: Optional[AttackCache] = None
 
 
 class Attack(Observer):

@@ -276,7 +276,7 @@ class GANInversionAttack(Attack):
     # ------------------------------------------------------------------ the GANs
     def wgan_prior(self) -> WGANGP:
         """GMI's target-agnostic WGAN-GP prior on the prior data (Wu et al., ICLR 2024, Eq. 4): trained on the first call (or restored
-        from the shared GAN folder), then kept. Seeded as GMI's, so that GMI and VMI share one cached network."""
+        from the attack's state folder or its cache), then kept. Seeded as GMI's, so that VMI mines the prior GMI trains."""
         if self._wgan_prior is None:
             s, (c, h, _) = self.settings, self.view.image_shape
             seed = derive_seed(self.context.seed, "gmi", "gan")
@@ -302,13 +302,13 @@ class GANInversionAttack(Attack):
     ) -> ManualGAN:
         """``module`` trained (:meth:`train_gan`) or, when the attack's state directory holds it (resume), restored.
 
-        The file, ``attack_state/shared/gan/<module class>_<digest>.pt`` (beside the attacks' own folders: the GAN attacks share
-        it, so that VMI mines the prior GMI trained), is named by everything the GAN depends on: the attacker's seed, the
-        GAN settings, the prior data and ``keys``. ``across_runs``: a GAN that depends on nothing else (no target model)
-        is also kept in the attack's cache (``cache_dir``), where later runs with the same inputs find it.
+        The file, ``attack_state/<attack>/gan/<module class>_<digest>.pt`` (each attack's own: isolated attacks share no
+        folder), is named by everything the GAN depends on: the attacker's seed, the GAN settings, the prior data and
+        ``keys``. ``across_runs``: a GAN that depends on nothing else (no target model) is also kept in the attack's cache
+        (``cache_dir``), where later runs with the same inputs find it.
         """
         key = self._cache_key(type(module).__name__.lower(), *keys)
-        saved = self.context.store.load_artifact(key, shared=True)
+        saved = self.context.store.load_artifact(key)
         if saved is None and across_runs and self.context.cache is not None:
             made: list[bool] = []
 
@@ -317,7 +317,7 @@ class GANInversionAttack(Attack):
                 return self._trained(module, rows, seed, what)
 
             networks = self.context.cache.fetch(GAN_CACHE_KIND, key.replace("/", "_"), make, writer=self.engine.is_global_zero)
-            self.context.store.save_artifact(key, networks, shared=True)
+            self.context.store.save_artifact(key, networks)
             if made:
                 return module
             saved = networks
@@ -325,7 +325,7 @@ class GANInversionAttack(Attack):
             module.load_networks(saved)
             log.info("%s: %s restored (%s)", self.name, what, key)
             return module.requires_grad_(False).eval().to(self.device)
-        self.context.store.save_artifact(key, self._trained(module, rows, seed, what), shared=True)
+        self.context.store.save_artifact(key, self._trained(module, rows, seed, what))
         return module
 
     def _trained(self, module: ManualGAN, rows: Callable[[int], Batchable], seed: int, what: str) -> dict[str, dict[str, Tensor]]:

@@ -24,10 +24,10 @@ from fdattack.fd.threat import AttackerView, Degradation
 from fdattack.knobs import Choice, knob
 from fdattack.lit.translation import CycleGANLitModule, RestorerLitModule, TranslationLitModule
 from fdattack.randomness import derive_seed
-from fdattack.tracking.artifact_cache import ArtifactCache, digest
+from fdattack.tracking.artifact_cache import AttackCache, digest
 from fdattack.tracking.progress import progress_iter
 
-#: the learned prior's entries in the attack's cache: ``pli_prior_<digest>.pt``
+#: the learned prior's entries in the attack's cache: ``pli_prior_<digest>.<mode>.pt``
 PRIOR_CACHE_KIND = "pli_prior"
 #: how many public images the degradation is applied to for the cache key (its effect names it)
 DEGRADATION_PROBE = 16
@@ -123,7 +123,7 @@ def build_prior(view: AttackerView, settings: PriorSettings, seed: int, engine: 
 
 
 def cached_prior(
-    view: AttackerView, settings: PriorSettings, seed: int, engine: LocalTrainer, cache: ArtifactCache | None, progress: str = "never"
+    view: AttackerView, settings: PriorSettings, seed: int, engine: LocalTrainer, cache: AttackCache | None, progress: str = "never"
 ) -> Tensor:
     """:func:`build_prior`, the learned one kept in ``cache`` under a digest of all it depends on (its settings, seed,
     the public set as the attacker knows it, the targets and the degradation's effect on the public images) and read

@@ -31,8 +31,6 @@ from fdattack.errors import CheckpointError
 _FOLDERS: dict[int, Path] = {}
 #: one segment of an artifact key: no separators, no leading dot (so no ``..``)
 _KEY_SEGMENT = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*")
-#: the artifacts' folder shared by every attack's store (beside the attacks' own folders)
-SHARED = "shared"
 
 
 class ClientStateStore:
@@ -70,25 +68,20 @@ class ClientStateStore:
         assert self._directory is not None
         return self._directory / f"round_{round:04d}" / f"client_{client}.pt"
 
-    def _artifact_path(self, key: str, shared: bool) -> Path:
+    def _artifact_path(self, key: str) -> Path:
         segments = key.split("/")
         if not all(_KEY_SEGMENT.fullmatch(segment) for segment in segments):
             raise ValueError(
                 f"artifact key {key!r}: use '/'-separated names of letters, digits, '_', '.' and '-' that start with a letter, digit or '_'"
             )
         assert self._directory is not None
-        folder = self._directory.parent / SHARED if shared else self._directory
-        return folder.joinpath(*segments).with_suffix(".pt")
+        return self._directory.joinpath(*segments).with_suffix(".pt")
 
-    def load_artifact(self, key: str, shared: bool = False) -> Optional[Any]:
-        """The artifact saved under ``key`` (tensors, dicts and lists of them), or None when none is (or in memory).
-
-        Args:
-            shared: read the folder every attack's store shares (the GAN attacks train one prior for all).
-        """
+    def load_artifact(self, key: str) -> Optional[Any]:
+        """The artifact saved under ``key`` (tensors, dicts and lists of them), or None when none is (or in memory)."""
         if not self.on_disk:
             return None
-        path = self._artifact_path(key, shared)
+        path = self._artifact_path(key)
         if not path.is_file():
             return None
         try:
@@ -96,11 +89,11 @@ class ClientStateStore:
         except Exception as exc:  # noqa: BLE001 - any unreadable file is the same error to the user
             raise CheckpointError(f"attack artifact {path} is unreadable ({type(exc).__name__}); delete it or the run") from exc
 
-    def save_artifact(self, key: str, value: Any, shared: bool = False) -> None:
+    def save_artifact(self, key: str, value: Any) -> None:
         """Keep ``value`` under ``key`` for a resumed run (atomically; nothing in memory: an artifact is a resume cache)."""
         if not self.on_disk:
             return
-        path = self._artifact_path(key, shared)
+        path = self._artifact_path(key)
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_suffix(".tmp")
         torch.save(value, tmp)

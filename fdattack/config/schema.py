@@ -246,8 +246,8 @@ class IsolationConfig:
     )
     memory_mb: Optional[int] = knob(
         None,
-        "isolation=process: peak resident memory (MiB) each attack's worker may use; past it the worker is stopped as with seconds; "
-        "null = no limit",
+        "isolation=process: memory (MiB) each attack's worker may hold alone (its unique pages, net of those it shares with the "
+        "workers' zygote), and the most one of its messages may hold; past it the worker is stopped as with seconds; null = no limit",
         ge=64,
     )
     overlap: bool = knob(
@@ -268,6 +268,14 @@ class ExperimentConfig:
         "e.g. dsfl_att_faces_pli-tbi-ldia",
     )
     seed: int = knob(42, "seed of everything (model init, shuffling, splits unless data.seed is set)", ge=0, le=SEED_MAX)
+    attack_seed: Optional[int] = knob(
+        None,
+        "root of the attacks' randomness (their seeds, their workers' generators, the streams of each call), apart from seed; null = seed "
+        "in process, and with isolation.mode=process 63 random bits drawn when the run starts and kept in its checkpoints, so that no "
+        "isolated attack can search the run seed back from its own; give a number to repeat an isolated run's attacks exactly",
+        ge=0,
+        le=2**63 - 1,
+    )
     seeds: Optional[list[int]] = knob(
         None,
         "run one replica per seed (e.g. seeds=[0,1,2]) in output_dir/seed_<s>/ and write their aggregate (mean, std and 95 % interval "

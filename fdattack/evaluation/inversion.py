@@ -51,7 +51,6 @@ and labels are saved as the ``<name>_inversions`` artifact (images as uint8, as 
 from __future__ import annotations
 
 from collections.abc import Callable
-from pathlib import Path
 
 import numpy as np
 import torch
@@ -84,6 +83,7 @@ from fdattack.functional.inversion_metrics import (
     topk_per_sample,
 )
 from fdattack.randomness import derive_seed
+from fdattack.tracking.artifact_cache import ArtifactCache
 
 #: private images per label over which ``diversity_real`` is measured (the first ones)
 REAL_DIVERSITY_IMAGES = 1000
@@ -254,17 +254,17 @@ def inversion_scorer(
     engine: LocalTrainer,
     settings: InversionEvaluationSettings,
     seed: int,
-    cache_dir: Path | None,
+    cache: ArtifactCache | None,
     announce: Callable[[str], None] | None = None,
 ) -> InversionScorer:
-    """The scorer of a run's inversions with its evaluation classifier (trained at the first score and kept under
-    ``cache_dir``, see :func:`~fdattack.evaluation.inversion_classifier.inversion_classifier`) and, where
+    """The scorer of a run's inversions with its evaluation classifier (trained at the first score and kept in
+    ``cache``, see :func:`~fdattack.evaluation.inversion_classifier.inversion_classifier`) and, where
     ``settings.inception_weights`` names them, Inception-v3 for ``fid_inception``.
 
     Raises:
         ConfigError: ``settings.checkpoint`` or ``settings.inception_weights`` is missing or does not fit.
     """
-    classifier = inversion_classifier(split, engine, settings, seed, cache_dir, announce)
+    classifier = inversion_classifier(split, engine, settings, seed, cache, announce)
     inception = load_inception(settings.inception_weights, engine.fabric.device) if settings.inception_weights is not None else None
     return InversionScorer(split, classifier, settings.grid_samples, inception)
 
@@ -278,6 +278,6 @@ def build_inversion_scorer(context: ScoringContext) -> InversionScorer:
         context.oracle.engine,
         settings,  # type: ignore[arg-type]
         derive_seed(context.cfg.seed, "inversion_classifier"),
-        context.cache_dir,
+        context.cache,
         context.announce,
     )

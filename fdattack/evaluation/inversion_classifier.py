@@ -5,10 +5,11 @@ classes is classified as that class, a miss.
 It learns every client's private images and the attacker's auxiliary images. Its test accuracy is measured on the
 run's test set, plus, for the classes that have no test image (the auxiliary classes of ``data.split=classes``), a
 seeded :data:`HOLDOUT_FRACTION` of their images held out of its training. It trains once per run, when the first
-inversions are scored (after the run directory is laid out), and is kept as ``artifacts/inversion_classifier_<digest>.pt``
-(the digest covers its settings and training data; under ``<cache_dir>/evaluation`` where the run names a shared cache,
+inversions are scored (after the run directory is laid out), and is kept as
+``artifacts/inversion_classifier_<digest>.<mode>.pt`` (the digest covers its settings and training data, the mode is the
+run's ``isolation.mode``; under ``<cache_dir>/evaluation`` where the run names a shared cache,
 :mod:`fdattack.tracking.artifact_cache`), which a resumed run, or any run with the same inputs there, loads instead of
-training again.
+training again (an isolated run reads only an isolated run's).
 ``evaluation.inversion.checkpoint`` names such a file (or a plain ``state_dict`` of the network) to use instead.
 """
 
@@ -19,7 +20,6 @@ import hashlib
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Optional
 
 import numpy as np
@@ -172,13 +172,13 @@ def inversion_classifier(
     engine: LocalTrainer,
     settings: InversionEvaluationSettings,
     seed: int,
-    cache_dir: Path | None,
+    cache: ArtifactCache | None,
     announce: Callable[[str], None] | None = None,
 ) -> Callable[[], EvaluationClassifier]:
     """The evaluation classifier, as a call that builds it once: from ``settings.checkpoint`` (loaded and checked
-    now, so that a bad file stops the run before its first round), else from the cache under ``cache_dir``, else
-    trained at the first call and cached there (written by the first rank; an unreadable entry is trained again;
-    ``cache_dir`` None keeps it in memory).
+    now, so that a bad file stops the run before its first round), else from ``cache``, else trained at the first call
+    and cached there (written by the first rank; an unreadable entry is trained again; ``cache`` None keeps it in
+    memory).
 
     Raises:
         ConfigError: the checkpoint is missing, unreadable, or does not fit the network (named by its key).
@@ -212,7 +212,6 @@ def inversion_classifier(
         )
         loaded = _scored(build(net), engine, test)
         return lambda: loaded
-    cache = None if cache_dir is None else ArtifactCache(cache_dir)
     key = _digest(settings, seed, split, train, num_classes)
 
     def trained() -> dict:

@@ -17,7 +17,6 @@ from fdattack.functional.attack_accuracy import attack_accuracy, class_means
 from fdattack.functional.image import standard_ssim
 from fdattack.functional.intervals import HIGH, LOW, TRIALS, interval_keys, mean_interval, wilson_interval, wilson_interval_of_rate
 from fdattack.randomness import derive_seed
-from fdattack.tracking.artifact_cache import ArtifactCache
 
 #: the prior's scores worth a line of their own (Table S-3 and what an inversion must beat)
 PRIOR_METRICS = ("ssim", "accuracy", "eval_top1")
@@ -119,7 +118,7 @@ def build_reconstruction_scorer(context: ScoringContext) -> ReconstructionScorer
             ev.epochs,
             ev.lr,
             derive_seed(cfg.seed, 0, "evaluation_classifier"),
-            None if context.cache_dir is None else ArtifactCache(context.cache_dir),
+            context.cache,
             context.announce,
         )
         if ev.classifier

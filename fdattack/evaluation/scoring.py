@@ -17,6 +17,7 @@ from omegaconf import DictConfig
 from fdattack.evaluation.oracle import Oracle
 from fdattack.evaluation.report import Report
 from fdattack.fd.results import Inversions, Reconstructions
+from fdattack.tracking.artifact_cache import ArtifactCache
 
 if TYPE_CHECKING:
     from fdattack.evaluation.membership import CandidatePool
@@ -39,8 +40,7 @@ class ScoringContext:
         seed: the evaluation seed, derived from the run seed (``derive_seed(cfg.seed, "evaluation")``).
         progress: where a factory names a long activity (the evaluation classifier's training), or None.
         candidates: the membership candidates and their origin, or None where no attack reads candidates.
-        cache_dir: folder where the evaluation classifiers are kept and found again (:mod:`fdattack.tracking.artifact_cache`),
-            or None.
+        cache_dir: folder where the evaluation classifiers are kept and found again (:attr:`cache`), or None.
     """
 
     cfg: DictConfig
@@ -54,6 +54,12 @@ class ScoringContext:
     def announce(self) -> Optional[Callable[[str], None]]:
         """``progress.activity``, or None without a progress bar."""
         return self.progress.activity if self.progress is not None else None
+
+    @property
+    def cache(self) -> Optional[ArtifactCache]:
+        """The evaluation side's cache in ``cache_dir``, written and read as the run's ``isolation.mode`` allows
+        (:mod:`fdattack.tracking.artifact_cache`), or None."""
+        return None if self.cache_dir is None else ArtifactCache(self.cache_dir, str(self.cfg.isolation.mode))
 
 
 ScorerFactory = Callable[[ScoringContext], Scorer]

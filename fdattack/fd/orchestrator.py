@@ -54,6 +54,8 @@ class RoundOrchestrator:
         on_phase: called with the round and the phase name before the phase runs (progress display).
         queriers: the observers (by name) whose records carry a query handle: the attacks that declare
             ``public_outputs`` (the run's own list, made when it built them); None = every observer.
+        attack_root: the root of the streams of each call into an observer (the run's ``attack_seed``, resolved:
+            :func:`fdattack.experiment.attack_root`); None = the protocol's seed.
     """
 
     def __init__(
@@ -63,8 +65,10 @@ class RoundOrchestrator:
         on_bad_upload: str = "error",
         on_phase: Callable[[int, str], None] | None = None,
         queriers: Collection[str] | None = None,
+        attack_root: int | None = None,
     ) -> None:
         self.protocol = protocol
+        self.attack_root = protocol.seed if attack_root is None else attack_root
         self.observers = list(observers)
         self.queriers = None if queriers is None else frozenset(queriers)
         self.on_bad_upload = on_bad_upload
@@ -97,7 +101,7 @@ class RoundOrchestrator:
 
     def round_end_streams(self, observer: str, round: int) -> GlobalStreams:
         """The global streams of ``observer``'s ``on_round_end`` of ``round``."""
-        return observer_streams(self.protocol.seed, observer, round, "round_end")
+        return observer_streams(self.attack_root, observer, round, "round_end")
 
     def _streams(self, round: int) -> GlobalStreams:
         """The protocol's own global streams for ``round``, seeded from the run seed and the round."""
@@ -128,7 +132,7 @@ class RoundOrchestrator:
         """``record`` to ``observer`` with the global streams of that call: through its ``receive`` where it has one
         (:class:`~fdattack.fd.observer.Observer`'s, or an isolated attack's, which sends both to its worker), else
         ``on_record`` inside them."""
-        streams = observer_streams(self.protocol.seed, observer.name, round, phase)
+        streams = observer_streams(self.attack_root, observer.name, round, phase)
         receive = getattr(observer, "receive", None)
         if receive is None:
             with streams.active():

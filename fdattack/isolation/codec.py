@@ -23,8 +23,11 @@ from fdattack.fd.boundary import TENSOR_DTYPES
 _DTYPES = {str(dtype).removeprefix("torch."): dtype for dtype in TENSOR_DTYPES}
 _HEADER = struct.Struct("<Q")  # the header's length in bytes
 _MAX_DEPTH = 16
-#: the most a worker may send in one message (a message larger than this is refused before it is read)
-MAX_MESSAGE_BYTES = 1 << 34
+#: the most a worker may send in one message without a memory budget (with one: the budget); a longer one is refused
+#: before it is read
+MAX_MESSAGE_BYTES = 1 << 32
+#: the most elements a tensor field may claim (its bytes must be there too)
+_MAX_NUMEL = 1 << 40
 
 
 class CodecError(ValueError):
@@ -38,7 +41,7 @@ def encode(value: Any) -> bytes:
     return b"".join([_HEADER.pack(len(header)), header, *buffers])
 
 
-def decode(message: bytes) -> Any:
+def decode(message: bytes | bytearray) -> Any:
     """The plain data :func:`encode` made; :class:`CodecError` for anything else."""
     if len(message) < _HEADER.size:
         raise CodecError("a message shorter than its header")
@@ -126,11 +129,12 @@ def _from_json(node: Any, body: memoryview, offset: list[int], depth: int) -> An
 
 def _tensor(node: dict, body: memoryview, offset: list[int]) -> Tensor:
     dtype, shape = _DTYPES.get(node.get("t")) if type(node.get("t")) is str else None, node.get("s")
-    if dtype is None or type(shape) is not list or not all(type(d) is int and d >= 0 for d in shape):
+    sizes_ok = type(shape) is list and len(shape) <= _MAX_DEPTH and all(type(d) is int and 0 <= d <= _MAX_NUMEL for d in shape)
+    if dtype is None or not sizes_ok:
         raise CodecError("a tensor field of no known dtype or shape")
     raw = _take(body, offset, node.get("n"))
     numel = math.prod(shape)
-    if len(raw) != numel * torch.empty((), dtype=dtype).element_size():
+    if numel > _MAX_NUMEL or len(raw) != numel * torch.empty((), dtype=dtype).element_size():
         raise CodecError("a tensor field whose bytes do not fit its shape")
     if numel == 0:
         return torch.empty(shape, dtype=dtype)

@@ -33,13 +33,16 @@ from multiprocessing.connection import Connection, wait
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
-from fdattack.errors import WorkerError
+from fdattack.attacks.declaration import Declaration, DeclarationError
+from fdattack.errors import ConfigError, WorkerError
 from fdattack.fd.adversary import Adversary
 from fdattack.fd.observer import Observer
 from fdattack.fd.record import PublicQuery, QueryRefusedError, RoundRecord, StaleQueryError
 from fdattack.fd.results import RESULT_TYPES
-from fdattack.isolation import codec
-from fdattack.isolation.wire import WorkerBrief, record_to_wire
+from fdattack.isolation import codec, seccomp
+from fdattack.isolation.framing import MessageError, MessageReader, read_message
+from fdattack.isolation.sandbox import landlock_abi
+from fdattack.isolation.wire import DeclarationBrief, WorkerBrief, record_to_wire
 from fdattack.randomness import GlobalStreams
 
 log = logging.getLogger(__name__)
@@ -61,6 +64,7 @@ WORKER_ENVIRONMENT = (
 )
 _POLL_S = 0.2  # how often a wait looks at the budgets
 START_S = 600  # the longest a worker may take to start (import, build its attack) before it is stopped
+MESSAGE_S = 60.0  # the longest one message may take to arrive in full once its first bytes have
 
 
 def worker_environment(tmpdir: Path) -> dict[str, str]:
@@ -135,6 +139,32 @@ class Zygote:
         theirs.close()
         return Connection(ours.detach()), int(json.loads(self._reply())["pid"])
 
+    def declare(self, plugins: Sequence[str], settings: dict[str, dict[str, Any]]) -> dict[str, Declaration]:
+        """Each attack's declarations with its settings (``{attack: attack.<name> as a plain dict}``), read by a confined
+        child that holds nothing of the run (:func:`~fdattack.isolation.worker.declare_attacks`): no attack code runs in
+        the run for them.
+
+        Raises:
+            ConfigError: the child failed (a plugin that does not import, settings its ``Settings`` refuses, a
+                declaration that is not plain) or sent what is not declarations, in one line.
+        """
+        conn, pid = self.fork(self.folder, self.folder / "declare.log")
+        try:
+            conn.send_bytes(pickle.dumps(DeclarationBrief(tuple(plugins), settings), protocol=pickle.HIGHEST_PROTOCOL))
+            reply = codec.decode(read_message(MessageReader(conn.fileno(), 1 << 20), time.monotonic() + START_S))
+            if type(reply) is list and len(reply) == 2 and reply[0] == "failed" and type(reply[1]) is str:
+                raise ConfigError(f"the attacks' declarations could not be read: {bounded_line(reply[1])}")
+            if type(reply) is not list or len(reply) != 2 or reply[0] != "declared" or type(reply[1]) is not dict:
+                raise DeclarationError("a reply that is not declarations")
+            if set(reply[1]) != set(settings):
+                raise DeclarationError(f"declarations of {sorted(reply[1])} where the run asked for {sorted(settings)}")
+            return {name: Declaration.from_names(names) for name, names in reply[1].items()}
+        except (codec.CodecError, DeclarationError, MessageError, TimeoutError, EOFError, OSError) as err:
+            raise ConfigError(f"the attacks' declarations could not be read: {bounded_line(str(err))}") from None
+        finally:
+            conn.close()
+            _kill(pid)
+
     def close(self) -> None:
         """Stop the zygote (its workers are stopped by the run first) and remove its folder."""
         self._control.close()
@@ -205,6 +235,7 @@ class IsolatedAttack(Observer):
         self._over_memory = False
         (folder / "tmp").mkdir(parents=True, exist_ok=True)
         self._conn, self._pid = zygote.fork(folder, self.log_path)
+        self._reader = MessageReader(self._conn.fileno(), message_limit(budget))
         self._post(brief, "ready")
 
     # ------------------------------------------------------------------ the calls the run makes
@@ -226,10 +257,19 @@ class IsolatedAttack(Observer):
         return self._conn.fileno()
 
     def wait_ready(self) -> int:
-        """Wait until the worker has built its attack; the Landlock ABI that confines it (0: none, or it failed)."""
+        """Wait until the worker has built its attack; the Landlock ABI that confines it (0: none, or it failed). The
+        run does not take the worker's word for it: the worker must show the seccomp filter that :func:`confine` sets
+        last (``/proc/<pid>/status``), or it is stopped; the ABI is then the kernel's, as the run reads it."""
         reply = self._until("ready")
         self.spent_s = 0.0  # its start (Python, torch, its sandbox) is not the attack's to pay for
-        self.sandbox_abi = int(reply[1]) if reply is not None and len(reply) == 2 and type(reply[1]) is int else 0
+        if reply is None:
+            return 0
+        shown = seccomp.filtered(self._pid)
+        if shown is False and seccomp.filter_supported():
+            self.stop("failed", "its worker is not confined (no seccomp filter on it)")
+            return 0
+        reported = reply[1] if len(reply) == 2 and type(reply[1]) is int else 0
+        self.sandbox_abi = landlock_abi() if shown else reported  # no seccomp on this machine: the worker's word
         return self.sandbox_abi
 
     def receive(self, record: RoundRecord, streams: GlobalStreams) -> None:
@@ -365,9 +405,7 @@ class IsolatedAttack(Observer):
             self.stop("seconds", f"it took more than isolation.seconds={self.budget.seconds:g} s")
             return
         try:
-            if not self._conn.poll():
-                return
-            message = codec.decode(self._conn.recv_bytes(codec.MAX_MESSAGE_BYTES))
+            raw = self._reader.read()
         except (EOFError, OSError):
             self._gone_within(10.0)
             if self._over_memory:
@@ -375,7 +413,17 @@ class IsolatedAttack(Observer):
             else:
                 self.stop("failed", "its worker exited")
             return
-        except codec.CodecError as err:
+        except MessageError as err:
+            self.stop("failed", f"its worker sent {err}")
+            return
+        if raw is None:
+            begun = self._reader.begun
+            if begun is not None and time.monotonic() - begun > MESSAGE_S:
+                self.stop("failed", f"its worker began a message of {self._reader.size} bytes and did not finish it in {MESSAGE_S:g} s")
+            return
+        try:
+            message = codec.decode(raw)
+        except Exception as err:  # noqa: BLE001 - whatever a crafted message makes the decoder raise stops this attack only
             self.stop("failed", f"its worker sent something that is not plain data ({err})")
             return
         if type(message) is not list or not message or type(message[0]) is not str:
@@ -442,31 +490,17 @@ class IsolatedAttack(Observer):
 
     # ------------------------------------------------------------------ the process (a child of the zygote, by pid)
     def _running(self) -> bool:
-        try:
-            os.kill(self._pid, 0)
-        except ProcessLookupError:
-            return False
-        except PermissionError:
-            return True
-        return True
+        return _running(self._pid)
 
     def _kill(self) -> None:
-        try:
-            os.kill(self._pid, signal.SIGKILL)
-        except ProcessLookupError:
-            return
-        self._gone_within(10.0)
+        _kill(self._pid)
 
     def _gone_within(self, seconds: float) -> bool:
-        """Wait up to ``seconds`` for the worker to be gone (the zygote reaps it); whether it is."""
-        deadline = time.monotonic() + seconds
-        while self._running() and time.monotonic() < deadline:
-            time.sleep(0.01)
-        return not self._running()
+        return _gone_within(self._pid, seconds)
 
     # ------------------------------------------------------------------ memory
     def check_memory(self) -> None:
-        """Kill the worker if its resident memory is past its budget (called by :class:`MemoryWatch`)."""
+        """Kill the worker if the memory it holds alone (:func:`resident_mb`) is past its budget (called by :class:`MemoryWatch`)."""
         if not self.alive or not self._running():
             return
         if self.budget.memory_mb is not None and resident_mb(self._pid) > self.budget.memory_mb:
@@ -474,15 +508,56 @@ class IsolatedAttack(Observer):
             self._kill()
 
 
-def resident_mb(pid: int) -> float:
-    """Resident memory of process ``pid`` in MiB, from ``/proc/<pid>/status`` (0 when it cannot be read)."""
+def message_limit(budget: Budget) -> int:
+    """The most one message of a worker may hold: its memory budget, or :data:`~fdattack.isolation.codec.MAX_MESSAGE_BYTES`."""
+    return codec.MAX_MESSAGE_BYTES if budget.memory_mb is None else min(codec.MAX_MESSAGE_BYTES, budget.memory_mb << 20)
+
+
+def _running(pid: int) -> bool:
+    """Whether process ``pid`` (a worker, a child of the zygote) is still there."""
     try:
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) / 1024
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _kill(pid: int) -> None:
+    """Kill worker ``pid`` and wait (up to 10 s) for the zygote to reap it."""
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        return
+    _gone_within(pid, 10.0)
+
+
+def _gone_within(pid: int, seconds: float) -> bool:
+    """Wait up to ``seconds`` for worker ``pid`` to be gone (the zygote reaps it); whether it is."""
+    deadline = time.monotonic() + seconds
+    while _running(pid) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return not _running(pid)
+
+
+def resident_mb(pid: int) -> float:
+    """The resident memory process ``pid`` holds alone, in MiB: its unique set (``Private_Clean`` + ``Private_Dirty`` of
+    ``/proc/<pid>/smaps_rollup``), net of the pages it still shares with the zygote (torch and the other imports); its
+    whole ``VmRSS`` where that cannot be read (an old kernel, a worker that made itself undumpable); 0 when neither can."""
+    kb = _fields_kb(f"/proc/{pid}/smaps_rollup", ("Private_Clean:", "Private_Dirty:"))
+    if kb is None:
+        kb = _fields_kb(f"/proc/{pid}/status", ("VmRSS:",))
+    return (kb or 0) / 1024
+
+
+def _fields_kb(path: str, names: tuple[str, ...]) -> Optional[int]:
+    """The sum of the kB fields ``names`` of a ``/proc`` file; None when it cannot be read or lacks one."""
+    try:
+        values = [int(line.split()[1]) for line in Path(path).read_text().splitlines() if line.startswith(names)]
     except (OSError, ValueError, IndexError):
-        pass
-    return 0.0
+        return None
+    return sum(values) if len(values) == len(names) else None
 
 
 class MemoryWatch:

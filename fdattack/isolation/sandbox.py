@@ -3,9 +3,10 @@
 A worker runs as the run's user, so without a sandbox it could open any file the user can: the run directory
 (``partition.json``, checkpoints, the evaluation classifier) or ``/proc/<run's pid>``. :func:`confine` restricts the
 worker, for good, to reading Python's and the system's files and its own ``/proc/self``, and to writing its state
-folder (and the attacks' shared folder, where VMI finds GMI's prior); it may open no TCP connection and signal no
-process outside its sandbox (Landlock ABI 4 and 6, where the kernel has them). Where Landlock is missing (another OS,
-an old kernel, a disabled LSM) it confines nothing and says so: the worker then shares the file system with the run.
+folder (and its folder of the cache); it may open no TCP connection and signal no process outside its sandbox
+(Landlock ABI 4 and 6, where the kernel has them), and start no process, socket or program
+(:mod:`~fdattack.isolation.seccomp`). Where Landlock is missing (another OS, an old kernel, a disabled LSM) it confines
+no file and says so: the worker then shares the file system with the run.
 
 The kernel interface is three system calls (``landlock_create_ruleset``, ``landlock_add_rule``,
 ``landlock_restrict_self``), called through ``ctypes``; see the kernel's Documentation/userspace-api/landlock.rst.
@@ -19,6 +20,8 @@ import site
 import sys
 from pathlib import Path
 from typing import Iterable
+
+from fdattack.isolation.seccomp import deny_processes_and_sockets
 
 _CREATE_RULESET, _ADD_RULE, _RESTRICT_SELF = 444, 445, 446  # the same numbers on every architecture (new syscalls)
 _CREATE_RULESET_VERSION = 1
@@ -53,7 +56,9 @@ SYSTEM_READABLE = (
 #: what a worker on a GPU also reads (the driver's settings and the devices' topology)
 DEVICE_READABLE = ("/sys", "/proc/driver")
 #: what every worker may write
-SYSTEM_WRITABLE = ("/dev/null", "/dev/shm")
+SYSTEM_WRITABLE = ("/dev/null",)
+#: in ``/dev``, what no worker writes, GPU or not: machine-wide memory that no budget counts
+_SHARED_MEMORY = ("shm", "mqueue")
 
 
 class _RulesetAttr(ctypes.Structure):
@@ -101,19 +106,46 @@ def python_folders() -> list[Path]:
 def confine(writable: Iterable[Path], readable: Iterable[Path] = (), devices: bool = False) -> int:
     """Restrict this process, for good, to reading :data:`SYSTEM_READABLE`, Python's folders and ``readable``, and to
     reading and writing :data:`SYSTEM_WRITABLE` and ``writable``; no TCP, and no signal or abstract socket outside its
-    sandbox, where the kernel can. ``devices``: also read, write and ``ioctl`` ``/dev`` (a GPU's device files) and read
-    :data:`DEVICE_READABLE`.
+    sandbox, where the kernel can; and no new process, socket or exec
+    (:func:`~fdattack.isolation.seccomp.deny_processes_and_sockets`, also where Landlock is missing). ``devices``: also
+    list ``/dev``, read, write and ``ioctl`` what is in it (a GPU's device files) but ``/dev/shm`` and ``/dev/mqueue``,
+    and read :data:`DEVICE_READABLE`.
+
+    Landlock and seccomp confine the calling thread and the threads it starts afterwards, not a thread already running:
+    the process must have one thread only.
 
     Returns:
-        The Landlock ABI used; 0 when the kernel offers none (nothing was confined).
+        The Landlock ABI used; 0 when the kernel offers none (no file was confined).
 
     Raises:
-        OSError: the kernel refused a rule or the restriction (a folder that is neither file nor folder).
+        RuntimeError: the process has more than one thread.
+        OSError: the kernel refused a rule or a restriction (a folder that is neither file nor folder).
     """
+    _single_threaded()
     abi = landlock_abi()
     libc = _libc()
-    if abi == 0 or libc is None:
+    if libc is None:
         return 0
+    if libc.prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
+        raise _error("prctl(PR_SET_NO_NEW_PRIVS)")
+    if abi:
+        _restrict(libc, abi, writable, readable, devices)
+    deny_processes_and_sockets()
+    return abi
+
+
+def _single_threaded() -> None:
+    """Raise RuntimeError if this process has more than one thread (where ``/proc`` shows them)."""
+    try:
+        threads = len(os.listdir("/proc/self/task"))
+    except OSError:
+        return
+    if threads > 1:
+        raise RuntimeError(f"cannot confine a process of {threads} threads: the threads already running would stay unconfined")
+
+
+def _restrict(libc: ctypes.CDLL, abi: int, writable: Iterable[Path], readable: Iterable[Path], devices: bool) -> None:
+    """Restrict this thread, and those it starts, with Landlock ABI ``abi`` (see :func:`confine`)."""
     handled = _FS_BY_ABI.get(abi, _FS_BY_ABI[5])
     attr = _RulesetAttr(handled, _NET_TCP if abi >= 4 else 0, _SCOPED if abi >= 6 else 0)
     size = ctypes.sizeof(ctypes.c_uint64) * (3 if abi >= 6 else 2 if abi >= 4 else 1)
@@ -123,15 +155,20 @@ def confine(writable: Iterable[Path], readable: Iterable[Path] = (), devices: bo
     try:
         for path in [*SYSTEM_READABLE, *python_folders(), *readable, *(DEVICE_READABLE if devices else ())]:
             _allow(libc, ruleset, Path(path), READ & handled)
-        for path in [*SYSTEM_WRITABLE, *writable, *(["/dev"] if devices else [])]:
+        for path in [*SYSTEM_WRITABLE, *writable, *(_device_files() if devices else [])]:
             _allow(libc, ruleset, Path(path), handled)
-        if libc.prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
-            raise _error("prctl(PR_SET_NO_NEW_PRIVS)")
+        if devices:
+            _allow(libc, ruleset, Path("/dev"), READ_DIR)  # list it, as a driver may
         if libc.syscall(_RESTRICT_SELF, ctypes.c_int(ruleset), ctypes.c_uint32(0)) != 0:
             raise _error("landlock_restrict_self")
     finally:
         os.close(ruleset)
-    return abi
+
+
+def _device_files() -> list[Path]:
+    """What a worker on a GPU may read, write and ``ioctl``: each entry of ``/dev`` but the shared memory folders and the
+    links (``/dev/stdout`` leads to the worker's log)."""
+    return [path for path in Path("/dev").iterdir() if path.name not in _SHARED_MEMORY and not path.is_symlink()]
 
 
 def _allow(libc: ctypes.CDLL, ruleset: int, path: Path, access: int) -> None:

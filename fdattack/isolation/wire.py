@@ -6,7 +6,8 @@ messages (the run trusts nothing the worker sends):
 ==========================  =================================================================================
 run -> worker               worker -> run
 ==========================  =================================================================================
-``WorkerBrief`` (first)     ``("ready",)``
+``DeclarationBrief`` (only)  ``("declared", {attack: Declaration.to_names()})``, then exits
+``WorkerBrief`` (first)     ``("ready", abi)``
 ``("record", seed, dict)``  any number of ``("ask", what, args)``, each answered; then ``("done",)``
 ``("round_end", seed, r)``  asks, then ``("results", [(type name, fields), ...])``
 ``("state",)``              ``("state", bytes)``
@@ -60,7 +61,7 @@ class WorkerBrief:
     Attributes:
         attack: the attack's registry name.
         plugins: modules to import before the registry is read (the run's ``plugins``).
-        settings: the attack's settings (an instance of its ``Settings``).
+        settings: the attack's settings as a plain dict (``attack.<name>``; the worker makes its ``Settings``).
         view: the attack's own :class:`~fdattack.fd.threat.AttackerView` (only the parts it reads).
         seed: the attacker's seed (never the run seed).
         globals_seed: the worker's global generators' seed before its first call.
@@ -74,7 +75,7 @@ class WorkerBrief:
 
     attack: str
     plugins: tuple[str, ...]
-    settings: Any
+    settings: dict[str, Any]
     view: AttackerView
     seed: int
     globals_seed: int
@@ -84,6 +85,15 @@ class WorkerBrief:
     trainer: dict[str, Any]
     adversary: Optional[AdversaryShape]
     cache: Optional[str] = None
+
+
+@dataclass(frozen=True)
+class DeclarationBrief:
+    """What a declaring worker reads the attacks' declarations with: the run's ``plugins`` and each attack's settings as a
+    plain dict (:func:`fdattack.attacks.declaration.declare`)."""
+
+    plugins: tuple[str, ...]
+    settings: dict[str, dict[str, Any]]
 
 
 def record_to_wire(record: RoundRecord) -> tuple[dict[str, Any], Optional[QueryShape]]:

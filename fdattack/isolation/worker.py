@@ -29,7 +29,7 @@ from fdattack.fd.record import PublicQuery, Reply
 from fdattack.fd.threat import Capability
 from fdattack.isolation import codec
 from fdattack.isolation.sandbox import confine
-from fdattack.isolation.wire import REFUSALS, AdversaryShape, WorkerBrief, record_from_wire
+from fdattack.isolation.wire import REFUSALS, AdversaryShape, DeclarationBrief, WorkerBrief, record_from_wire
 from fdattack.randomness import GlobalStreams, seed_globals
 
 log = logging.getLogger("fdattack.worker")
@@ -131,34 +131,49 @@ def _plain(value: Any, what: str) -> Any:
 
 
 def build_attack(brief: WorkerBrief, channel: Channel) -> tuple[Any, int]:
-    """The attack of ``brief``, as the run would build it in its own process (:func:`fdattack.experiment.build_attacks`),
-    constructed once the worker is confined (:func:`~fdattack.isolation.sandbox.confine`); and the Landlock ABI that
-    confines it (0: none)."""
+    """The attack of ``brief``, as the run would build it in its own process (:func:`fdattack.experiment.build_attacks`):
+    the worker is confined first (:func:`~fdattack.isolation.sandbox.confine`, while it has one thread), then starts its
+    threads and engine, imports the plugins and makes the attack's settings from their plain dict, so that no thread and
+    no code of a plugin runs unconfined; and the Landlock ABI that confines it (0: none)."""
     from fdattack.attacks import ATTACKS, AttackContext
-    from fdattack.attacks.state_store import SHARED, ClientStateStore
+    from fdattack.attacks.declaration import settings_of
+    from fdattack.attacks.state_store import ClientStateStore
     from fdattack.engine import LocalTrainer, make_fabric
-    from fdattack.plugins import load_plugins
-    from fdattack.tracking.artifact_cache import ArtifactCache
+    from fdattack.plugins import load_plugins, plugin_sources
+    from fdattack.tracking.artifact_cache import AttackCache
 
-    load_plugins(list(brief.plugins))
-    cls = ATTACKS.get(brief.attack)
     t = brief.trainer
-    engine = LocalTrainer(make_fabric(t["accelerator"], t["devices"], "auto", 1, t["precision"]), t["batch_size"], vectorise=t["vectorise"])
-    own, shared = Path(brief.state_root) / brief.attack, Path(brief.state_root) / SHARED
-    shared.mkdir(parents=True, exist_ok=True)
+    own = Path(brief.state_root) / brief.attack
     cache = None if brief.cache is None else Path(brief.cache)
     if cache is not None:
         cache.mkdir(parents=True, exist_ok=True)
-    abi = confine(writable=[own, shared, *([cache] if cache is not None else [])], devices=str(t["accelerator"]) != "cpu")
+    writable = [own, *([cache] if cache is not None else [])]
+    abi = confine(writable=writable, readable=plugin_sources(brief.plugins), devices=str(t["accelerator"]) != "cpu")
+    torch.set_num_threads(brief.threads)  # its thread pool (and a GPU's driver threads, below) start confined
+    engine = LocalTrainer(make_fabric(t["accelerator"], t["devices"], "auto", 1, t["precision"]), t["batch_size"], vectorise=t["vectorise"])
+    load_plugins(list(brief.plugins))
+    cls = ATTACKS.get(brief.attack)
     context = AttackContext(
         seed=brief.seed,
         store=ClientStateStore(own, keep=brief.keep),
         progress="never",
         engine=engine,
         adversary=None if brief.adversary is None else RemoteAdversary(brief.adversary, channel),  # type: ignore[arg-type]
-        cache=None if cache is None else ArtifactCache(cache),
+        cache=None if cache is None else AttackCache(cache, brief.attack, "process"),
     )
-    return cls(brief.view, brief.settings, context), abi
+    return cls(brief.view, settings_of(cls, brief.settings), context), abi
+
+
+def declare_attacks(brief: DeclarationBrief) -> dict[str, dict[str, list[str]]]:
+    """Each attack's declarations with its settings (:func:`~fdattack.attacks.declaration.declare`), read confined, by a
+    worker that holds nothing of the run and writes nothing, as names for the run."""
+    from fdattack.attacks import ATTACKS
+    from fdattack.attacks.declaration import declare
+    from fdattack.plugins import load_plugins, plugin_sources
+
+    confine(writable=[], readable=plugin_sources(brief.plugins))
+    load_plugins(list(brief.plugins))
+    return {name: declare(ATTACKS.get(name), settings).to_names() for name, settings in brief.settings.items()}
 
 
 def results_to_wire(results: Any, attack: str) -> list:
@@ -243,8 +258,10 @@ def main(argv: list[str]) -> NoReturn:
     die_with_parent()
     channel = Channel(Connection(int(argv[0])))
     try:
-        brief: WorkerBrief = channel.receive()
-        torch.set_num_threads(brief.threads)
+        brief: WorkerBrief | DeclarationBrief = channel.receive()
+        if isinstance(brief, DeclarationBrief):
+            channel.send("declared", declare_attacks(brief))
+            sys.exit(0)
         seed_globals(brief.globals_seed)
         attack, abi = build_attack(brief, channel)
         channel.send("ready", abi)

@@ -7,6 +7,7 @@ Plans the cells (:mod:`.plan`), runs what is not done (:mod:`.run`), aggregates 
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import tempfile
 import time
@@ -43,7 +44,14 @@ from fdattack.tracking.wandb_run import log_matrix_summary
 
 
 def default_root(spec: MatrixSpec) -> Path:
-    return Path("runs") / "matrix" / spec.name
+    """``runs/matrix/<name>``, with ``-process`` where the attacks run isolated (their results are their own)."""
+    isolated = any(o.replace(" ", "") == "isolation.mode=process" for o in spec.overrides)
+    return Path("runs") / "matrix" / f"{spec.name}{'-process' if isolated else ''}"
+
+
+def with_isolation(spec: MatrixSpec, mode: str | None) -> MatrixSpec:
+    """``spec`` with every simulation's attacks run in ``mode`` (``isolation.mode``; None: as the file says)."""
+    return spec if mode is None else dataclasses.replace(spec, overrides=(*spec.overrides, f"isolation.mode={mode}"))
 
 
 SeedsOf = Callable[[str], list[int]]
@@ -89,8 +97,13 @@ def sweep_file(spec: MatrixSpec, units: list[Unit], root: Path) -> dict:
         "name": spec.name,
         "method": "grid",
         "parameters": {"cell": {"values": [u.id for u in units]}},
-        "command": ["fdattack", "matrix", str(spec.source.resolve()), "--root", str(root.resolve()), "${args}"],
+        "command": ["fdattack", "matrix", str(spec.source.resolve()), "--root", str(root.resolve()), *_isolation_args(spec), "${args}"],
     }
+
+
+def _isolation_args(spec: MatrixSpec) -> list[str]:
+    """``--isolation process`` where :func:`with_isolation` added it to ``spec`` (the agents run as the matrix would)."""
+    return ["--isolation", "process"] if spec.overrides[-1:] == ("isolation.mode=process",) else []
 
 
 def _one_simulation(spec: MatrixSpec, root: Path, cell_arg: str) -> int:
@@ -182,11 +195,20 @@ def _write_sweep_file(path: Path, sweep: dict) -> None:
         raise ConfigError(f"--sweep-file {path} cannot be written ({err.strerror or err}); choose another path") from None
 
 
-def main(path: Path, root: Path | None, jobs: int, cell: str | None, list_only: bool, sweep_out: Path | None, decide: bool = False) -> int:
+def main(
+    path: Path,
+    root: Path | None,
+    jobs: int,
+    cell: str | None,
+    list_only: bool,
+    sweep_out: Path | None,
+    decide: bool = False,
+    isolation: str | None = None,
+) -> int:
     """The ``fdattack matrix`` command; its errors are the CLI's to report (exit status 2)."""
     if jobs < 1:
         raise ConfigError(f"--jobs {jobs}: run at least one simulation at a time")
-    spec = load_matrix(path)
+    spec = with_isolation(load_matrix(path), isolation)
     root = root or default_root(spec)
     state = load_state(root, spec.design())
     seeds_of = state.seeds_of if state is not None else file_seeds(spec)

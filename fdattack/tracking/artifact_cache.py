@@ -6,9 +6,21 @@ defense at one data setting and seed) they are the same, so each is trained once
 asks for it. An entry is named by a digest of everything that determines it (:func:`digest`: settings, seeds, shapes
 and the training tensors' bytes), so a changed input trains anew and two inputs never share an entry.
 
+Each entry records who wrote it, as ``<side>/<mode>``: the side is ``evaluation`` or ``attack/<name>``, the mode the
+``isolation.mode`` of the writer, ``process`` (an isolated run's evaluation side, or an attack in a confined worker) or
+``in_process`` (a run whose attacks share its process, and so could have written any file). The mode is part of the
+file's name, ``root/<kind>_<key>.<mode>.pt``, so the two never overwrite each other. Beside the payload an entry holds
+(under :data:`ENTRY_KEY`) its writer and a digest of its kind, key, writer and content; a payload that does not match its
+digest is not used. A cache reads the entries of the modes it trusts (:attr:`ArtifactCache.readable`): an isolated
+run's only ``process`` ones, so nothing an in-process run's attack wrote reaches its scores; an in-process run's either.
+A digest checks content, not authorship: code running in an in-process run can write any file, a ``process`` entry with
+a matching digest too, so a cache shared with in-process runs of plugins written to cheat is only as safe as they are
+(docs/threat-model.md).
+
 Entries are written atomically (:func:`~fdattack.tracking.checkpoint.save_checkpoint`); a run that finds one it cannot
-read says so in one line and trains it again. An exclusive lock per entry makes a second process that asks for an
-entry being trained wait for it instead of training it twice.
+read, or whose digest or writer does not match, says so in one line and trains it again. An exclusive lock per entry
+makes a second process that asks for an entry being trained wait for it instead of training it twice. An attack gets an
+:class:`AttackCache`, which fetches from its own folder without holding it.
 """
 
 from __future__ import annotations
@@ -18,6 +30,7 @@ import enum
 import fcntl
 import hashlib
 import logging
+import secrets
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Callable, Iterator
@@ -30,6 +43,12 @@ from fdattack.tracking.checkpoint import load_checkpoint, save_checkpoint
 log = logging.getLogger("fdattack")
 
 DIGEST_BYTES = 16
+#: the writers' modes (``isolation.mode``), the most trusted first
+MODES = ("process", "in_process")
+#: the key of an entry's payload under which it keeps its writer and content digest
+ENTRY_KEY = "cache_entry"
+#: the attacks' caches, by token (:class:`AttackCache`)
+_ATTACK_CACHES: dict[int, ArtifactCache] = {}
 
 
 def digest(*parts: Any) -> str:
@@ -45,7 +64,7 @@ def _feed(h: "hashlib._Hash", part: Any) -> None:
     if isinstance(part, torch.Tensor):
         tensor = part.detach().cpu().contiguous()
         h.update(f"tensor:{tensor.dtype}:{tuple(tensor.shape)}:".encode())
-        h.update(tensor.view(torch.uint8).numpy().tobytes() if tensor.numel() else b"")
+        h.update(tensor.reshape(-1).view(torch.uint8).numpy().tobytes() if tensor.numel() else b"")  # 0-dim too
     elif dataclasses.is_dataclass(part) and not isinstance(part, type):
         h.update(f"{type(part).__qualname__}(".encode())
         for field in dataclasses.fields(part):
@@ -70,55 +89,108 @@ def _feed(h: "hashlib._Hash", part: Any) -> None:
 
 
 class ArtifactCache:
-    """Trained artifacts under ``root/<kind>_<digest>.pt``, each a checkpoint payload (a dict of tensors and plain
-    values).
+    """Trained artifacts under ``root/<kind>_<digest>.<mode>.pt``, each a checkpoint payload (a dict of tensors and plain
+    values) sealed with its writer and content digest (the module docstring).
 
     Args:
         root: the cache's folder (created on the first write).
+        mode: the ``isolation.mode`` of the side that writes here: ``process`` or ``in_process``.
+        side: ``evaluation``, or ``attack/<name>`` for an attack's folder.
     """
 
-    def __init__(self, root: Path | str) -> None:
-        self.root = Path(root)
+    def __init__(self, root: Path | str, mode: str, side: str = "evaluation") -> None:
+        if mode not in MODES:
+            raise ValueError(f"mode={mode!r}: one of {', '.join(MODES)}")
+        self.root, self.mode, self.side = Path(root), mode, side
 
-    def path(self, kind: str, key: str) -> Path:
-        """The entry's file."""
-        return self.root / f"{kind}_{key}.pt"
+    @property
+    def readable(self) -> tuple[str, ...]:
+        """The writers' modes whose entries this cache reads, in turn: an isolated run's own only, an in-process run's either."""
+        return ("process",) if self.mode == "process" else MODES
+
+    def path(self, kind: str, key: str, mode: str | None = None) -> Path:
+        """The entry's file as written in ``mode`` (None: this cache's)."""
+        return self.root / f"{kind}_{key}.{mode or self.mode}.pt"
 
     def fetch(
         self, kind: str, key: str, make: Callable[[], dict], check: Callable[[dict], None] | None = None, writer: bool = True
     ) -> dict:
-        """The entry ``kind``/``key``, read back, or made by ``make`` and stored.
+        """The entry ``kind``/``key``, read back, or made by ``make`` and stored under this cache's mode.
 
         Args:
             check: raises on a payload that cannot be what was asked for; it is then made again, as an unreadable one is.
             writer: whether this process stores what it makes, holding the entry's lock meanwhile (False for every DDP
                 rank but the first: they make it together, the first writes it).
         """
-        path = self.path(kind, key)
         if not writer:
-            return self._read(path, check) or make()
+            return self._stored(kind, key, check) or make()
+        path = self.path(kind, key)
         path.parent.mkdir(parents=True, exist_ok=True)
         with _locked(path.parent / f".{path.stem}.lock"):
-            stored = self._read(path, check)
+            stored = self._stored(kind, key, check)
             if stored is not None:
                 return stored
             payload = make()
-            save_checkpoint(path, payload)
+            save_checkpoint(path, {**payload, ENTRY_KEY: self._seal(kind, key, self.mode, payload)})
             return payload
 
-    @staticmethod
-    def _read(path: Path, check: Callable[[dict], None] | None) -> dict | None:
+    def _seal(self, kind: str, key: str, mode: str, payload: dict) -> dict:
+        """What an entry written in ``mode`` holds under :data:`ENTRY_KEY`: its writer and the digest of its content."""
+        written_by = f"{self.side}/{mode}"
+        return {"written_by": written_by, "digest": digest(kind, key, written_by, payload)}
+
+    def _stored(self, kind: str, key: str, check: Callable[[dict], None] | None) -> dict | None:
+        """The first usable entry of the modes this cache reads, or None."""
+        for mode in self.readable:
+            payload = self._read(kind, key, mode, check)
+            if payload is not None:
+                return payload
+        return None
+
+    def _read(self, kind: str, key: str, mode: str, check: Callable[[dict], None] | None) -> dict | None:
+        path = self.path(kind, key, mode)
         if not path.is_file():
             return None
         try:
             payload = load_checkpoint(path)
+            if payload.pop(ENTRY_KEY, None) != self._seal(kind, key, mode, payload):
+                raise ValueError(f"its content does not match its digest, or it was not written by {self.side}/{mode}")
             if check is not None:
                 check(payload)
             return payload
         except (CheckpointError, KeyError, ValueError, TypeError, RuntimeError) as err:
             reason = (str(err).strip().splitlines() or [type(err).__name__])[0][:160]
-            log.warning("cache entry %s is unusable (%s); training it again", path, reason)
+            log.warning("cache entry %s is unusable (%s); not read", path, reason)
             return None
+
+
+class AttackCache:
+    """An attack's cache (``context.cache``): :meth:`ArtifactCache.fetch` on the attack's own folder, which it does not
+    hold: the folder waits in this module's table behind a random token, as a
+    :class:`~fdattack.attacks.state_store.ClientStateStore`'s does.
+
+    Args:
+        root: the attack's folder (``<cache_dir>/attacks/<attack>``).
+        attack: the attack's name (its entries' writer).
+        mode: where the attack runs: ``process`` (a confined worker) or ``in_process``.
+    """
+
+    __slots__ = ("_token",)
+
+    def __init__(self, root: Path | str, attack: str, mode: str) -> None:
+        self._token = secrets.randbits(64)
+        _ATTACK_CACHES[self._token] = ArtifactCache(root, mode, side=f"attack/{attack}")
+
+    def __del__(self) -> None:
+        """Drop the folder from the table (not with a ``weakref.finalize``, whose callback the handle would lead to)."""
+        if _ATTACK_CACHES is not None:  # None late in the interpreter's shutdown
+            _ATTACK_CACHES.pop(self._token, None)
+
+    def fetch(
+        self, kind: str, key: str, make: Callable[[], dict], check: Callable[[dict], None] | None = None, writer: bool = True
+    ) -> dict:
+        """:meth:`ArtifactCache.fetch` in the attack's folder."""
+        return _ATTACK_CACHES[self._token].fetch(kind, key, make, check, writer)
 
 
 @contextmanager

@@ -5,8 +5,8 @@ a resumed run's stored config) goes through :func:`check_made_with`: the stored 
 with the config of the run being asked for in every key that can change a result. The keys that cannot
 (:data:`RESULT_FREE_KEYS`: the run's ``name``, ``resume``, ``output_dir``, ``cache_dir`` (a cached network is the one the
 run would train), ``plugins`` and the whole ``logger`` group,
-where and how a run logs, its W&B group and name included; and ``isolation.mode`` and ``isolation.overlap``, where and
-when the attacks run) are left out,
+where and how a run logs, its W&B group and name included; and ``isolation.overlap``, when the attacks end their
+rounds) are left out,
 so a moved or copied folder is still its own result.
 """
 
@@ -24,12 +24,13 @@ from fdattack.tracking.report_runs import read_metrics
 #: Top-level config keys that change no result: a result made with other values of them is still this config's
 #: (``plugins`` only makes names known; the names a run uses are in ``attacks``, ``defenses`` and ``protocol.name``).
 RESULT_FREE_KEYS = ("name", "resume", "output_dir", "cache_dir", "logger", "plugins")
-#: The ``isolation`` keys that decide a result (its budgets, which can stop an attack), with the values a stored config
-#: written before they existed had in effect; ``isolation.mode`` and ``isolation.overlap`` decide none (isolated attacks give
-#: the in-process results, overlapping or not: tests/test_isolation.py).
-ISOLATION_BUDGETS = {"seconds": None, "memory_mb": None}
+#: The ``isolation`` keys that decide a result, with the values a stored config written before they existed had in
+#: effect: its budgets, which can stop an attack, and its mode (an isolated result is never one made in process, where an
+#: attack could have read the run; and its attacks draw from a secret of the run's: ``attack_seed``).
+#: ``isolation.overlap`` decides none (overlapping or not, the same results: tests/test_isolation.py).
+ISOLATION_BUDGETS = {"seconds": None, "memory_mb": None, "mode": "in_process"}
 #: the ``isolation`` keys that decide no result
-ISOLATION_RESULT_FREE = ("mode", "overlap")
+ISOLATION_RESULT_FREE = ("overlap",)
 
 
 def result_tree(cfg: DictConfig) -> dict:
