@@ -8,12 +8,13 @@ agree. The isolated attacks draw from a secret of each run's (``attack_seed``), 
 differ by the attacks' randomness; a verdict that differs is one that the seeds do not settle.
 
 Run it on an otherwise idle machine and note the machine: ``python benchmarks/bench_matrix_isolation.py [--jobs 2]
-[--preset conf/matrix/small.yaml] [--root /tmp/bench]``.
+[--preset conf/matrix/small.yaml] [--data att_faces mnist] [--seeds 0 1 2] [--root /tmp/bench]``.
 """
 
 from __future__ import annotations
 
 import argparse
+import fnmatch
 import json
 import subprocess
 import sys
@@ -29,12 +30,22 @@ sys.path.insert(0, str(REPO))
 from fdattack.tracking.matrix_answer import answers, difference_text  # noqa: E402
 
 
-def undefended(preset: Path, folder: Path) -> Path:
-    """``preset`` with its ``defenses`` axis cut to ``none`` and no ``decide``: a file of its own in ``folder``."""
+def undefended(preset: Path, folder: Path, data: list[str] | None, seeds: list[int] | None) -> Path:
+    """``preset`` with its ``defenses`` axis cut to ``none``, no ``decide``, and only ``data``'s settings and ``seeds``
+    where given: a file of its own in ``folder``."""
     spec = yaml.safe_load(preset.read_text())
     spec["name"] = f"{spec['name']}_undefended"
     spec["defenses"] = {"none": []}
     spec.pop("decide", None)
+    spec["skip"] = [p for p in spec.get("skip", []) if fnmatch.fnmatch("none", (p.split("/") + ["*", "*"])[2])]  # none's only
+    if data:
+        spec["data"] = {name: spec["data"][name] for name in data}
+        control = {name: o for name, o in (spec.pop("control", None) or {}).items() if name in data}
+        if control:
+            spec["control"] = control
+        spec["skip"] = [s for s in spec.get("skip", []) if s.split("/")[0].strip('"') in data]
+    if seeds:
+        spec["seeds"] = seeds
     path = folder / f"{spec['name']}.yaml"
     path.write_text(yaml.safe_dump(spec, sort_keys=False))
     return path
@@ -63,10 +74,12 @@ def main() -> None:
     parser.add_argument("--preset", type=Path, default=REPO / "conf" / "matrix" / "small.yaml")
     parser.add_argument("--jobs", type=int, default=2)
     parser.add_argument("--root", type=Path, default=None, help="where the two matrices go (default: a temporary folder)")
+    parser.add_argument("--data", nargs="*", default=None, help="only these data settings of the preset (default: all)")
+    parser.add_argument("--seeds", nargs="*", type=int, default=None, help="these seeds (default: the preset's)")
     options = parser.parse_args()
     folder = options.root or Path(tempfile.mkdtemp(prefix="fdattack-bench-matrix-isolation-"))
     folder.mkdir(parents=True, exist_ok=True)
-    matrix = undefended(options.preset, folder)
+    matrix = undefended(options.preset, folder, options.data, options.seeds)
     seconds = {mode: run(matrix, folder / mode, options.jobs, mode) for mode in ("in_process", "process")}
     print("| mode | wall | / in process |\n|---|---|---|")
     for mode, wall in seconds.items():
