@@ -14,6 +14,7 @@ from conftest import REPO, error_of
 from fdattack.attacks.ldia import LDIAAttack
 from fdattack.cli import main
 from fdattack.fd.threat import Capability
+from fdattack.matrix import run as matrix_run
 from fdattack.matrix.plan import plan_cell, plan_cells
 from fdattack.matrix.spec import load_matrix
 
@@ -216,9 +217,10 @@ def test_list_cell_and_sweep_file_name_the_same_simulations(tmp_path: Path, caps
 
 
 def test_an_isolated_matrix_runs_its_attacks_in_workers_and_reuses_no_in_process_result(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """``--isolation process``: each simulation's attacks run in sandboxed workers (their logs beside their folders), a
+    """``--isolation process``: each simulation runs in a fresh process (which composes its config, reading its attacks'
+    declarations, before any data is there) and its attacks in sandboxed workers (their logs beside their folders), a
     simulation an in-process matrix ran in the same root is stale, not reused (an in-process attack could have read the
     run), and the sweep's agents run isolated too."""
     path = matrix_file(tmp_path, protocols={"fedmd": ["protocol=fedmd"]}, defenses={"none": []}, seeds=[0])
@@ -231,6 +233,7 @@ def test_an_isolated_matrix_runs_its_attacks_in_workers_and_reuses_no_in_process
     err = capsys.readouterr().err
     assert "were made with other settings" in err and "isolation.mode" in err, err
     isolated = tmp_path / "isolated"
+    monkeypatch.setattr(matrix_run, "_run_here", None)  # not in this process: each simulation in a fresh one
     assert run_matrix(path, isolated, "--isolation", "process") == 0
     worker_logs = sorted(p.name for p in (isolated / "digits/fedmd/none/seed_0/attack_state").glob("*.log"))
     assert worker_logs == ["ldia.log", "public_mean.log"]

@@ -26,6 +26,7 @@ from fdattack.matrix.run import (
     Unit,
     cell_config,
     is_done,
+    isolated,
     last_images,
     named_simulation,
     read_final,
@@ -45,8 +46,7 @@ from fdattack.tracking.wandb_run import log_matrix_summary
 
 def default_root(spec: MatrixSpec) -> Path:
     """``runs/matrix/<name>``, with ``-process`` where the attacks run isolated (their results are their own)."""
-    isolated = any(o.replace(" ", "") == "isolation.mode=process" for o in spec.overrides)
-    return Path("runs") / "matrix" / f"{spec.name}{'-process' if isolated else ''}"
+    return Path("runs") / "matrix" / f"{spec.name}{'-process' if isolated(spec) else ''}"
 
 
 def with_isolation(spec: MatrixSpec, mode: str | None) -> MatrixSpec:
@@ -102,8 +102,8 @@ def sweep_file(spec: MatrixSpec, units: list[Unit], root: Path) -> dict:
 
 
 def _isolation_args(spec: MatrixSpec) -> list[str]:
-    """``--isolation process`` where :func:`with_isolation` added it to ``spec`` (the agents run as the matrix would)."""
-    return ["--isolation", "process"] if spec.overrides[-1:] == ("isolation.mode=process",) else []
+    """``--isolation process`` where the matrix runs isolated (the agents run as the matrix would)."""
+    return ["--isolation", "process"] if isolated(spec) else []
 
 
 def _one_simulation(spec: MatrixSpec, root: Path, cell_arg: str) -> int:

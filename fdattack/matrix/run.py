@@ -168,7 +168,8 @@ def _timed_run(spec: MatrixSpec, unit: Unit, root: Path) -> tuple[str | None, fl
 def run_units(spec: MatrixSpec, units: list[Unit], root: Path, jobs: int) -> dict[str, str]:
     """Run every unit not done yet, ``jobs`` at a time (1: in this process), printing a line as each ends.
 
-    With ``jobs`` > 1 the units go to a pool of ``jobs`` spawned worker processes with ``cores // jobs`` threads each;
+    With ``jobs`` > 1 the units go to a pool of ``jobs`` spawned worker processes with ``cores // jobs`` threads each
+    (an :func:`isolated` matrix's, at any ``jobs``, each in a process of its own);
     a worker that dies (killed, out of memory) fails its unit and the units still queued, with that reason. A SIGTERM or
     SIGINT ends the running units at their next safe point and starts no other (:mod:`.stopping`).
 
@@ -183,13 +184,20 @@ def run_units(spec: MatrixSpec, units: list[Unit], root: Path, jobs: int) -> dic
     failures: dict[str, str] = {}
     try:
         with stops_raise():
-            if jobs == 1:
+            if jobs == 1 and not isolated(spec):
                 _run_here(spec, todo, root, failures)
             else:
                 _run_in_pool(spec, todo, root, jobs, failures)
     except Terminated as stop:
         raise MatrixStopped(stop, sum(is_done(root, u) for u in units), len(units), failures) from None
     return failures
+
+
+def isolated(spec: MatrixSpec) -> bool:
+    """Whether the matrix runs its attacks isolated (``isolation.mode=process`` among its overrides: ``--isolation
+    process``). Each of its simulations then runs in a fresh process, which composes its config (and reads its attacks'
+    declarations for the checks) before any data is there: no attack code runs in a process that held a split."""
+    return any(o.replace(" ", "") == "isolation.mode=process" for o in spec.overrides)
 
 
 def _run_here(spec: MatrixSpec, todo: list[Unit], root: Path, failures: dict[str, str]) -> None:
@@ -206,7 +214,10 @@ def _run_in_pool(spec: MatrixSpec, todo: list[Unit], root: Path, jobs: int, fail
     workers, and raised again once they have exited."""
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
     context = multiprocessing.get_context("spawn")  # not fork: torch's threads and the parent's state stay out
-    pool = ProcessPoolExecutor(jobs, mp_context=context, initializer=_start_worker, initargs=(max(1, cores // jobs),))
+    one_each = 1 if isolated(spec) else None
+    pool = ProcessPoolExecutor(
+        jobs, mp_context=context, initializer=_start_worker, initargs=(max(1, cores // jobs),), max_tasks_per_child=one_each
+    )
     try:
         with workers_born_blocked():
             started = {pool.submit(stoppable, _timed_run, spec, unit, root): unit for unit in todo}
