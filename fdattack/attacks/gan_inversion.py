@@ -21,9 +21,11 @@ from typing import Callable, Iterable, Optional
 import torch
 from torch import Tensor, nn
 
+from fdattack import lit, models
 from fdattack.attacks.base import Attack, AttackContext
 from fdattack.attacks.common import engine_or_default
 from fdattack.attacks.results import AttackResult, Inversions
+from fdattack.code_version import source_digest
 from fdattack.engine import Batchable, TensorRows, epoch_order
 from fdattack.errors import ConfigError
 from fdattack.fd.record import RoundRecord
@@ -33,6 +35,7 @@ from fdattack.knobs import Choice, knob
 from fdattack.lit.gan import WGANGP, ManualGAN
 from fdattack.models.gan import SIZES, to_signed, valid_size
 from fdattack.randomness import derive_seed, seeded
+from fdattack.tracking.artifact_cache import digest
 from fdattack.tracking.progress import progress_iter
 
 log = logging.getLogger(__name__)
@@ -169,6 +172,13 @@ def state_digest(*parts: object) -> str:
         else:
             digest.update(repr(part).encode())
     return digest.hexdigest()
+
+
+def gan_key(seed: int, settings: GANInversionSettings, image_shape: tuple, prior: str, keys: tuple, recipe: dict, code: str) -> str:
+    """A GAN's key: a digest of everything its training reads (the attacker's seed, the attack's settings whole, the
+    image shape, the prior data's digest ``prior``, the caller's ``keys``, the engine's
+    :meth:`~fdattack.engine.LocalTrainer.recipe` and the code's :func:`~fdattack.code_version.source_digest`)."""
+    return digest(seed, settings, tuple(image_shape), prior, keys, recipe, code)
 
 
 class GANInversionAttack(Attack):
@@ -334,8 +344,11 @@ class GANInversionAttack(Attack):
         return module.networks()
 
     def _cache_key(self, stem: str, *keys: object) -> str:
+        """The GAN's store and cache key (:func:`gan_key`)."""
         if self._prior_digest is None:
-            self._prior_digest = state_digest(self.view.prior_data.images)  # type: ignore[union-attr]
-        s = self.settings
-        gan = (s.z_dim, s.gan_width, s.gan_epochs, s.gan_batch_size, s.gan_lr, s.n_critic, self.view.image_shape)
-        return f"gan/{stem}_{state_digest(self.context.seed, gan, self._prior_digest, *keys)}"
+            prior = self.view.prior_data
+            assert prior is not None
+            self._prior_digest = digest(prior.images, prior.labels)
+        code = source_digest(type(self), GANInversionAttack, lit, models)
+        named = gan_key(self.context.seed, self.settings, self.view.image_shape, self._prior_digest, keys, self.engine.recipe(), code)
+        return f"gan/{stem}_{named}"

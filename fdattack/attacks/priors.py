@@ -17,6 +17,8 @@ from typing import Optional
 import torch
 from torch import Tensor
 
+from fdattack import lit, models
+from fdattack.code_version import source_digest
 from fdattack.data.imageset import AUXILIARY, SENSITIVE, ImageSet
 from fdattack.engine import LocalTrainer, TensorRows
 from fdattack.errors import ConfigError
@@ -127,13 +129,13 @@ def cached_prior(
 ) -> Tensor:
     """:func:`build_prior`, the learned one kept in ``cache`` under a digest of all it depends on (its settings, seed,
     the public set as the attacker knows it, the targets and the degradation's effect on the public images) and read
-    back by a later run with the same inputs; None: trained here."""
+    back by a later run with the same inputs, on the same engine (:meth:`~fdattack.engine.LocalTrainer.recipe`) and
+    code (:func:`~fdattack.code_version.source_digest`); None: trained here."""
     if cache is None or settings.kind == PriorKind.naive:
         return build_prior(view, settings, seed, engine, progress)
     assert view.public is not None
     public = view.public
-    degraded = None if view.degradation is None else view.degradation(public.images[:DEGRADATION_PROBE])
-    key = digest(settings, seed, public.images, public.labels, public.domain, list(view.target_labels), view.num_classes, degraded)
+    key = prior_key(view, settings, seed, engine.recipe(), source_digest(build_prior, lit, models))
     payload = cache.fetch(
         PRIOR_CACHE_KIND,
         key,
@@ -142,6 +144,17 @@ def cached_prior(
         writer=engine.is_global_zero,
     )
     return payload["prior"]
+
+
+def prior_key(view: AttackerView, settings: PriorSettings, seed: int, recipe: dict, code: str) -> str:
+    """The learned prior's cache key: a digest of everything its training reads (its settings whole, the seed, the
+    public set as the attacker knows it, the targets, the degradation's effect on the public images, the engine's
+    :meth:`~fdattack.engine.LocalTrainer.recipe` and the code's :func:`~fdattack.code_version.source_digest`)."""
+    public = view.public
+    assert public is not None
+    degraded = None if view.degradation is None else view.degradation(public.images[:DEGRADATION_PROBE])
+    targets = list(view.target_labels)
+    return digest(settings, seed, public.images, public.labels, public.domain, targets, view.num_classes, degraded, recipe, code)
 
 
 def _check_prior(prior: Tensor, num_classes: int, image_shape: torch.Size) -> None:

@@ -28,6 +28,7 @@ from __future__ import annotations
 import logging
 from collections import Counter, defaultdict
 from contextlib import nullcontext
+from pathlib import Path
 from typing import Callable, Sequence
 
 import lightning as L
@@ -37,6 +38,7 @@ from lightning.fabric.plugins.precision import Precision
 from lightning.fabric.utilities.exceptions import MisconfigurationException
 from torch import Tensor
 
+from fdattack.code_version import source_digest
 from fdattack.data.imageset import ImageSet
 from fdattack.engine import vectorised
 from fdattack.engine.jobs import (
@@ -79,6 +81,19 @@ class LocalTrainer:
     @property
     def is_global_zero(self) -> bool:
         return self.fabric.is_global_zero
+
+    def recipe(self) -> dict[str, object]:
+        """What a fit reads from this engine besides its job, for the key of a cached network: the default batch size,
+        the vectorised path, the processes, the device's kind, the precision and the engine's own code."""
+        precision = self.fabric.strategy.precision
+        return {
+            "batch_size": self.batch_size,
+            "vectorise": self.vectorise,
+            "world_size": self.fabric.world_size,
+            "device": self.fabric.device.type,
+            "precision": f"{type(precision).__name__}:{getattr(precision, 'precision', '')}",
+            "code": source_digest(Path(__file__).parent),
+        }
 
     def setup(
         self, name: str, module: L.LightningModule, wrap_optimizer: Callable[[torch.optim.Optimizer], torch.optim.Optimizer] | None = None

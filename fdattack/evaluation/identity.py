@@ -37,6 +37,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from fdattack import lit, models
+from fdattack.code_version import source_digest
 from fdattack.data.federated import FederatedSplit
 from fdattack.data.imageset import AUXILIARY, UNLABELED, ImageSet, IndexedBatch
 from fdattack.engine import FitJob, LocalTrainer
@@ -227,7 +229,7 @@ def train_identity_scorer(
     if cache is None:
         trained()
     else:
-        key = digest(architecture, epochs, lr, seed, NOISE_MAX, classes.names, classes.train.images, classes.train.labels)
+        key = identity_key(architecture, epochs, lr, seed, classes, engine.recipe(), source_digest(train_identity_scorer, lit, models))
         module.net.load_state_dict(cache.fetch(CACHE_KIND, key, trained, check=_fits(module), writer=engine.is_global_zero)["net"])
     test_logits = engine.predict(handle, test.images)
     test_accuracy = topk_accuracy(test_logits, remap[test.labels], 1) if len(test) else float("nan")
@@ -239,6 +241,13 @@ def train_identity_scorer(
         class_names=classes.names,
         test_images=len(test),
     )
+
+
+def identity_key(architecture: str, epochs: int, lr: float, seed: int, classes: IdentityClasses, recipe: dict, code: str) -> str:
+    """The cache key of the evaluation classifier: a digest of everything its training reads (the arguments of
+    :func:`train_identity_scorer` that shape it, its classes whole (training rows, names, targets), the engine's
+    :meth:`~fdattack.engine.LocalTrainer.recipe` and the training code's :func:`~fdattack.code_version.source_digest`)."""
+    return digest(architecture, epochs, lr, seed, NOISE_MAX, classes, recipe, code)
 
 
 def _fits(module: ClassifierLitModule) -> Callable[[dict], None]:

@@ -16,7 +16,6 @@ training again (an isolated run reads only an isolated run's).
 from __future__ import annotations
 
 import functools
-import hashlib
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -26,6 +25,8 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
+from fdattack import lit, models
+from fdattack.code_version import source_digest
 from fdattack.data.federated import FederatedSplit
 from fdattack.data.imageset import ImageSet
 from fdattack.engine import LocalTrainer, ModelHandle, predict_logits
@@ -34,7 +35,7 @@ from fdattack.functional import topk_accuracy
 from fdattack.knobs import knob
 from fdattack.lit.classifier import ClassifierLitModule
 from fdattack.models.classifiers import build_classifier
-from fdattack.tracking.artifact_cache import ArtifactCache
+from fdattack.tracking.artifact_cache import ArtifactCache, digest
 
 
 @dataclass
@@ -212,7 +213,9 @@ def inversion_classifier(
         )
         loaded = _scored(build(net), engine, test)
         return lambda: loaded
-    key = _digest(settings, seed, split, train, num_classes)
+    key = inversion_classifier_key(
+        settings, seed, split.image_shape, train, num_classes, engine.recipe(), source_digest(inversion_classifier, lit, models)
+    )
 
     def trained() -> dict:
         if announce is not None:
@@ -250,14 +253,10 @@ def _scored(handle: ModelHandle, engine: LocalTrainer, test: ImageSet) -> Evalua
     return EvaluationClassifier(net, device, accuracy, len(test), batch_size)  # type: ignore[arg-type]
 
 
-def _digest(settings: InversionEvaluationSettings, seed: int, split: FederatedSplit, train: ImageSet, num_classes: int) -> str:
-    """A name for everything the trained classifier depends on: its settings, seed, shapes and training rows."""
-    digest = hashlib.blake2b(
-        repr(
-            (settings.classifier, settings.epochs, settings.lr, settings.batch_size, seed, num_classes, tuple(split.image_shape))
-        ).encode(),
-        digest_size=8,
-    )
-    digest.update(train.labels.numpy().tobytes())
-    digest.update(train.images.float().contiguous().numpy().tobytes())
-    return digest.hexdigest()
+def inversion_classifier_key(
+    settings: InversionEvaluationSettings, seed: int, image_shape: tuple, train: ImageSet, num_classes: int, recipe: dict, code: str
+) -> str:
+    """The cache key of the inversions' evaluation classifier: a digest of everything its training reads (its settings
+    whole, seed, image shape, classes and training rows, the engine's :meth:`~fdattack.engine.LocalTrainer.recipe` and
+    the training code's :func:`~fdattack.code_version.source_digest`)."""
+    return digest(settings, seed, tuple(image_shape), num_classes, train.images, train.labels, recipe, code)
