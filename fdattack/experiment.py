@@ -72,6 +72,7 @@ from fdattack.tracking.exit_record import exit_record
 from fdattack.tracking.logs import configure_logging
 from fdattack.tracking.machine import machine_info
 from fdattack.tracking.run_dir import config_fingerprint
+from fdattack.tracking.stopped_attacks import without_stopped_scores
 
 log = logging.getLogger("fdattack")
 
@@ -380,7 +381,7 @@ class Experiment:
         """Data, protocol, attacker view, attacks and evaluator (the evaluation classifier trains here)."""
         cfg, t = self.cfg, self.cfg.trainer
         # the workers' zygote imports what they need while the run builds (isolation.mode=process)
-        self._zygote = Zygote() if cfg.isolation.mode == "process" and cfg.attacks else None
+        self._zygote = Zygote(list(cfg.plugins)) if cfg.isolation.mode == "process" and cfg.attacks else None
         seed_everything_quietly(cfg.seed)
         self.progress.activity(f"loading data ({cfg.data.name})")
         self.data = FederatedData(cfg.data, cfg.protocol.num_clients, cfg.seed)
@@ -512,6 +513,7 @@ class Experiment:
                 final.update(self._finish(ending, time.perf_counter(), elapsed_before, tracker))
             progress.close()
             final["time/total_s"] = elapsed_before + time.perf_counter() - self.started
+            final = without_stopped_scores(final)  # a stopped attack's scores of earlier rounds are not its answer
             run_dir.write_metrics(final)
             tracker.set_summary(final)
         if fabric.is_global_zero:

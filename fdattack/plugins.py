@@ -82,6 +82,20 @@ def plugin_sources(modules: Sequence[str] = ()) -> list[Path]:
     return found
 
 
+def plugin_roots(modules: Sequence[str]) -> list[Path]:
+    """The folders from which this process imports ``modules`` (the ``sys.path`` entry holding each one's top-level
+    package or lone module), found without importing any: where a worker's Python must look to import them too (a
+    module in the run's working folder, say, which ``python -m fdattack`` finds and a worker started elsewhere would not)."""
+    roots: list[Path] = []
+    for top in dict.fromkeys(module.partition(".")[0] for module in modules):
+        spec = importlib.util.find_spec(top)
+        if spec is None:
+            continue
+        places = [Path(p) for p in spec.submodule_search_locations or []] or ([Path(spec.origin)] if spec.origin else [])
+        roots.extend(place.parent for place in places if place.parent not in roots)
+    return roots
+
+
 def loaded_plugins() -> tuple[str, ...]:
     """The plugin modules this process has loaded, entry points' and the ``plugins`` key's, in load order."""
     return tuple(_LOADED)

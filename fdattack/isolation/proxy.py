@@ -67,9 +67,13 @@ START_S = 600  # the longest a worker may take to start (import, build its attac
 MESSAGE_S = 60.0  # the longest one message may take to arrive in full once its first bytes have
 
 
-def worker_environment(tmpdir: Path) -> dict[str, str]:
-    """A worker's (and the zygote's) environment: :data:`WORKER_ENVIRONMENT` from the run's, and its own ``TMPDIR``."""
-    return {**{key: os.environ[key] for key in WORKER_ENVIRONMENT if key in os.environ}, "TMPDIR": str(tmpdir)}
+def worker_environment(tmpdir: Path, import_roots: Sequence[Path] = ()) -> dict[str, str]:
+    """A worker's (and the zygote's) environment: :data:`WORKER_ENVIRONMENT` from the run's, its own ``TMPDIR``, and
+    ``import_roots`` (where the run imports its plugins from) ahead on ``PYTHONPATH``."""
+    environment = {**{key: os.environ[key] for key in WORKER_ENVIRONMENT if key in os.environ}, "TMPDIR": str(tmpdir)}
+    if import_roots:
+        environment["PYTHONPATH"] = os.pathsep.join([*map(str, import_roots), *filter(None, [environment.get("PYTHONPATH")])])
+    return environment
 
 
 def bounded_line(text: str, limit: int = 300) -> str:
@@ -100,13 +104,16 @@ def open_log(path: Path) -> int:
 
 class Zygote:
     """The run's handle on the workers' zygote (:mod:`fdattack.isolation.zygote`): started at once, it imports what the
-    workers need while the run builds; :meth:`fork` then starts each worker in a fraction of a second.
+    workers need while the run builds; :meth:`fork` then starts each worker in a fraction of a second. It imports
+    ``plugins`` from where the run does.
 
     Raises:
         WorkerError: it did not start within :data:`START_S` or exited (the last line of its log says why).
     """
 
-    def __init__(self) -> None:
+    def __init__(self, plugins: Sequence[str] = ()) -> None:
+        from fdattack.plugins import plugin_roots
+
         self.folder = Path(tempfile.mkdtemp(prefix="fdattack-zygote-"))
         kind = socket.SOCK_SEQPACKET if hasattr(socket, "SOCK_SEQPACKET") else socket.SOCK_STREAM
         ours, theirs = socket.socketpair(socket.AF_UNIX, kind)
@@ -114,7 +121,7 @@ class Zygote:
             self._process = subprocess.Popen(
                 [sys.executable, "-m", "fdattack.isolation.zygote", str(theirs.fileno())],
                 cwd=self.folder,
-                env=worker_environment(self.folder),
+                env=worker_environment(self.folder, plugin_roots(plugins)),
                 stdin=subprocess.DEVNULL,
                 stdout=output,
                 stderr=subprocess.STDOUT,

@@ -25,6 +25,7 @@ from fdattack.matrix.plan import Cell, cell_folder, plan_cell, plan_cells
 from fdattack.matrix.run import (
     Unit,
     cell_config,
+    has_finished,
     is_done,
     isolated,
     last_images,
@@ -35,12 +36,14 @@ from fdattack.matrix.run import (
     run_units,
     simulation_names,
     stale_reason,
+    stopped_in,
 )
 from fdattack.matrix.spec import MatrixSpec, load_matrix
 from fdattack.matrix.stopping import MatrixStopped
 from fdattack.seeds import write_aggregate
 from fdattack.tracking.matrix_answer import answers
 from fdattack.tracking.matrix_page import HEATMAP_PREFIX, write_matrix_page
+from fdattack.tracking.stopped_attacks import stopped_in_any, without_scores_of
 from fdattack.tracking.wandb_run import log_matrix_summary
 
 
@@ -81,13 +84,16 @@ def collect(spec: MatrixSpec, cells: list[Cell], root: Path, failures: dict[str,
         failed = next((failures[u.id] for u in units if u.id in failures), None)
         if failed:
             results.append(CellResult(cell, "failed", failed))
-        elif not all(is_done(root, u) for u in units):
+        elif not all(has_finished(root, u) for u in units):
             results.append(CellResult(cell, "incomplete", "seeds left to run"))
         else:
             cfg = cell_config(spec, cell, root)
             finals = [read_final(cfg, root, u, spec.name) for u in units]
             aggregate = write_aggregate(cfg, cell_folder(root, cell), seeds, finals)
-            results.append(CellResult(cell, "done", None, seeds, finals, aggregate, last_images(root, units, cell.attacks)))
+            stopped = stopped_in_any(finals)  # no score at any seed (the aggregate's too), and run again next time
+            finals = [without_scores_of(final, stopped) for final in finals]
+            images = last_images(root, units, tuple(a for a in cell.attacks if a not in stopped))
+            results.append(CellResult(cell, "done", None, seeds, finals, aggregate, images, stopped))
     return results
 
 
@@ -129,7 +135,16 @@ def unit_states(spec: MatrixSpec, cells: list[Cell], root: Path, seeds_of: Seeds
         cfg = cell_config(spec, cell, root) if any(replica_folder(root, u).exists() for u in units) else None
         for unit in units:
             reason = stale_reason(cfg, root, unit, spec.name) if cfg is not None else None
-            states[unit.id] = f"stale: {reason}" if reason else "done" if is_done(root, unit) else "to run"
+            stopped = stopped_in(root, unit) if not reason and has_finished(root, unit) else {}
+            states[unit.id] = (
+                f"stale: {reason}"
+                if reason
+                else f"to run again: it stopped {', '.join(f'{a} ({why})' for a, why in stopped.items())}"
+                if stopped
+                else "done"
+                if is_done(root, unit)
+                else "to run"
+            )
     return states
 
 

@@ -41,7 +41,9 @@ CSV_COLUMNS = ("data", "protocol", "defense", "metric", "mean", "ci_low", "ci_hi
 @dataclass
 class CellResult:
     """A cell's outcome: ``status`` is ``done`` (every seed finished), ``n/a`` (no simulation applies), ``failed`` (a
-    seed failed: ``reason``) or ``incomplete`` (seeds left to run, e.g. while W&B agents work through the cells)."""
+    seed failed: ``reason``) or ``incomplete`` (seeds left to run, e.g. while W&B agents work through the cells).
+    ``stopped``: attack -> why, for each attack that a seed of a done cell stopped: it has no score there (its metrics
+    NaN at every seed) and its seeds run again at the next invocation."""
 
     cell: Cell
     status: str
@@ -50,6 +52,7 @@ class CellResult:
     per_seed: list[dict[str, float]] = field(default_factory=list)
     aggregate: dict[str, float] = field(default_factory=dict)
     images: dict[str, list[str]] = field(default_factory=dict)  # attack -> its last image per seed, relative to the root
+    stopped: dict[str, str] = field(default_factory=dict)
 
     def metric(self, key: str) -> dict[str, Any] | None:
         """``{"mean", "ci_low", "ci_high", "seed_std", "values", "within"}`` of ``key``, or None where no seed recorded
@@ -115,6 +118,7 @@ def to_json(spec: MatrixSpec, results: list[CellResult], seeds: SeedState | None
                 "reason": r.reason,
                 "attacks": list(r.cell.attacks),
                 "not_applicable": r.cell.not_applicable,
+                "stopped": r.stopped,
                 "seeds": r.seeds,
                 "metrics": {key: r.metric(key) for key in r.metric_keys()},
                 "images": r.images,
@@ -139,6 +143,8 @@ def to_csv(results: list[CellResult]) -> str:
             writer.writerow([*where, "", "", "", "", "", "", "", r.status, r.reason or ""])
         for attack, reason in r.cell.not_applicable.items():
             writer.writerow([*where, f"attack/{attack}", "", "", "", "", "", "", "n/a", reason])
+        for attack, why in r.stopped.items():
+            writer.writerow([*where, f"attack/{attack}", "", "", "", "", "", "", "stopped", why])
         for key in r.metric_keys():
             m = r.metric(key)
             assert m is not None
@@ -164,6 +170,8 @@ def write_outputs(root: Path, spec: MatrixSpec, results: list[CellResult], seeds
 def _shown(result: CellResult, key: str) -> str:
     if result.status != "done":
         return result.status
+    if key.startswith("attack/") and key.split("/")[1] in result.stopped:
+        return "stopped"
     m = result.metric(key)
     if m is None:
         attack = key.split("/")[1]

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import json
 import logging
 import multiprocessing
 import os
@@ -31,6 +32,7 @@ from fdattack.matrix.stopping import MatrixStopped, WorkerStopped, start_worker,
 from fdattack.seeds import REPLICA_PREFIX, replica_config, run_replica
 from fdattack.tracking.logs import configure_logging
 from fdattack.tracking.results import difference_from, read_result, stored_config
+from fdattack.tracking.stopped_attacks import stopped_attacks
 
 log = logging.getLogger("fdattack")
 
@@ -92,10 +94,36 @@ def last_images(root: Path, units: list[Unit], attacks: tuple[str, ...]) -> dict
     return found
 
 
-def is_done(root: Path, unit: Unit) -> bool:
-    """Whether the simulation finished (its ``metrics.json`` exists); that it was made with this config is checked before
-    anything runs (:func:`stale_reason`) and again when it is read (:func:`read_final`)."""
+def has_finished(root: Path, unit: Unit) -> bool:
+    """Whether the simulation ran to its end (its ``metrics.json`` exists); that it was made with this config is checked
+    before anything runs (:func:`stale_reason`) and again when it is read (:func:`read_final`)."""
     return (replica_folder(root, unit) / "metrics.json").is_file()
+
+
+def stopped_in(root: Path, unit: Unit) -> dict[str, str]:
+    """The attacks that the finished simulation stopped (:func:`~fdattack.tracking.stopped_attacks.stopped_attacks`);
+    {} where none did, or its ``metrics.json`` cannot be read (:func:`read_final` says so)."""
+    try:
+        metrics = json.loads((replica_folder(root, unit) / "metrics.json").read_text())
+    except (OSError, ValueError):
+        return {}
+    return stopped_attacks(metrics) if isinstance(metrics, dict) else {}
+
+
+def is_done(root: Path, unit: Unit) -> bool:
+    """Whether the simulation finished with every attack's answer: one that stopped an attack runs again."""
+    return has_finished(root, unit) and not stopped_in(root, unit)
+
+
+def set_aside(folder: Path) -> Path:
+    """Move a simulation's folder to ``<folder>.stopped-<n>`` beside it (the first free n), so that it runs anew and
+    nothing of the earlier run is lost; its new place."""
+    for n in itertools.count(1):
+        aside = folder.with_name(f"{folder.name}.stopped-{n}")
+        if not aside.exists():
+            folder.rename(aside)
+            return aside
+    raise AssertionError("unreachable")
 
 
 def unit_config(cell_cfg: DictConfig, root: Path, unit: Unit, group: str) -> DictConfig:
@@ -126,9 +154,17 @@ def run_unit(spec: MatrixSpec, unit: Unit, root: Path) -> dict[str, float]:
         try:
             with contextlib.redirect_stdout(out), contextlib.redirect_stderr(out):
                 configure_logging(str(cfg.logger.level))  # the replica's lines too, before its run configures its own
+                stopped = stopped_in(root, unit) if has_finished(root, unit) else {}
+                if stopped:
+                    aside = set_aside(replica_folder(root, unit))
+                    log.warning("%s stopped %s: run again (the earlier run is in %s)", unit.id, _listed(stopped), aside)
                 return run_replica(cfg, unit.seed, folder, spec.name, run)
         finally:
             configure_logging("INFO")  # the run gave fdattack's logger the log file; the matrix logs to stderr again
+
+
+def _listed(stopped: dict[str, str]) -> str:
+    return ", ".join(f"{name} ({why})" for name, why in stopped.items())
 
 
 def _start_worker(threads: int) -> None:
@@ -154,8 +190,10 @@ def _run_or_say(spec: MatrixSpec, unit: Unit, root: Path) -> str | None:
     return None
 
 
-def _say(index: int, total: int, unit: Unit, error: str | None, seconds: float) -> None:
-    print(f"[{index}/{total}] {unit.id}: {'failed: ' + error if error else 'done'} ({seconds:.0f} s)", flush=True)
+def _say(index: int, total: int, unit: Unit, root: Path, error: str | None, seconds: float) -> None:
+    stopped = {} if error else stopped_in(root, unit)
+    outcome = f"failed: {error}" if error else f"stopped {_listed(stopped)}, which run again next time" if stopped else "done"
+    print(f"[{index}/{total}] {unit.id}: {outcome} ({seconds:.0f} s)", flush=True)
 
 
 def _timed_run(spec: MatrixSpec, unit: Unit, root: Path) -> tuple[str | None, float]:
@@ -206,7 +244,7 @@ def _run_here(spec: MatrixSpec, todo: list[Unit], root: Path, failures: dict[str
         error, seconds = _timed_run(spec, unit, root)
         if error:
             failures[unit.id] = error
-        _say(index, len(todo), unit, error, seconds)
+        _say(index, len(todo), unit, root, error, seconds)
 
 
 def _run_in_pool(spec: MatrixSpec, todo: list[Unit], root: Path, jobs: int, failures: dict[str, str]) -> None:
@@ -231,7 +269,7 @@ def _run_in_pool(spec: MatrixSpec, todo: list[Unit], root: Path, jobs: int, fail
                 error, seconds = "its worker process died (killed or out of memory); run the matrix again to retry it", 0.0
             if error:
                 failures[unit.id] = error
-            _say(index, len(todo), unit, error, seconds)
+            _say(index, len(todo), unit, root, error, seconds)
     except Terminated as stop:
         stop_workers(pool, stop)
         raise

@@ -63,6 +63,9 @@ def shown(cell: dict | None, metric: str) -> Shown:
     skipped = cell.get("not_applicable") or {}
     if parts[0] == "attack" and len(parts) > 1 and parts[1] in skipped:
         return Shown(word="n/a", reason=str(skipped[parts[1]]))
+    stopped = cell.get("stopped") or {}
+    if parts[0] == "attack" and len(parts) > 1 and parts[1] in stopped:
+        return Shown(word="stopped", reason=f"a seed stopped {parts[1]} ({stopped[parts[1]]}): no score; it runs again next time")
     values = (cell.get("metrics") or {}).get(metric)
     if values is None:
         return Shown(word="–", reason=f"{metric} was not recorded in this cell")

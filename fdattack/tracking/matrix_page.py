@@ -339,12 +339,14 @@ def data_html(matrix: dict, data: str, out: Path) -> str:
 
 
 def not_run(matrix: dict) -> list[tuple[str, str, str, str]]:
-    """(cell id, attack or :data:`WHOLE_CELL`, status, reason) of every cell that is not done and of every n/a attack."""
+    """(cell id, attack or :data:`WHOLE_CELL`, status, reason) of every cell that is not done and of every n/a or
+    stopped attack."""
     rows = []
     for cell in matrix.get("cells", []):
         if cell.get("status") != "done":
             rows.append((cell["id"], WHOLE_CELL, str(cell.get("status")), cell.get("reason") or ""))
         rows += [(cell["id"], attack, "n/a", str(reason)) for attack, reason in (cell.get("not_applicable") or {}).items()]
+        rows += [(cell["id"], attack, "stopped", f"a seed stopped it ({why})") for attack, why in (cell.get("stopped") or {}).items()]
     return rows
 
 

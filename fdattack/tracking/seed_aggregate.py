@@ -30,6 +30,7 @@ from fdattack.functional.intervals import (
     wilson_interval,
     within_variance,
 )
+from fdattack.tracking.stopped_attacks import stopped_in_any, without_scores_of
 
 #: suffix of a metric's standard deviation across seeds
 SEED_STD = "_seed_std"
@@ -59,7 +60,10 @@ def seed_within(final: dict[str, object], key: str) -> float:
 def aggregate_metrics(replicas: Sequence[dict[str, object]]) -> dict[str, float]:
     """Mean, ``_seed_std`` and 95 % interval (:func:`~fdattack.functional.intervals.mean_interval`) across ``replicas``
     (one flat metrics dict per seed) of every numeric metric; NaN (recorded as None) and missing values are left out of
-    a metric's seeds."""
+    a metric's seeds. An attack stopped at any seed has no score at any (:mod:`~fdattack.tracking.stopped_attacks`):
+    a mean over the seeds it finished would be another experiment's."""
+    stopped = stopped_in_any(replicas)
+    replicas = [without_scores_of(replica, stopped) for replica in replicas]
     keys = list(dict.fromkeys(key for replica in replicas for key in replica if not is_interval_key(key) and key != SEEDS_KEY))
     out: dict[str, float] = {SEEDS_KEY: float(len(replicas))}
     for key in keys:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import math
 
 from fdattack.functional.intervals import HIGH, LOW
+from fdattack.tracking.stopped_attacks import stopped_attacks
 
 #: per kind of attack: (metric suffix under ``attack/<name>/``, column title, format); an attack is listed in the
 #: first table whose first metric it reports, and in no other (model inversion comes before label distribution: VMI
@@ -63,8 +64,10 @@ def format_score(final: dict[str, float], key: str, fmt: str) -> str:
 
 
 def attack_summary(final: dict[str, float]) -> str:
-    """Fixed-width tables with a row per attack found in ``final`` (``attack/<name>/<metric>`` keys); "" if none."""
-    names = sorted({key.split("/")[1] for key in final if key.startswith("attack/") and key.count("/") == 2})
+    """Fixed-width tables with a row per attack found in ``final`` (``attack/<name>/<metric>`` keys), then a line per
+    attack that was stopped (its scores are none: :mod:`~fdattack.tracking.stopped_attacks`); "" if neither."""
+    stopped = stopped_attacks(final)
+    names = sorted({key.split("/")[1] for key in final if key.startswith("attack/") and key.count("/") == 2} - set(stopped))
     tables, placed = [], set()
     for columns in TABLES:
         listed = [name for name in names if f"attack/{name}/{columns[0][0]}" in final and name not in placed]
@@ -80,4 +83,6 @@ def attack_summary(final: dict[str, float]) -> str:
                 for row in [header, *rows]
             )
         )
+    if stopped:
+        tables.append("\n".join(f"{name}: stopped ({why}); no final score" for name, why in stopped.items()))
     return "\n\n".join(tables)
