@@ -27,6 +27,7 @@ from fdattack.errors import CheckpointError, FdattackError
 from fdattack.tracking import RunDirectory, atomic_write, attack_summary, to_jsonable
 from fdattack.tracking.machine import machine_info
 from fdattack.tracking.results import read_result, stored_config
+from fdattack.tracking.run_dir import refuse_matrix_root
 from fdattack.tracking.seed_aggregate import aggregate_metrics, aggregate_rounds, seeds_table
 
 log = logging.getLogger("fdattack")
@@ -84,14 +85,15 @@ def run_replica(cfg: DictConfig, seed: int, root: Path, group: str, run: RunOne)
 
 def check_seeds_folder(root: Path) -> None:
     """A seeds run's ``output_dir`` is new, or holds replicas (``seed_*``) and their aggregate, never a single run's
-    results, which the aggregate's files would overwrite.
+    results, which the aggregate's files would overwrite, nor a matrix's root.
 
     Raises:
-        CheckpointError: ``root`` is a file, or holds a single run (checkpoints, or results whose ``config.yaml`` has no
+        CheckpointError: ``root`` is a file or a matrix's root, or holds a single run (checkpoints, or results whose ``config.yaml`` has no
             ``seeds``).
     """
     if root.exists() and not root.is_dir():
         raise CheckpointError(f"output_dir {root} exists and is not a folder; choose another output_dir")
+    refuse_matrix_root(root)
     if (root / "checkpoints").is_dir() or any((root / name).exists() for name in ("metrics.json", "config.yaml", "rounds.jsonl")):
         try:
             seeds = stored_config(root).get("seeds")

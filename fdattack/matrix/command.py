@@ -41,6 +41,7 @@ from fdattack.matrix.run import (
 from fdattack.matrix.spec import MatrixSpec, load_matrix
 from fdattack.matrix.stopping import MatrixStopped
 from fdattack.seeds import write_aggregate
+from fdattack.tracking.folder_owner import mark_matrix_root, matrix_of, run_results_in
 from fdattack.tracking.matrix_answer import answers
 from fdattack.tracking.matrix_page import HEATMAP_PREFIX, write_matrix_page
 from fdattack.tracking.stopped_attacks import stopped_in_any, without_scores_of
@@ -203,6 +204,25 @@ def _check_writable(root: Path) -> None:
         raise ConfigError(f"--root {root} cannot be created: {existing} is not writable; choose another")
 
 
+def claim_root(root: Path, name: str) -> None:
+    """Mark ``root`` as matrix ``name``'s (:mod:`~fdattack.tracking.folder_owner`), or refuse it where it is another
+    matrix's root or holds a run or a seeds aggregate, whose files the matrix's would overwrite or lie beside.
+
+    Raises:
+        ConfigError: naming ``--root`` and what it holds.
+    """
+    owner = matrix_of(root)
+    if owner is not None and owner != name:
+        raise ConfigError(f"--root {root} is the root of the matrix {owner!r}, not of {name!r}; choose another --root")
+    held = run_results_in(root) if owner is None else None
+    if held is not None:
+        raise ConfigError(f"--root {root} holds {held}, which the matrix's files would overwrite or lie beside; choose another --root")
+    try:
+        mark_matrix_root(root, name)
+    except OSError as err:
+        raise ConfigError(f"--root {root} cannot be written to ({err.strerror or err}); choose another") from None
+
+
 def _write_sweep_file(path: Path, sweep: dict) -> None:
     try:
         path.write_text(yaml.safe_dump(sweep, sort_keys=False))
@@ -237,6 +257,7 @@ def main(
         print(f"fdattack: W&B sweep of {len(units)} simulations in {sweep_out}: `wandb sweep {sweep_out}`, then `wandb agent ID` anywhere")
         return 0
     _check_writable(root)
+    claim_root(root, spec.name)
     if cell is not None:
         return _one_simulation(spec, root, cell)
     cells = plan_cells(spec)

@@ -27,6 +27,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from fdattack.errors import CheckpointError
 from fdattack.tracking.checkpoint import CheckpointDir, atomic_write, load_checkpoint
+from fdattack.tracking.folder_owner import matrix_of
 from fdattack.tracking.results import check_made_with, result_tree
 
 log = logging.getLogger("fdattack")
@@ -54,6 +55,14 @@ def _is_own(entry: Path) -> bool:
     if name.startswith(".") and name.endswith(".tmp"):  # atomic_write's ".config.yaml.k3j2x.tmp"
         name = name[1:].rsplit(".", 2)[0]
     return name in OWN_FILES
+
+
+def refuse_matrix_root(folder: Path) -> None:
+    """Raise CheckpointError where ``folder`` is a matrix's root (:mod:`~fdattack.tracking.folder_owner`): a run or a
+    seeds aggregate there would write its files beside the matrix's, or over them."""
+    owner = matrix_of(folder)
+    if owner is not None:
+        raise CheckpointError(f"output_dir {folder} is the root of the matrix {owner!r}; choose another output_dir")
 
 
 class RunLock:
@@ -206,6 +215,7 @@ class RunDirectory:
         """
         if self.path.exists() and not self.path.is_dir():
             raise CheckpointError(f"output_dir {self.path} exists and is not a folder; choose another output_dir")
+        refuse_matrix_root(self.path)
         has_checkpoint = self.checkpoints.latest() is not None
         if resume and has_checkpoint:
             return "resume"
