@@ -7,13 +7,10 @@ adversary's actions. Hooks, frames, ``gc``, ``/proc/self`` and ``sys.argv`` show
 
 from __future__ import annotations
 
-import ctypes
 import io
 import logging
-import os
 import pickle
 import queue
-import signal
 import sys
 import threading
 import traceback
@@ -30,10 +27,10 @@ from fdattack.fd.threat import Capability
 from fdattack.isolation import codec
 from fdattack.isolation.sandbox import confine
 from fdattack.isolation.wire import REFUSALS, AdversaryShape, DeclarationBrief, WorkerBrief, record_from_wire
+from fdattack.lifetime import die_with_parent
 from fdattack.randomness import GlobalStreams, seed_globals
 
 log = logging.getLogger("fdattack.worker")
-_PR_SET_PDEATHSIG = 1
 
 
 class Channel:
@@ -239,17 +236,6 @@ def _saved(state: dict) -> bytes:
     buffer = io.BytesIO()
     torch.save(state, buffer)
     return buffer.getvalue()
-
-
-def die_with_parent() -> None:
-    """Have the kernel kill this worker when the run's process ends, however it ends (Linux ``PR_SET_PDEATHSIG``; a
-    busy worker would notice its closed channel only at its next message)."""
-    if not sys.platform.startswith("linux"):
-        return
-    parent = os.getppid()
-    ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-    if os.getppid() != parent:  # the run ended before the request took hold
-        os._exit(0)
 
 
 def main(argv: list[str]) -> NoReturn:

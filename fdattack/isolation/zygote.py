@@ -72,7 +72,7 @@ def serve(control: socket.socket) -> None:
 
 def main(argv: list[str]) -> NoReturn:
     from fdattack.engine.malloc import keep_freed_memory
-    from fdattack.isolation.worker import die_with_parent
+    from fdattack.lifetime import die_with_parent
 
     die_with_parent()
     keep_freed_memory()  # as the fdattack command does for the run: the workers inherit it

@@ -167,9 +167,10 @@ def _listed(stopped: dict[str, str]) -> str:
     return ", ".join(f"{name} ({why})" for name, why in stopped.items())
 
 
-def _start_worker(threads: int) -> None:
-    """A pool worker's set-up: its stop handler (:func:`.stopping.start_worker`), then its torch threads."""
-    start_worker()
+def _start_worker(threads: int, parent: int) -> None:
+    """A pool worker's set-up: its death with the matrix process ``parent`` and its stop handler
+    (:func:`.stopping.start_worker`), then its torch threads."""
+    start_worker(parent)
     _pin_threads(threads)
 
 
@@ -254,7 +255,7 @@ def _run_in_pool(spec: MatrixSpec, todo: list[Unit], root: Path, jobs: int, fail
     context = multiprocessing.get_context("spawn")  # not fork: torch's threads and the parent's state stay out
     one_each = 1 if isolated(spec) else None
     pool = ProcessPoolExecutor(
-        jobs, mp_context=context, initializer=_start_worker, initargs=(max(1, cores // jobs),), max_tasks_per_child=one_each
+        jobs, mp_context=context, initializer=_start_worker, initargs=(max(1, cores // jobs), os.getpid()), max_tasks_per_child=one_each
     )
     try:
         with workers_born_blocked():

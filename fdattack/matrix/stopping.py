@@ -21,6 +21,8 @@ How, with ``--jobs N`` > 1 (a pool of spawned worker processes):
   threads in the matrix process, started there too, keep the mask: a process-wide signal reaches its main thread, which
   waits for the simulations' results and is woken at once.
 
+- A worker dies with the matrix process, even one killed by SIGKILL, which runs no handler (:func:`die_with_parent`).
+
 With ``--jobs 1`` the simulation runs in the matrix process, under the same once-only handler. Either way the command
 ends with :class:`MatrixStopped`, whose one line the CLI prints after the simulation's output went back to the terminal.
 """
@@ -31,15 +33,19 @@ import multiprocessing
 import os
 import signal
 import threading
+import time
 from concurrent.futures import Executor
 from contextlib import contextmanager
 from types import FrameType
 from typing import Callable, Iterator, TypeVar
 
+from fdattack import lifetime
 from fdattack.errors import Terminated, forget_terminated, raise_terminated
 
 #: the signals that stop the matrix
 STOPS = (signal.SIGTERM, signal.SIGINT)
+#: how often a pool worker checks that the matrix process is still its parent
+PARENT_WATCH_S = 1.0
 
 T = TypeVar("T")
 
@@ -121,11 +127,30 @@ def _stop_worker(signum: int, frame: FrameType | None) -> None:
             raise_terminated(signum, frame)
 
 
-def start_worker() -> None:
-    """A pool worker's first set-up step: its stop handler, then the signals its parent blocked are let in."""
+def start_worker(parent: int) -> None:
+    """A pool worker's first set-up step: it dies with the matrix process ``parent`` (:func:`die_with_parent`), sets its
+    stop handler, then lets in the signals its parent blocked."""
+    die_with_parent(parent)
     for stop in STOPS:
         signal.signal(stop, _stop_worker)
     signal.pthread_sigmask(signal.SIG_UNBLOCK, STOPS)
+
+
+def die_with_parent(parent: int) -> None:
+    """End this process when the matrix process ``parent`` ends, however it ends (a ``kill -9`` runs none of its
+    handlers, and its workers would finish their simulations under init): the kernel's death signal
+    (:func:`fdattack.lifetime.die_with_parent`), and a watchdog thread that looks at the parent's pid every
+    :data:`PARENT_WATCH_S` besides (the pool starts workers from a thread of its own, whose end would also send the
+    signal, and a platform may have no death signal). Its simulation's zygote and attack workers end when their
+    channels to it close."""
+    lifetime.die_with_parent(parent)
+    threading.Thread(target=_watch_parent, args=(parent,), name="fdattack-parent-watch", daemon=True).start()
+
+
+def _watch_parent(parent: int) -> None:
+    while os.getppid() == parent:
+        time.sleep(PARENT_WATCH_S)
+    os.kill(os.getpid(), signal.SIGKILL)
 
 
 def stoppable(job: Callable[..., T], *args: object) -> T:
