@@ -39,6 +39,7 @@ def validate(cfg: DictConfig) -> None:
     check_trainer(cfg.trainer)
     check_vectorise(cfg)
     check_isolation(cfg)
+    check_cache_dir(cfg)
     d = cfg.data
     if d.root is not None and d.name not in ("digits", "synthetic") and not d.download and not Path(d.root).expanduser().is_dir():
         raise ConfigError(
@@ -50,6 +51,24 @@ def validate(cfg: DictConfig) -> None:
     check_sizes(cfg)
     check_membership(cfg)
     check_batch_norm(cfg)
+
+
+def check_cache_dir(cfg: DictConfig) -> None:
+    """``cache_dir`` is a folder (or can be made one) outside ``output_dir``, whose top holds one run's files only (a
+    cache there would make the run refuse its own folder on resume)."""
+    if cfg.cache_dir is None:
+        return
+    cache = Path(str(cfg.cache_dir)).expanduser().absolute()
+    blocking = next((p for p in (cache, *cache.parents) if p.exists() and not p.is_dir()), None)
+    if blocking is not None:
+        raise ConfigError(f"cache_dir={cfg.cache_dir!r}: {blocking} is a file, not a folder; name a folder for the cache, or null")
+    if cfg.output_dir is not None:
+        output = Path(str(cfg.output_dir)).expanduser().absolute()
+        if cache == output or output in cache.parents:
+            raise ConfigError(
+                f"cache_dir={cfg.cache_dir!r} lies inside output_dir={cfg.output_dir!r}, which holds one run's files only; "
+                "put the cache beside it (e.g. cache_dir=runs/cache)"
+            )
 
 
 def check_seeds(seeds: Any) -> None:

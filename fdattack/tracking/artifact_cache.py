@@ -19,7 +19,10 @@ a matching digest too, so a cache shared with in-process runs of plugins written
 
 Entries are written atomically (:func:`~fdattack.tracking.checkpoint.save_checkpoint`); a run that finds one it cannot
 read, or whose digest or writer does not match, says so in one line and trains it again. An exclusive lock per entry
-makes a second process that asks for an entry being trained wait for it instead of training it twice. An attack gets an
+makes a second process that asks for an entry being trained wait for it instead of training it twice: one line names the
+holder, and past :data:`LOCK_WAIT_S` the waiter trains the entry itself and keeps it nowhere. A cache that cannot be
+written (read-only) is read; what it lacks is trained and not kept, as an entry that cannot be stored is (a folder in
+its place, a full disk), each with one warning. An attack gets an
 :class:`AttackCache`, which fetches from its own folder without holding it.
 """
 
@@ -29,11 +32,14 @@ import dataclasses
 import enum
 import fcntl
 import hashlib
+import json
 import logging
+import os
 import secrets
-from contextlib import contextmanager
+import socket
+import time
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Callable
 
 import torch
 
@@ -47,6 +53,10 @@ DIGEST_BYTES = 16
 MODES = ("process", "in_process")
 #: the key of an entry's payload under which it keeps its writer and content digest
 ENTRY_KEY = "cache_entry"
+#: the longest a process waits for another's making of an entry before it makes the entry itself, unkept
+LOCK_WAIT_S = 3600.0
+#: how often a waiting process tries the lock again
+LOCK_POLL_S = 0.5
 #: the attacks' caches, by token (:class:`AttackCache`)
 _ATTACK_CACHES: dict[int, ArtifactCache] = {}
 
@@ -125,13 +135,25 @@ class ArtifactCache:
         if not writer:
             return self._stored(kind, key, check) or make()
         path = self.path(kind, key)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with _locked(path.parent / f".{path.stem}.lock"):
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            lock = EntryLock(path.parent / f".{path.stem}.lock")
+        except OSError as err:  # a read-only cache is still read
+            stored = self._stored(kind, key, check)
+            if stored is None:
+                log.warning("cache %s cannot be written (%s): the %s is trained here and not kept", self.root, _why(err), kind)
+            return stored if stored is not None else make()
+        with lock:
+            if not lock.wait(f"the {kind} {key}"):  # another process held it past LOCK_WAIT_S: train it here, unkept
+                return self._stored(kind, key, check) or make()
             stored = self._stored(kind, key, check)
             if stored is not None:
                 return stored
             payload = make()
-            save_checkpoint(path, {**payload, ENTRY_KEY: self._seal(kind, key, self.mode, payload)})
+            try:
+                save_checkpoint(path, {**payload, ENTRY_KEY: self._seal(kind, key, self.mode, payload)})
+            except OSError as err:  # a folder in its place, a full disk: the run goes on with what it trained
+                log.warning("cache entry %s cannot be kept (%s); the %s trained here is used", path, _why(err), kind)
             return payload
 
     def _seal(self, kind: str, key: str, mode: str, payload: dict) -> dict:
@@ -158,7 +180,7 @@ class ArtifactCache:
             if check is not None:
                 check(payload)
             return payload
-        except (CheckpointError, KeyError, ValueError, TypeError, RuntimeError) as err:
+        except (CheckpointError, OSError, KeyError, ValueError, TypeError, RuntimeError) as err:
             reason = (str(err).strip().splitlines() or [type(err).__name__])[0][:160]
             log.warning("cache entry %s is unusable (%s); not read", path, reason)
             return None
@@ -193,12 +215,54 @@ class AttackCache:
         return _ATTACK_CACHES[self._token].fetch(kind, key, make, check, writer)
 
 
-@contextmanager
-def _locked(lock: Path) -> Iterator[None]:
-    """An exclusive ``flock`` on ``lock`` for the block (released when the process ends, however it ends)."""
-    with open(lock, "a") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
+def _why(err: OSError) -> str:
+    return f"{err.strerror or type(err).__name__}{f': {err.filename}' if err.filename else ''}"
+
+
+class EntryLock:
+    """An exclusive ``flock`` on an entry's lock file (released when the process ends, however it ends), taken with a
+    bounded wait (:meth:`wait`); its holder writes who it is into the file, for a waiter to name.
+
+    Raises:
+        OSError: the lock file cannot be opened for writing (a read-only cache: the caller reads without it).
+    """
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o644)
+
+    def __enter__(self) -> EntryLock:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        os.close(self._fd)  # drops the lock too
+
+    def wait(self, what: str) -> bool:
+        """Take the lock to make ``what``: at once, or after one line naming its holder, polling until
+        :data:`LOCK_WAIT_S` have passed; False (with a warning) if they did."""
+        deadline = time.monotonic() + LOCK_WAIT_S
+        told = False
+        while True:
+            try:
+                fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() >= deadline:
+                    holder = self._holder()
+                    log.warning("gave up waiting for %s after %.0f s (%s): %s is made here, unkept", self.path, LOCK_WAIT_S, holder, what)
+                    return False
+                if not told:
+                    log.info("waiting for %s (%s) to finish %s, at most %.0f s", self.path, self._holder(), what, LOCK_WAIT_S)
+                    told = True
+                time.sleep(LOCK_POLL_S)
+        holder = json.dumps({"pid": os.getpid(), "host": socket.gethostname(), "since": time.strftime("%Y-%m-%d %H:%M:%S")})
+        os.ftruncate(self._fd, 0)
+        os.pwrite(self._fd, holder.encode(), 0)
+        return True
+
+    def _holder(self) -> str:
         try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
+            held = json.loads(os.pread(self._fd, 4096, 0) or b"{}")
+            return f"held by process {int(held['pid'])} on {held['host']} since {held['since']}"
+        except (OSError, ValueError, KeyError, TypeError):
+            return "held by another process"
