@@ -13,6 +13,7 @@ import errno
 import signal
 import sys
 import threading
+from pathlib import Path
 from typing import Sequence
 
 from fdattack.errors import FdattackError, Terminated, forget_terminated, raise_terminated
@@ -114,7 +115,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         disk_error = _disk_error(err)
         if disk_error is None:
             raise
-        print(f"fdattack: error: {disk_error}; what was recorded before it is kept (resume=true continues a run)", file=sys.stderr)
+        print(f"fdattack: error: {disk_error}", file=sys.stderr)
         return 1
     finally:
         forget_terminated()
@@ -129,15 +130,11 @@ def _command(args: argparse.Namespace) -> int:
     if args.command == "sweep":
         return _sweep(args)
     if args.command == "matrix":
-        from pathlib import Path
-
         from fdattack.matrix.command import main as matrix_main
 
         root = Path(args.root) if args.root else None
         sweep_out = Path(args.sweep_file) if args.sweep_file else None
         return matrix_main(Path(args.file), root, args.jobs, args.cell, args.list, sweep_out, args.decide, args.isolation)
-    from pathlib import Path
-
     from fdattack.tracking.report import write_report
 
     print(f"fdattack: report in {write_report([Path(r) for r in args.runs], Path(args.out)).resolve()}")
@@ -152,9 +149,24 @@ def _disk_error(err: BaseException) -> str | None:
         seen.add(id(current))
         if isinstance(current, OSError) and current.errno in DISK_ERRORS:
             where = f" writing {current.filename}" if current.filename else ""
-            return f"{DISK_ERRORS[current.errno]}{where}"
+            return f"{DISK_ERRORS[current.errno]}{where}; {_after_full_disk(current.filename)}"
         current = current.__cause__ or current.__context__
     return None
+
+
+def _after_full_disk(filename: object) -> str:
+    """What to do once there is space again, by the run directory that holds ``filename`` (the folder above it with a
+    run's lock file): resume from its last checkpoint, or run again where it wrote none."""
+    from fdattack.tracking.run_dir import LOCK_NAME, RunDirectory
+
+    path = Path(str(filename)).absolute() if filename else None
+    run = next((folder for folder in path.parents if (folder / LOCK_NAME).is_file()), None) if path is not None else None
+    if run is None:
+        return "free some space and run the command again"
+    latest = RunDirectory(run).checkpoints.latest()
+    if latest is None:
+        return f"the run in {run} wrote no checkpoint: free some space and run it again (resume=true has nothing to continue)"
+    return f"what {run} recorded up to its last checkpoint (round {latest[0]}) is kept: free some space, then resume=true continues it"
 
 
 def _run(args: argparse.Namespace) -> int:

@@ -14,7 +14,7 @@ from fdattack.tracking.folder_owner import MATRIX_MARKER
 from tests.test_matrix import matrix_file, run_matrix
 
 ONE_CELL = dict(protocols={"fedmd": ["protocol=fedmd"]}, defenses={"none": []}, attacks=["ldia"], seeds=[0])
-RUN = ["run", "data=digits", "protocol.num_clients=2", "protocol.rounds=1", "attacks=[]", "logger.wandb.mode=disabled", "logger.progress=never"]
+RUN = ["run", "data=digits", "protocol.num_clients=2", "protocol.rounds=1", "attacks=[]", "logger.wandb.mode=disabled"]
 
 
 def _files(folder: Path) -> dict[str, int]:

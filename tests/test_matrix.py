@@ -285,10 +285,14 @@ BAD_MATRICES = [
     ({"defenses": {"lap": {"overrides": [], "strengths": {"defense.laplace.scale": [1]}}}}, "two or more distinct numbers"),
     ({"defenses": {"lap": {"overrides": [], "strengths": {"defense.laplace.scale": [1, "x"]}}}}, "two or more distinct numbers"),
     (
-        {"defenses": {"lap_1": [], "lap": {"overrides": [], "strengths": {"defense.laplace.scale": [1, 2]}}}},
+        {"defenses": {"lap_1": [], "lap": {"overrides": ["defenses=[laplace]"], "strengths": {"defense.laplace.scale": [1, 2]}}}},
         "its setting 'lap_1' (strength 1) is also a defense of its own",
     ),
     ({"defenses": {"lap": {"overrides": [], "strengths": {"seed": [1, 2]}}}}, "would be ignored: the matrix sets seed"),
+    (
+        {"defenses": {"topk": {"overrides": ["defenses=[topk]"], "strengths": {"defense.laplace.scale": [1, 2]}}}},
+        "defenses.topk: its strengths set defense.laplace.scale, but its overrides enable topk: every strength would give the same run",
+    ),
 ]
 
 

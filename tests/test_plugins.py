@@ -267,3 +267,28 @@ def test_a_plugin_is_loaded_once_however_often_it_is_named(plugin_folder: Path, 
     monkeypatch.setattr(plugins, "_ENTRY_POINTS_LOADED", False)
     with pytest.raises(ConfigError, match=r"^entry point fdattack.attacks: gone = no_such_plugin_module:Attack does not import: Module"):
         load_plugins()
+
+
+def test_an_isolated_run_imports_its_plugins_from_where_the_run_does(plugin_folder: Path, tmp_path: Path) -> None:
+    """Issue 57: a plugin on the run's path (not on ``PYTHONPATH``) did not import in the workers, which stopped every
+    attack, built-ins included, and the run exited 0 without an attack metric."""
+    (plugin_folder / "votes_plugin.py").write_text(VOTES)
+    overrides = ["plugins=[votes_plugin]", "attacks=[myattack,ldia]", "protocol.rounds=1", "evaluation.classifier=null"]
+    metrics = run(compose(None, tiny(tmp_path, *overrides, "evaluation.confidence_gap.enabled=false", "isolation.mode=process")))
+    assert math.isfinite(metrics["attack/myattack/kl"]) and math.isfinite(metrics["attack/ldia/kl"])
+    assert not [key for key in metrics if "/stopped/" in key]
+
+
+def test_a_plugin_that_imports_in_the_run_but_not_in_a_worker_is_one_line_before_any_round(
+    plugin_folder: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Its import reads a file beside it, which a confined worker may not: the attacks' declarations, read in such a
+    worker before the first round, fail with one line naming it (exit 2), and no run directory is left."""
+    (plugin_folder / "setting.txt").write_text("x")
+    reading = 'from pathlib import Path\n\nSETTING = (Path(__file__).parent / "setting.txt").read_text()\n'
+    (plugin_folder / "wobbly_plugin.py").write_text(reading + SMALL.format(name="wobbly"))
+    overrides = ["plugins=[wobbly_plugin]", "attacks=[wobbly,ldia]", "protocol.rounds=1", "isolation.mode=process"]
+    assert main(["run", *tiny(tmp_path, *overrides)]) == 2
+    line = error_of(capsys.readouterr().err)
+    assert "the attacks' declarations could not be read" in line and "'wobbly_plugin' does not import: PermissionError" in line
+    assert not (tmp_path / "run").exists()

@@ -333,6 +333,21 @@ def test_a_run_that_records_less_is_reported(tmp_path: Path, files: dict[str, st
     assert shown in table((tmp_path / "report" / "index.html").read_text(), "runs")
 
 
+def test_a_run_that_did_not_finish_is_not_called_final_and_a_stopped_attack_shows_no_score(tmp_path: Path) -> None:
+    """A run stopped at round 2 has no ``metrics.json``: its values are the last recorded, not "Final metrics"; an attack
+    stopped in it shows none of its earlier scores (issue 57)."""
+    stopped = '{"round": 2, "attack/pli/stopped/seconds": 1.0}\n'
+    runs = {"run/rounds.jsonl": ROUNDS + stopped, "run/metrics.json": None, "done/rounds.jsonl": ROUNDS}
+    _write(tmp_path, {**runs, "done/metrics.json": '{"attack/pli/accuracy": 0.6}'})
+    assert main(["report", str(tmp_path / "run"), str(tmp_path / "done"), "--out", str(tmp_path / "report")]) == 0
+    page = (tmp_path / "report" / "index.html").read_text()
+    assert "Final metrics" not in page and "Last recorded metrics (not final: " in page and "did not finish)" in page
+    pli = table(page, "final section-attack/pli")
+    assert pli.count("0.6") == 1  # the finished run's; the stopped attack's round-1 0.5 and round-2 0.6 are not shown as its
+    assert main(["report", str(tmp_path / "done"), "--out", str(tmp_path / "report2")]) == 0
+    assert "<h3>Final metrics</h3>" in (tmp_path / "report2" / "index.html").read_text()
+
+
 def test_attack_summary_has_a_row_per_attack_with_its_final_scores() -> None:
     final = {
         "attack/tbi/accuracy": 0.25,

@@ -80,6 +80,10 @@ def test_seed_beside_seeds_is_refused(tmp_path: Path, capsys: pytest.CaptureFixt
     """Cause 4: seed=7 beside seeds=[0,1] was ignored while the aggregate's config.yaml recorded seed 7."""
     assert main(["run", *tiny(tmp_path, *ONE_ROUND, "seeds=[0,1]", "seed=7")]) == 2
     assert "seed=7 beside seeds=[0, 1]" in error_of(capsys.readouterr().err)
+    experiment = tmp_path / "experiment.yaml"
+    experiment.write_text("seed: 7\nseeds: [0, 1]\n")  # issue 57: in an experiment file too
+    assert main(["run", str(experiment), *tiny(tmp_path, *ONE_ROUND)]) == 2
+    assert f"error: {experiment}: seed=7 beside seeds=[0, 1]" in error_of(capsys.readouterr().err)
     assert not (tmp_path / "run").exists()
 
 

@@ -66,12 +66,27 @@ def test_a_full_disk_mid_run_is_one_line_and_the_run_resumes_from_what_was_kept(
     assert main(["run", *tiny(tmp_path)]) == 1
     line = error_of(capsys.readouterr().err)
     assert "no space left on the device writing" in line and "rounds.jsonl" in line
+    kept = f"what {tmp_path / 'run'} recorded up to its last checkpoint (round 1) is kept"
+    assert line.endswith(f"{kept}: free some space, then resume=true continues it")
     run = tmp_path / "run"
     assert [json.loads(x)["round"] for x in (run / "rounds.jsonl").read_text().splitlines()] == [0, 1]
     assert (run / "checkpoints" / "round_0001.pt").is_file()
     monkeypatch.setattr(RunDirectory, "append_round", append_round)
     assert main(["run", *tiny(tmp_path), "resume=true"]) == 0
     assert [json.loads(x)["round"] for x in (run / "rounds.jsonl").read_text().splitlines()] == [0, 1, 2]
+
+
+def test_a_full_disk_before_any_checkpoint_does_not_advise_resuming(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    def disk_full(self: RunDirectory, record: dict) -> None:
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(self.rounds_path))
+
+    monkeypatch.setattr(RunDirectory, "append_round", disk_full)
+    assert main(["run", *tiny(tmp_path)]) == 1
+    line = error_of(capsys.readouterr().err)
+    assert f"the run in {tmp_path / 'run'} wrote no checkpoint" in line
+    assert line.endswith("free some space and run it again (resume=true has nothing to continue)")
 
 
 def test_sigterm_while_the_run_is_set_up_is_recorded_and_said(tmp_path: Path) -> None:

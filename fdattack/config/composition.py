@@ -238,9 +238,6 @@ def compose(experiment: str | Path | None = None, overrides: list[str] | None = 
     """
     cfg = compose_unchecked(experiment, overrides)
     validate(cfg)
-    seed = next((t for t in overrides or [] if t.split("=", 1)[0] == "seed"), None)
-    if seed is not None and cfg.seeds is not None:
-        raise ConfigError(f"{seed} beside seeds={list(cfg.seeds)}: each replica takes its seed from seeds; give one of the two")
     OmegaConf.set_readonly(cfg, True)
     return cfg
 
@@ -299,6 +296,12 @@ def compose_unchecked(experiment: str | Path | None = None, overrides: list[str]
         OmegaConf.resolve(cfg)
     except OmegaConfBaseException as err:
         raise _omegaconf_error(err, "config", protocol_name) from None
+    seeded = [source for source, layer in layers if "seed" in layer]
+    if cfg.seeds is not None and seeded:
+        raise ConfigError(
+            f"{seeded[-1]}: seed={cfg.seed} beside seeds={list(cfg.seeds)}: each replica's seed is one of seeds, so seed would be "
+            "recorded and ignored; drop seed, or put it among seeds"
+        )
     if cfg.name is None:
         cfg.name = default_name(cfg)
     if not is_plain_name(str(cfg.name)):

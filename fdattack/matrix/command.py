@@ -120,6 +120,7 @@ def _one_simulation(spec: MatrixSpec, root: Path, cell_arg: str) -> int:
     if not cell.runs:
         print(f"fdattack: {cell.id}/{seed}: n/a, {cell.reason}")
         return 0
+    claim_root(root, spec.name)
     run_unit(spec, Unit(cell, seed), root)
     print(f"fdattack: {cell.id}/{seed} done in {cell_folder(root, cell)}")
     return 0
@@ -204,9 +205,9 @@ def _check_writable(root: Path) -> None:
         raise ConfigError(f"--root {root} cannot be created: {existing} is not writable; choose another")
 
 
-def claim_root(root: Path, name: str) -> None:
-    """Mark ``root`` as matrix ``name``'s (:mod:`~fdattack.tracking.folder_owner`), or refuse it where it is another
-    matrix's root or holds a run or a seeds aggregate, whose files the matrix's would overwrite or lie beside.
+def check_root(root: Path, name: str) -> None:
+    """Refuse ``root`` where it is another matrix's root or holds a run or a seeds aggregate, whose files the matrix's
+    would overwrite or lie beside (:mod:`~fdattack.tracking.folder_owner`); reads only.
 
     Raises:
         ConfigError: naming ``--root`` and what it holds.
@@ -217,6 +218,14 @@ def claim_root(root: Path, name: str) -> None:
     held = run_results_in(root) if owner is None else None
     if held is not None:
         raise ConfigError(f"--root {root} holds {held}, which the matrix's files would overwrite or lie beside; choose another --root")
+
+
+def claim_root(root: Path, name: str) -> None:
+    """Mark ``root`` as matrix ``name``'s, once its cells are planned and before anything runs there.
+
+    Raises:
+        ConfigError: it cannot be written to.
+    """
     try:
         mark_matrix_root(root, name)
     except OSError as err:
@@ -257,7 +266,7 @@ def main(
         print(f"fdattack: W&B sweep of {len(units)} simulations in {sweep_out}: `wandb sweep {sweep_out}`, then `wandb agent ID` anywhere")
         return 0
     _check_writable(root)
-    claim_root(root, spec.name)
+    check_root(root, spec.name)
     if cell is not None:
         return _one_simulation(spec, root, cell)
     cells = plan_cells(spec)
@@ -269,6 +278,7 @@ def main(
     while True:
         units = units_of(spec, cells, seeds_of)
         check_none_stale(spec, units, unit_states(spec, cells, root, seeds_of), root)
+        claim_root(root, spec.name)
         try:
             failures = run_units(spec, units, root, min(jobs, max(1, len(units))))
         except MatrixStopped as stop:  # what finished is written; then the stop ends the command (exit status 143 / 130)

@@ -172,6 +172,7 @@ def _defenses(path: Path, value: Any) -> tuple[dict[str, tuple[str, ...]], dict[
         if not isinstance(values, list) or len(values) < 2 or not all(_number(v) for v in values) or len(set(values)) != len(values):
             raise ConfigError(f"{where}.strengths.{key} must list two or more distinct numbers, got {quote(repr(values))}")
         base = _axis(path, "defenses", {name: given["overrides"]})[name]
+        _check_curve_key(where, key, base)
         points = []
         for strength in values:
             setting = f"{name}_{strength:g}"
@@ -181,6 +182,25 @@ def _defenses(path: Path, value: Any) -> tuple[dict[str, tuple[str, ...]], dict[
             points.append((setting, float(strength)))
         curves[name] = Curve(key, tuple(points))
     return settings, curves
+
+
+def _check_curve_key(where: str, key: str, overrides: tuple[str, ...]) -> None:
+    """A curve over ``defense.<name>.<knob>`` must enable that defense in its overrides (``defenses=[...]``): else every
+    strength gives the same run, plotted as a curve.
+
+    Raises:
+        ConfigError: naming the curve, its key and the defenses it enables.
+    """
+    parts = key.split(".")
+    if len(parts) < 3 or parts[0] != "defense":
+        return
+    given = [o.split("=", 1)[1] for o in overrides if o.replace(" ", "").startswith("defenses=")]
+    enabled = [d.strip() for d in given[-1].strip().strip("[]").split(",") if d.strip()] if given else []
+    if parts[1] not in enabled:
+        raise ConfigError(
+            f"{where}: its strengths set {key}, but its overrides enable {', '.join(enabled) or 'no defense'}: every strength "
+            f"would give the same run; add {parts[1]} to its defenses=[...] or set a key of a defense it enables"
+        )
 
 
 def _number(value: Any) -> bool:

@@ -122,6 +122,14 @@ def final_table(runs: list[Run], section: Section) -> str:
     return _table(f"final section-{section.name}", ["run", *(TITLES.get(m, m) for m in metrics)], rows)
 
 
+def final_heading(runs: list[Run]) -> str:
+    """ "Final metrics" where every run ran to its end; else what the values are, naming the runs that did not finish."""
+    unfinished = [run.label or str(run.path) for run in runs if not run.finished]
+    if not unfinished:
+        return "Final metrics"
+    return html.escape(f"Last recorded metrics (not final: {', '.join(unfinished)} did not finish)")
+
+
 def one_off_table(runs: list[Run], section: Section) -> str:
     """Runs as rows, the one-off metrics as columns, with the round they were recorded in."""
     rows = []
@@ -185,7 +193,7 @@ def section_html(runs: list[Run], section: Section, out: Path) -> str:
     title = f"Attack {section.attack}" if section.attack else section.name.capitalize()
     parts = [f"<section id='{html.escape(section.name)}'><h2>{html.escape(title)}</h2>"]
     if section.per_round or section.final:
-        parts.append(f"<h3>Final metrics</h3>{final_table(runs, section)}")
+        parts.append(f"<h3>{final_heading(runs)}</h3>{final_table(runs, section)}")
     if section.per_round:
         parts.append(f"<h3>Against the round</h3>{plots(runs, section, out)}")
     if section.one_off:

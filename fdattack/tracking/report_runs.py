@@ -22,6 +22,7 @@ from omegaconf import OmegaConf
 from fdattack.errors import DataError
 from fdattack.functional.intervals import is_interval_key
 from fdattack.tracking.seed_aggregate import SEED_STD, SEEDS_KEY, aggregate_metrics, aggregate_rounds
+from fdattack.tracking.stopped_attacks import without_stopped_scores
 from fdattack.tracking.summary import CHANCE
 
 #: Config keys that never make runs different (where and under which name they ran).
@@ -47,6 +48,8 @@ class Run:
         final: each metric's last recorded value, overridden by ``metrics.json``.
         label: the differing config keys (set by :func:`load_runs`).
         replicas: the run directories of the seeds behind a run that is their mean (:func:`group_seeds`); empty for one run.
+        finished: whether the run (every replica) ran to its end (``metrics.json``): else ``final`` holds the last recorded
+            values, which are not its results.
     """
 
     path: Path
@@ -55,6 +58,7 @@ class Run:
     final: dict[str, Any]
     label: str = ""
     replicas: list[Path] = field(default_factory=list)
+    finished: bool = True
 
     @property
     def last_round(self) -> int | None:
@@ -186,6 +190,7 @@ def load_run(path: Path) -> Run:
     final = {key: value for row in rounds for key, value in row.items() if key != "round"}
     if metrics_path.is_file():
         final.update(read_metrics(metrics_path))
+    final = without_stopped_scores(final)  # an attack stopped mid-run has no last score either
     config: dict[str, Any] = {}
     if config_path.is_file():
         try:
@@ -194,7 +199,7 @@ def load_run(path: Path) -> Run:
             raise DataError(
                 f"{config_path}: not a readable config ({type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''})"
             ) from None
-    return Run(path, config, rounds, final)
+    return Run(path, config, rounds, final, finished=metrics_path.is_file())
 
 
 def format_value(value: Any) -> str:
@@ -269,6 +274,7 @@ def group_seeds(runs: list[Run]) -> list[Run]:
                     aggregate_rounds([m.rounds for m in members]),
                     aggregate_metrics([m.final for m in members]),
                     replicas=[m.path for m in members],
+                    finished=all(m.finished for m in members),
                 )
             )
     return out
