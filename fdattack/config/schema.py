@@ -286,7 +286,8 @@ class ExperimentConfig:
         None,
         "folder of trained networks that depend only on the data, their settings and a seed (PLI's learned prior, the GAN "
         "inversions' WGAN-GP prior, the evaluation classifiers), shared by every run that names it and reused when their inputs "
-        "match (a content digest names each); `fdattack matrix` sets <root>/cache; null = none shared (the inversions' "
+        "match (a digest of all their training reads names each); a folder outside output_dir; `fdattack matrix` sets <root>/cache; "
+        "null = none shared (the inversions' "
         "evaluation classifier kept in output_dir/artifacts)",
     )
     resume: bool = knob(False, "continue the run in output_dir after its last completed round")
