@@ -80,5 +80,6 @@ def test_a_lock_held_too_long_is_waited_for_with_its_holder_named_then_given_up(
     assert f"held by process {os.getpid()}" in lines[0] and "to finish the net k, at most 1 s" in lines[0]
     assert lines[1].startswith("gave up waiting for") and "made here, unkept" in lines[1]
     assert not cache.path("net", "k").exists()  # nothing kept over the holder's work
+    assert (tmp_path / f".{cache.path('net', 'k').stem}.lock").read_text() == ""  # a released lock names no holder
     cache.fetch("net", "k", _maker(calls))  # type: ignore[arg-type]
     assert len(calls) == 2 and cache.path("net", "k").is_file()  # the lock free again, it is kept

@@ -52,6 +52,20 @@ def test_a_stop_that_torch_save_turns_into_its_own_error_is_recorded_as_the_stop
     assert (record["signal"], record["exit_code"], record["last_round"]) == ("SIGTERM", 143, None)
 
 
+def test_a_stop_advises_resume_only_where_a_checkpoint_is(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """Issue 57: a run stopped before its first checkpoint was told that resume=true continues it."""
+    record_dir = run_dir(tmp_path)
+    with pytest.raises(Terminated), exit_record(record_dir):
+        raise_terminated(signal.SIGTERM, None)
+    assert caplog.records[-1].getMessage().endswith("it wrote no checkpoint: run it again (resume=true has nothing to continue)")
+    record_dir.checkpoints.save(1, {"round": 1})
+    forget_terminated()
+    with pytest.raises(Terminated), exit_record(record_dir):
+        raise_terminated(signal.SIGTERM, None)
+    forget_terminated()
+    assert caplog.records[-1].getMessage().endswith("resume=true continues from its last checkpoint (round 1)")
+
+
 def test_an_error_with_no_stop_pending_stays_that_error(tmp_path: Path) -> None:
     record_dir = run_dir(tmp_path)
     with pytest.raises(RuntimeError, match="unexpected pos"), exit_record(record_dir):

@@ -228,13 +228,15 @@ class EntryLock:
     """
 
     def __init__(self, path: Path) -> None:
-        self.path = path
+        self.path, self._held = path, False
         self._fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o644)
 
     def __enter__(self) -> EntryLock:
         return self
 
     def __exit__(self, *exc: object) -> None:
+        if self._held:
+            os.ftruncate(self._fd, 0)  # no stale holder for the next waiter to name
         os.close(self._fd)  # drops the lock too
 
     def wait(self, what: str) -> bool:
@@ -258,6 +260,7 @@ class EntryLock:
         holder = json.dumps({"pid": os.getpid(), "host": socket.gethostname(), "since": time.strftime("%Y-%m-%d %H:%M:%S")})
         os.ftruncate(self._fd, 0)
         os.pwrite(self._fd, holder.encode(), 0)
+        self._held = True
         return True
 
     def _holder(self) -> str:

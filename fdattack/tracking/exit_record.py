@@ -65,11 +65,12 @@ def _record(run_dir: RunDirectory, stop: Terminated | KeyboardInterrupt) -> None
     record = {"signal": name, "exit_code": code, "last_round": done, "time": datetime.now(timezone.utc).isoformat()}
     atomic_write(run_dir.path / EXIT_NAME, lambda handle: handle.write((json.dumps(record, indent=2) + "\n").encode()))
     after = f"after round {done}" if done is not None else "before round 0 finished"
-    log.error(
-        "fdattack: terminated by %s %s (recorded in %s); resume=true continues from the last checkpoint",
-        name,
-        after,
-        run_dir.path / EXIT_NAME,
+    latest = run_dir.checkpoints.latest()
+    then = (
+        f"resume=true continues from its last checkpoint (round {latest[0]})"
+        if latest is not None
+        else "it wrote no checkpoint: run it again (resume=true has nothing to continue)"
     )
+    log.error("fdattack: terminated by %s %s (recorded in %s); %s", name, after, run_dir.path / EXIT_NAME, then)
     if isinstance(stop, Terminated):
         stop.recorded = True
