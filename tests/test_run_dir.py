@@ -91,6 +91,15 @@ def test_a_run_stopped_before_its_first_checkpoint_restarts_in_place(
     assert rounds == [0, 1, 2] and (out / "metrics.json").is_file()
 
 
+def test_a_fresh_run_warns_of_nothing_and_keeps_what_its_build_wrote(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """Issue 58: the build trains the evaluation classifier into ``artifacts/`` before the layout is made; the layout then
+    took the fresh run for a stranded one, warned "clearing its files" and deleted the classifier a resume reads back."""
+    overrides = ["attacks=[public_mean]", "protocol.rounds=1", "evaluation.epochs=1", "evaluation.confidence_gap.enabled=false"]
+    assert main(["run", *tiny(tmp_path, *overrides)]) == 0
+    assert not [m for m in own_messages(caplog) if "starting from scratch" in m or "clearing" in m]
+    assert list((tmp_path / "run" / "artifacts").glob("identity_classifier_*.pt"))
+
+
 def test_files_that_are_not_fdattacks_are_never_cleared(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     out = tmp_path / "run"
     (out / "images").mkdir(parents=True)

@@ -174,6 +174,7 @@ class RunDirectory:
         self._resuming = False
         self._lock: RunLock | None = None
         self._created = False  # claim() made the folder (a failed start removes it again)
+        self._plan: str | None = None  # what claim() decided ("new" or "resume"), which prepare() then follows
 
     @property
     def checkpoints(self) -> CheckpointDir:
@@ -239,7 +240,9 @@ class RunDirectory:
 
     def claim(self, cfg: DictConfig) -> None:
         """Pre-flight: lock the directory for this run and check that the run may use it (:meth:`check`, and on
-        resume :meth:`check_resume`), before anything is built. Writes nothing but the folder and the lock file.
+        resume :meth:`check_resume`), before anything is built. Writes nothing but the folder and the lock file, and
+        clears a stranded run's files (:meth:`check`'s ``"restart"``) there and then, so that what the build writes into
+        the folder (``artifacts/``) is this run's and stays.
 
         Raises:
             CheckpointError: another run holds the lock, or :meth:`check` or :meth:`check_resume` refuses.
@@ -255,7 +258,10 @@ class RunDirectory:
                 self._created = not self.path.exists()
                 self.path.mkdir(parents=True, exist_ok=True)
                 self._lock = RunLock(self.lock_path, create=True)
-                self.check(bool(cfg.resume))  # again under the lock: another run may have started in between
+            plan = self.check(bool(cfg.resume))  # again under the lock: another run may have started in between
+            if plan == "restart":  # cleared now, before the run builds (which may write artifacts/ here)
+                self._clear_stranded()
+            self._plan = "resume" if plan == "resume" else "new"
         except OSError as err:
             self.release()
             raise CheckpointError(f"output_dir {self.path} cannot be used: {err.strerror or err}; choose another output_dir") from None
@@ -280,21 +286,25 @@ class RunDirectory:
         """
         if not self.is_writer:
             return
-        plan = self.check(resume)
+        plan = self._plan or self.check(resume)  # a claimed directory as claim() found it: what the build wrote is the run's
         if plan == "restart":
             if self._lock is None:  # prepare() without claim(): never clear a directory that a running run holds
                 self._lock = RunLock(self.lock_path, create=False)
-            log.warning(
-                "output_dir %s holds no checkpoint and no metrics.json (a run stopped before its first checkpoint); "
-                "clearing its files and starting from scratch",
-                self.path,
-            )
-            for entry in self.path.iterdir():
-                if entry.name != LOCK_NAME:
-                    shutil.rmtree(entry) if entry.is_dir() else entry.unlink()
+            self._clear_stranded()
         self._resuming = plan == "resume"
         for sub in ("checkpoints", "images"):
             (self.path / sub).mkdir(parents=True, exist_ok=True)
+
+    def _clear_stranded(self) -> None:
+        """Remove a stranded run's files (all but the lock), saying so."""
+        log.warning(
+            "output_dir %s holds no checkpoint and no metrics.json (a run stopped before its first checkpoint); "
+            "clearing its files and starting from scratch",
+            self.path,
+        )
+        for entry in self.path.iterdir():
+            if entry.name != LOCK_NAME:
+                shutil.rmtree(entry) if entry.is_dir() else entry.unlink()
 
     def forget_stop(self) -> None:
         """Remove ``exit.json`` once a resumed run has restored its checkpoint: the stop it recorded is being continued
