@@ -9,6 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from fdattack.tracking.logs import LOGGER, configure_logging
 from tests.conftest import REPO
 
@@ -42,5 +44,22 @@ def test_configuring_twice_keeps_one_handler_and_the_latest_level() -> None:
         configure_logging("WARNING")
         own = [h for h in LOGGER.handlers if type(h).__name__ == "_OwnHandler"]
         assert len(own) == 1 and LOGGER.level == logging.WARNING and not LOGGER.propagate
+    finally:
+        configure_logging("INFO")
+
+
+def test_a_line_logged_while_a_progress_bar_shows_is_written_once(capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue 58: the handler was no console ``StreamHandler``, so tqdm's redirect wrote each line beside it: twice, the
+    first copy glued to the bar."""
+    from fdattack.tracking.progress import Progress
+
+    try:
+        configure_logging("INFO")
+        bar = Progress("always", total_rounds=2)
+        LOGGER.info("a line while the bar shows")
+        bar.close()
+        LOGGER.info("a line after it")
+        err = capsys.readouterr().err
+        assert err.count("a line while the bar shows") == 1 and err.count("a line after it") == 1
     finally:
         configure_logging("INFO")

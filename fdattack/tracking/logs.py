@@ -6,22 +6,29 @@ from __future__ import annotations
 
 import logging
 import sys
+from typing import TextIO
 
 #: the logger every fdattack module logs under (``getLogger("fdattack")`` or a child, ``getLogger(__name__)``)
 LOGGER = logging.getLogger("fdattack")
 
 
-class _OwnHandler(logging.Handler):
+class _OwnHandler(logging.StreamHandler):
     """The handler :func:`configure_logging` installs (told apart from anyone else's, so it is installed once). It writes
     to whatever ``sys.stderr`` is when a line is logged, not to the stream of the moment it was installed: a command run
-    again in one process (a test, a notebook) after its stderr was replaced or closed still logs."""
+    again in one process (a test, a notebook) after its stderr was replaced or closed still logs. A console
+    ``StreamHandler``, so that tqdm's redirect while a progress bar shows (:class:`~fdattack.tracking.progress.Progress`)
+    takes its place rather than writing each line a second time beside it."""
 
-    def emit(self, record: logging.LogRecord) -> None:
-        try:
-            sys.stderr.write(self.format(record) + "\n")
-            sys.stderr.flush()
-        except Exception:  # logging's own contract: a failing handler reports and never raises
-            self.handleError(record)
+    def __init__(self) -> None:
+        super().__init__(sys.stderr)
+
+    @property  # type: ignore[override]
+    def stream(self) -> TextIO:
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, value: TextIO) -> None:
+        """Ignored: the stream is always the current ``sys.stderr``."""
 
 
 def configure_logging(level: str) -> logging.Logger:
