@@ -16,6 +16,7 @@ import threading
 from pathlib import Path
 from typing import Sequence
 
+from fdattack import __version__
 from fdattack.errors import FdattackError, Terminated, forget_terminated, raise_terminated
 from fdattack.matrix.stopping import MatrixStopped
 
@@ -25,6 +26,7 @@ DISK_ERRORS = {errno.ENOSPC: "no space left on the device", errno.EDQUOT: "disk 
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="fdattack", description="Privacy attacks against federated distillation, round by round.")
+    parser.add_argument("--version", action="version", version=f"fdattack {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
     run = sub.add_parser(
         "run",

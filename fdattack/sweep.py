@@ -94,9 +94,19 @@ class SweepPlan:
 
 
 def _sweeps() -> ModuleType:
+    """W&B's sweeps engine (the optional ``sweeps`` extra: it caps numpy below 2, so it is not installed by default).
+
+    Raises:
+        ConfigError: it is not installed, with the command that installs it.
+    """
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        import sweeps
+        try:
+            import sweeps
+        except ImportError:
+            raise ConfigError(
+                "fdattack sweep and sweep-file checks need W&B's sweeps engine, which is not installed: pip install 'fdattack[sweeps]'"
+            ) from None
     return sweeps
 
 

@@ -1,0 +1,67 @@
+"""What a user who installs a release reads: one version everywhere (``fdattack --version``, ``fdattack.__version__``,
+the package's metadata, CHANGELOG.md's top entry), and a changelog that lists every key that moved."""
+
+from __future__ import annotations
+
+import ast
+import re
+import sys
+from importlib.metadata import version
+from pathlib import Path
+
+import pytest
+
+import fdattack
+from fdattack.cli import main
+from fdattack.config.composition import MOVED_ATTACK_KEYS
+from tests.conftest import REPO
+
+CHANGELOG = (REPO / "CHANGELOG.md").read_text()
+
+
+def test_one_version_everywhere(capsys: pytest.CaptureFixture[str]) -> None:
+    top = re.search(r"^## (\d+\.\d+\.\d+) — \d{4}-\d{2}-\d{2}$", CHANGELOG, re.MULTILINE)
+    assert top is not None, "CHANGELOG.md has no '## X.Y.Z — YYYY-MM-DD' entry"
+    with pytest.raises(SystemExit) as done:
+        main(["--version"])
+    assert done.value.code == 0 and capsys.readouterr().out.strip() == f"fdattack {top.group(1)}"
+    assert fdattack.__version__ == top.group(1) == version("fdattack")  # the installed metadata: pip install -e . again after a bump
+
+
+def test_the_changelog_lists_every_moved_key() -> None:
+    for key, attacks in MOVED_ATTACK_KEYS.items():
+        leaf = "last_client_only" if key == "tbi_last_client_only" else key
+        assert f"`attack.{key}`" in CHANGELOG, key
+        for attack in attacks:
+            assert f"`attack.{attack}.<key>`" in CHANGELOG or f"`attack.{attack}.{leaf}`" in CHANGELOG, (key, attack)
+
+
+def test_without_the_sweeps_extra_a_sweep_file_is_one_line_naming_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """W&B's sweeps engine caps numpy below 2, so it is the ``sweeps`` extra, not a dependency of every install."""
+    from fdattack.errors import ConfigError
+    from fdattack.sweep import load_sweep
+
+    (tmp_path / "sweep.yaml").write_text("method: grid\nparameters: {seed: {values: [0, 1]}}\n")
+    monkeypatch.setitem(sys.modules, "sweeps", None)  # as if not installed
+    with pytest.raises(ConfigError, match=r"need W&B's sweeps engine, which is not installed: pip install 'fdattack\[sweeps\]'"):
+        load_sweep(tmp_path / "sweep.yaml")
+
+
+def test_the_package_declares_what_it_imports() -> None:
+    """Every third-party module fdattack imports is a declared dependency (PyYAML was imported and not declared)."""
+    import tomllib
+
+    declared = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    names = {re.split(r"[<>=\[ ]", d)[0].lower() for d in declared["dependencies"]}
+    optional = {re.split(r"[<>=\[ ]", d)[0].lower() for group in declared["optional-dependencies"].values() for d in group}
+    module_of = {"pyyaml": "yaml", "scikit-learn": "sklearn", "pillow": "PIL"}
+    imported = set()
+    for path in (REPO / "fdattack").rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                imported |= {alias.name.split(".")[0] for alias in node.names}
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                imported.add(node.module.split(".")[0])
+    third_party = {m for m in imported if m not in sys.stdlib_module_names and m not in ("fdattack", "__future__")}
+    provided = {module_of.get(n, n.replace("-", "_")) for n in names | optional}
+    assert third_party <= provided | {"lightning_utilities"}, sorted(third_party - provided)
