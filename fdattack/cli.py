@@ -21,6 +21,8 @@ from fdattack.errors import FdattackError, Terminated, forget_terminated, raise_
 from fdattack.matrix.stopping import MatrixStopped
 
 #: Errors of the machine, not of fdattack or its input: one line and exit status 1 (nothing recorded is lost).
+#: the exit status of a run that finished with an attack stopped (its worker failed, or overran its budget)
+STOPPED_ATTACKS_STATUS = 3
 DISK_ERRORS = {errno.ENOSPC: "no space left on the device", errno.EDQUOT: "disk quota exceeded"}
 
 
@@ -187,8 +189,13 @@ def _run(args: argparse.Namespace) -> int:
         print(OmegaConf.to_yaml(cfg))
         return 0
     from fdattack.experiment import run
+    from fdattack.tracking.stopped_attacks import stopped_attacks
 
-    run(cfg)
+    stopped = stopped_attacks(run(cfg))
+    if stopped:  # the run finished, but not every attack did: a script must be able to tell
+        listed = ", ".join(f"{name} ({why})" for name, why in stopped.items())
+        print(f"fdattack: the run finished with {len(stopped)} attack(s) stopped: {listed}; their final scores are null", file=sys.stderr)
+        return STOPPED_ATTACKS_STATUS
     return 0
 
 

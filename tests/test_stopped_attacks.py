@@ -7,12 +7,18 @@ from __future__ import annotations
 
 import json
 import math
+import sys
 from pathlib import Path
+from typing import Iterator
 
 import pytest
 
+from fdattack import plugins
+from fdattack.attacks import ATTACKS
+from fdattack.cli import main
 from fdattack.tracking.seed_aggregate import aggregate_metrics
 from fdattack.tracking.summary import attack_summary
+from tests.conftest import tiny
 from tests.test_matrix import QUICK, matrix_file, run_matrix
 
 
@@ -27,7 +33,29 @@ def test_an_attack_stopped_at_one_seed_has_no_mean_over_the_others() -> None:
     assert "ldia: stopped (seconds); no final score" in table and "0.9" not in table
 
 
-def test_a_matrix_cell_with_a_stopped_attack_says_so_and_runs_it_again(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+@pytest.fixture
+def faulty_plugin(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """``tests/faulty_attacks.py`` loadable by ``plugins=[...]`` for this test only: its attack registers into a copy of
+    the registry, so no other test lists it."""
+    monkeypatch.setattr(ATTACKS, "_items", dict(ATTACKS._items))
+    monkeypatch.setattr(plugins, "_LOADED", dict(plugins._LOADED))
+    sys.modules.pop("tests.faulty_attacks", None)
+    yield
+    sys.modules.pop("tests.faulty_attacks", None)
+
+
+def test_a_run_that_stopped_an_attack_says_so_and_exits_3(tmp_path: Path, capsys: pytest.CaptureFixture[str], faulty_plugin: None) -> None:
+    overrides = ["protocol.rounds=2", "attacks=[ldia,ldia_dies]", "plugins=[tests.faulty_attacks]", "isolation.mode=process"]
+    assert main(["run", *tiny(tmp_path, *overrides, "evaluation.confidence_gap.enabled=false")]) == 3
+    err = capsys.readouterr().err
+    assert "fdattack: the run finished with 1 attack(s) stopped: ldia_dies (failed); their final scores are null" in err
+    final = json.loads((tmp_path / "run" / "metrics.json").read_text())
+    assert final["attack/ldia_dies/kl"] is None and isinstance(final["attack/ldia/kl"], float)
+
+
+def test_a_matrix_cell_with_a_stopped_attack_says_so_and_runs_it_again(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], faulty_plugin: None
+) -> None:
     """Two rounds isolated: ``ldia_dies`` scores round 1 and fails in round 2. Its replica's final KL is null beside
     ``stopped/failed``, LDIA's is a number; the cell shows it stopped and the next invocation runs the seed again."""
     path = matrix_file(
