@@ -65,3 +65,20 @@ def test_the_package_declares_what_it_imports() -> None:
     third_party = {m for m in imported if m not in sys.stdlib_module_names and m not in ("fdattack", "__future__")}
     provided = {module_of.get(n, n.replace("-", "_")) for n in names | optional}
     assert third_party <= provided | {"lightning_utilities"}, sorted(third_party - provided)
+
+
+@pytest.mark.parametrize(
+    ("data", "folder"), [("att_faces", "att_faces"), ("mnist_pdafd", "mnist_t10k"), ("mnist_fedinverse", "mnist_t10k")]
+)
+def test_the_data_lies_where_fdattack_data_says(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, data: str, folder: str) -> None:
+    """From any folder: ``FDATTACK_DATA`` names where the data that is not downloaded lies; a missing folder is one line
+    naming where that dataset comes from."""
+    from fdattack.config import compose
+    from fdattack.errors import ConfigError
+
+    (tmp_path / folder).mkdir()
+    monkeypatch.setenv("FDATTACK_DATA", str(tmp_path))
+    assert compose(None, [f"data={data}", "attacks=[]"]).data.root == str(tmp_path / folder)
+    monkeypatch.setenv("FDATTACK_DATA", str(tmp_path / "elsewhere"))
+    with pytest.raises(ConfigError, match=rf"^data.root='{tmp_path / 'elsewhere' / folder}': folder not found; .*FDATTACK_DATA=<folder>"):
+        compose(None, [f"data={data}", "attacks=[]"])

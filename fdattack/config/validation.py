@@ -26,6 +26,19 @@ from fdattack.fd.evasion import evasive_clients
 from fdattack.fd.threat import CAPABILITY_TEXT, DATA_CAPABILITIES, Capability
 from fdattack.knobs import check_ranges
 
+#: where each dataset that is not downloaded comes from, for the line that says its folder is missing
+DATA_SOURCES = {
+    "att_faces": (
+        "the AT&T (ORL) faces, folders s1 ... s40 of ten .pgm images, are not downloaded: put them in <folder>/att_faces and set "
+        "FDATTACK_DATA=<folder> (or data.root=<their folder>)"
+    ),
+    "mnist": (
+        "the MNIST IDX files (t10k-images-idx3-ubyte[.gz], t10k-labels-idx1-ubyte[.gz]) go in <folder>/mnist_t10k with "
+        "FDATTACK_DATA=<folder> (or data.root=<their folder>), or data.download=true has torchvision fetch them"
+    ),
+}
+OTHER_SOURCE = "give the folder holding the dataset's files as data.root, or data.download=true where torchvision can download it"
+
 
 def validate(cfg: DictConfig) -> None:
     """Check ranges, names, the trainer and compatibility that types alone cannot express.
@@ -42,10 +55,7 @@ def validate(cfg: DictConfig) -> None:
     check_cache_dir(cfg)
     d = cfg.data
     if d.root is not None and d.name not in ("digits", "synthetic") and not d.download and not Path(d.root).expanduser().is_dir():
-        raise ConfigError(
-            f"data.root={d.root!r}: folder not found (give the folder holding the {d.name} files, or data.download=true where torchvision "
-            f"can download it)"
-        )
+        raise ConfigError(f"data.root={d.root!r}: folder not found; {DATA_SOURCES.get(str(d.name), OTHER_SOURCE)} (docs/data.md)")
     check_public_dataset(d)
     check_compatibility(cfg)
     check_sizes(cfg)
