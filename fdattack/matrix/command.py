@@ -26,7 +26,6 @@ from fdattack.matrix.run import (
     Unit,
     cell_config,
     has_finished,
-    is_done,
     isolated,
     last_images,
     named_simulation,
@@ -137,17 +136,16 @@ def unit_states(spec: MatrixSpec, cells: list[Cell], root: Path, seeds_of: Seeds
         cfg = cell_config(spec, cell, root) if any(replica_folder(root, u).exists() for u in units) else None
         for unit in units:
             reason = stale_reason(cfg, root, unit, spec.name) if cfg is not None else None
-            stopped = stopped_in(root, unit) if not reason and has_finished(root, unit) else {}
-            states[unit.id] = (
-                f"stale: {reason}"
-                if reason
-                else f"to run again: it stopped {', '.join(f'{a} ({why})' for a, why in stopped.items())}"
-                if stopped
-                else "done"
-                if is_done(root, unit)
-                else "to run"
-            )
+            states[unit.id] = f"stale: {reason}" if reason else _state(root, unit)
     return states
+
+
+def _state(root: Path, unit: Unit) -> str:
+    """``done``, ``to run``, or ``to run again`` where the simulation finished with an attack stopped."""
+    if not has_finished(root, unit):
+        return "to run"
+    stopped = stopped_in(root, unit)
+    return f"to run again: it stopped {', '.join(f'{a} ({why})' for a, why in stopped.items())}" if stopped else "done"
 
 
 def check_none_stale(spec: MatrixSpec, units: list[Unit], states: dict[str, str], root: Path) -> None:
