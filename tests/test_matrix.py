@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import csv
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -363,3 +364,18 @@ def test_the_presets_read_and_name_what_exists(preset: str) -> None:
         curves = {name: len(curve.settings) for name, curve in spec.curves.items()}
         assert set(curves) == {"laplace", "topk", "dpsgd", "mid"} and min(curves.values()) >= 2
         assert "labelavg" in spec.protocols
+
+
+def test_each_simulation_s_line_has_its_time_and_what_is_left_at_the_pace_so_far(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Issue 58: 198 lines for the small preset, none saying when it would end."""
+    import time
+
+    assert matrix_run._eta(1, 3, time.monotonic() - 120) == "; 2 left, about 4 min"
+    assert matrix_run._eta(2, 3, time.monotonic() - 10) == "; 1 left, under a minute"
+    assert matrix_run._eta(3, 3, time.monotonic() - 10) == ""
+    path = matrix_file(tmp_path, protocols={"fedmd": ["protocol=fedmd"]}, defenses={"none": []}, attacks=["ldia"])
+    assert run_matrix(path, tmp_path / "root") == 0
+    lines = [line for line in capsys.readouterr().out.splitlines() if "digits/fedmd/none/" in line and line.endswith(")")]
+    assert re.fullmatch(r"\[\d\d:\d\d:\d\d\] \[1/2\] digits/fedmd/none/0: done \(\d+ s; 1 left, (under a minute|about \d+ min)\)", lines[0])

@@ -191,10 +191,21 @@ def _run_or_say(spec: MatrixSpec, unit: Unit, root: Path) -> str | None:
     return None
 
 
-def _say(index: int, total: int, unit: Unit, root: Path, error: str | None, seconds: float) -> None:
+def _say(index: int, total: int, unit: Unit, root: Path, error: str | None, seconds: float, started: float) -> None:
+    """One line as a simulation ends: its outcome, its seconds, and when the rest should be done at the pace so far."""
     stopped = {} if error else stopped_in(root, unit)
     outcome = f"failed: {error}" if error else f"stopped {_listed(stopped)}, which run again next time" if stopped else "done"
-    print(f"[{index}/{total}] {unit.id}: {outcome} ({seconds:.0f} s)", flush=True)
+    when = time.strftime("%H:%M:%S")
+    print(f"[{when}] [{index}/{total}] {unit.id}: {outcome} ({seconds:.0f} s{_eta(index, total, started)})", flush=True)
+
+
+def _eta(index: int, total: int, started: float) -> str:
+    """``; N left, about M min`` from the mean wall time per finished simulation since ``started`` (monotonic)."""
+    left = total - index
+    if left <= 0:
+        return ""
+    minutes = (time.monotonic() - started) / index * left / 60
+    return f"; {left} left, about {minutes:.0f} min" if minutes >= 1 else f"; {left} left, under a minute"
 
 
 def _timed_run(spec: MatrixSpec, unit: Unit, root: Path) -> tuple[str | None, float]:
@@ -241,11 +252,12 @@ def isolated(spec: MatrixSpec) -> bool:
 
 def _run_here(spec: MatrixSpec, todo: list[Unit], root: Path, failures: dict[str, str]) -> None:
     """Run ``todo`` one after the other in this process, each failure into ``failures``."""
+    started = time.monotonic()
     for index, unit in enumerate(todo, 1):
         error, seconds = _timed_run(spec, unit, root)
         if error:
             failures[unit.id] = error
-        _say(index, len(todo), unit, root, error, seconds)
+        _say(index, len(todo), unit, root, error, seconds, started)
 
 
 def _run_in_pool(spec: MatrixSpec, todo: list[Unit], root: Path, jobs: int, failures: dict[str, str]) -> None:
@@ -257,11 +269,12 @@ def _run_in_pool(spec: MatrixSpec, todo: list[Unit], root: Path, jobs: int, fail
     pool = ProcessPoolExecutor(
         jobs, mp_context=context, initializer=_start_worker, initargs=(max(1, cores // jobs), os.getpid()), max_tasks_per_child=one_each
     )
+    started = time.monotonic()
     try:
         with workers_born_blocked():
-            started = {pool.submit(stoppable, _timed_run, spec, unit, root): unit for unit in todo}
-        for index, future in enumerate(as_completed(started), 1):
-            unit = started[future]
+            submitted = {pool.submit(stoppable, _timed_run, spec, unit, root): unit for unit in todo}
+        for index, future in enumerate(as_completed(submitted), 1):
+            unit = submitted[future]
             try:
                 error, seconds = future.result()
             except WorkerStopped as stopped:  # a signal to that worker alone
@@ -270,7 +283,7 @@ def _run_in_pool(spec: MatrixSpec, todo: list[Unit], root: Path, jobs: int, fail
                 error, seconds = "its worker process died (killed or out of memory); run the matrix again to retry it", 0.0
             if error:
                 failures[unit.id] = error
-            _say(index, len(todo), unit, root, error, seconds)
+            _say(index, len(todo), unit, root, error, seconds, started)
     except Terminated as stop:
         stop_workers(pool, stop)
         raise
