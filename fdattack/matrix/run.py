@@ -5,7 +5,7 @@ processes (each with its share of the cores, importing torch once for all the si
 A (cell, seed) is an ordinary replica of ``fdattack run ... seeds=[...]`` (:func:`fdattack.seeds.run_replica`) in
 ``<root>/<data>/<protocol>/<defense>/seed_<s>/``: one that finished before for the same config is read, not run again,
 one cut short resumes from its last checkpoint. Its output goes to ``seed_<s>.log`` beside its folder; what the matrix
-prints is one line per simulation.
+prints is one line per simulation as it ends: the time, its outcome, its seconds and what is left at the pace so far.
 """
 
 from __future__ import annotations
