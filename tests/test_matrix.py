@@ -172,7 +172,8 @@ def test_running_again_runs_nothing_and_a_new_defense_only_its_cells(
     assert run_matrix(wider, root) == 0
     out = capsys.readouterr().out
     assert "12 simulations, 8 done before, 4 to run" in out
-    assert sorted(line.split(":")[0].split("] ")[1] for line in out.splitlines() if line.startswith("[")) == [
+    ran = [re.match(r"\[[\d:]+\] \[\d+/\d+\] (\S+):", line) for line in out.splitlines()]
+    assert sorted(found.group(1) for found in ran if found) == [
         "digits/dsfl/topk/0",
         "digits/dsfl/topk/1",
         "digits/fedmd/topk/0",
