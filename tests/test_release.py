@@ -82,3 +82,26 @@ def test_the_data_lies_where_fdattack_data_says(tmp_path: Path, monkeypatch: pyt
     monkeypatch.setenv("FDATTACK_DATA", str(tmp_path / "elsewhere"))
     with pytest.raises(ConfigError, match=rf"^data.root='{tmp_path / 'elsewhere' / folder}': folder not found; .*FDATTACK_DATA=<folder>"):
         compose(None, [f"data={data}", "attacks=[]"])
+
+
+def test_an_experiment_file_finds_its_defaults_beside_it_from_any_folder(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 58: an experiment file given by its path looked its ``defaults:`` up in ``./conf`` only (and in a clone's
+    ``conf/``); a copy of the config tree elsewhere, run from an empty folder, now finds them beside it."""
+    import shutil
+
+    import yaml
+
+    from fdattack.config import compose, composition
+    from fdattack.errors import ConfigError
+
+    tree = tmp_path / "mine" / "conf"
+    shutil.copytree(REPO / "conf", tree)
+    digits = tree / "data" / "digits.yaml"
+    digits.write_text(yaml.safe_dump({**yaml.safe_load(digits.read_text()), "max_per_class": 7}))  # its own copy is what is read
+    (tmp_path / "empty").mkdir()
+    monkeypatch.chdir(tmp_path / "empty")
+    monkeypatch.setattr(composition, "REPO_CONF_DIR", tmp_path / "no-conf-here")
+    cfg = compose(str(tree / "experiment" / "dsfl_digits.yaml"), [])
+    assert cfg.protocol.name == "dsfl" and cfg.data.max_per_class == 7
+    with pytest.raises(ConfigError, match=r"protocol='dsfl': no file conf/protocol/dsfl.yaml; available: none"):
+        compose(None, ["protocol=dsfl"])  # no experiment file, no ./conf: nothing to find it in

@@ -114,9 +114,14 @@ def _load_yaml(path: Path, what: str) -> DictConfig:
     return loaded
 
 
-def conf_dirs() -> list[Path]:
-    """Folders searched for group files: ``./conf`` then the repository's ``conf/``."""
-    dirs = [Path.cwd() / "conf", REPO_CONF_DIR]
+def conf_dirs(experiment: Path | None = None) -> list[Path]:
+    """Folders searched for group files, in turn: beside the experiment file (its own folder, and the config tree that
+    holds it where it lies in an ``experiment/`` folder), ``./conf``, then fdattack's own ``conf/``. An experiment file
+    given by its path so finds its ``defaults:`` from any working folder."""
+    beside = []
+    if experiment is not None:
+        beside = [experiment.parent, *([experiment.parent.parent] if experiment.parent.name == "experiment" else [])]
+    dirs = [d.absolute() for d in (*beside, Path.cwd() / "conf", REPO_CONF_DIR)]
     return [d for i, d in enumerate(dirs) if d.is_dir() and d not in dirs[:i]]
 
 
@@ -125,14 +130,14 @@ def is_plain_name(name: str) -> bool:
     return name not in ("", ".", "..") and not {"/", "\\", "\0"} & set(name)
 
 
-def _group_file(group: str, name: str) -> Path:
-    """``conf/<group>/<name>.yaml`` from :func:`conf_dirs`; a name that is a path is refused (no YAML outside ``conf/``)."""
+def _group_file(group: str, name: str, experiment: Path | None = None) -> Path:
+    """``<group>/<name>.yaml`` from :func:`conf_dirs`; a name that is a path is refused (no YAML outside ``conf/``)."""
     plain = is_plain_name(name)
-    for base in conf_dirs() if plain else []:
+    for base in conf_dirs(experiment) if plain else []:
         candidate = base / group / f"{name}.yaml"
         if candidate.is_file():
             return candidate
-    available = ", ".join(sorted({p.stem for base in conf_dirs() for p in (base / group).glob("*.yaml")})) or "none"
+    available = ", ".join(sorted({p.stem for base in conf_dirs(experiment) for p in (base / group).glob("*.yaml")})) or "none"
     what = f"no file conf/{group}/{name}.yaml" if plain else f"a group token names a file in conf/{group}/, not a path"
     raise ConfigError(f"{group}={name!r}: {what}; available: {available}")
 
@@ -272,7 +277,7 @@ def compose_unchecked(experiment: str | Path | None = None, overrides: list[str]
                 selected[str(group)] = str(name)
     selected.update(group_tokens)
     for group, name in selected.items():
-        path = _group_file(group, name)
+        path = _group_file(group, name, Path(experiment) if experiment is not None else None)
         layers.append((str(path), OmegaConf.create({group: _load_yaml(path, group)})))
     if exp_cfg is not None:
         layers.append((str(experiment), exp_cfg))
