@@ -189,12 +189,12 @@ def _run(args: argparse.Namespace) -> int:
         print(OmegaConf.to_yaml(cfg))
         return 0
     from fdattack.experiment import run
-    from fdattack.tracking.stopped_attacks import stopped_attacks
+    from fdattack.tracking.stopped_attacks import listed, stopped_attacks
 
     stopped = stopped_attacks(run(cfg))
     if stopped:  # the run finished, but not every attack did: a script must be able to tell
-        listed = ", ".join(f"{name} ({why})" for name, why in stopped.items())
-        print(f"fdattack: the run finished with {len(stopped)} attack(s) stopped: {listed}; their final scores are null", file=sys.stderr)
+        line = f"the run finished with {len(stopped)} attack(s) stopped: {listed(stopped)}; their final scores are null"
+        print(f"fdattack: {line}", file=sys.stderr)
         return STOPPED_ATTACKS_STATUS
     return 0
 

@@ -43,7 +43,7 @@ from fdattack.seeds import write_aggregate
 from fdattack.tracking.folder_owner import mark_matrix_root, matrix_of, run_results_in
 from fdattack.tracking.matrix_answer import answers
 from fdattack.tracking.matrix_page import HEATMAP_PREFIX, write_matrix_page
-from fdattack.tracking.stopped_attacks import stopped_in_any, without_scores_of
+from fdattack.tracking.stopped_attacks import listed, stopped_in_any, without_scores_of
 from fdattack.tracking.wandb_run import log_matrix_summary
 
 
@@ -145,7 +145,7 @@ def _state(root: Path, unit: Unit) -> str:
     if not has_finished(root, unit):
         return "to run"
     stopped = stopped_in(root, unit)
-    return f"to run again: it stopped {', '.join(f'{a} ({why})' for a, why in stopped.items())}" if stopped else "done"
+    return f"to run again: it stopped {listed(stopped)}" if stopped else "done"
 
 
 def check_none_stale(spec: MatrixSpec, units: list[Unit], states: dict[str, str], root: Path) -> None:

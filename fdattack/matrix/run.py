@@ -32,7 +32,7 @@ from fdattack.matrix.stopping import MatrixStopped, WorkerStopped, start_worker,
 from fdattack.seeds import REPLICA_PREFIX, replica_config, run_replica
 from fdattack.tracking.logs import configure_logging
 from fdattack.tracking.results import difference_from, read_result, stored_config
-from fdattack.tracking.stopped_attacks import stopped_attacks
+from fdattack.tracking.stopped_attacks import listed, stopped_attacks
 
 log = logging.getLogger("fdattack")
 
@@ -157,14 +157,10 @@ def run_unit(spec: MatrixSpec, unit: Unit, root: Path) -> dict[str, float]:
                 stopped = stopped_in(root, unit) if has_finished(root, unit) else {}
                 if stopped:
                     aside = set_aside(replica_folder(root, unit))
-                    log.warning("%s stopped %s: run again (the earlier run is in %s)", unit.id, _listed(stopped), aside)
+                    log.warning("%s stopped %s: run again (the earlier run is in %s)", unit.id, listed(stopped), aside)
                 return run_replica(cfg, unit.seed, folder, spec.name, run)
         finally:
             configure_logging("INFO")  # the run gave fdattack's logger the log file; the matrix logs to stderr again
-
-
-def _listed(stopped: dict[str, str]) -> str:
-    return ", ".join(f"{name} ({why})" for name, why in stopped.items())
 
 
 def _start_worker(threads: int, parent: int) -> None:
@@ -194,7 +190,7 @@ def _run_or_say(spec: MatrixSpec, unit: Unit, root: Path) -> str | None:
 def _say(index: int, total: int, unit: Unit, root: Path, error: str | None, seconds: float, started: float) -> None:
     """One line as a simulation ends: its outcome, its seconds, and when the rest should be done at the pace so far."""
     stopped = {} if error else stopped_in(root, unit)
-    outcome = f"failed: {error}" if error else f"stopped {_listed(stopped)}, which run again next time" if stopped else "done"
+    outcome = f"failed: {error}" if error else f"stopped {listed(stopped)}, which run again next time" if stopped else "done"
     when = time.strftime("%H:%M:%S")
     print(f"[{when}] [{index}/{total}] {unit.id}: {outcome} ({seconds:.0f} s{_eta(index, total, started)})", flush=True)
 

@@ -27,6 +27,11 @@ def stopped_attacks(metrics: Mapping[str, object]) -> dict[str, str]:
     return {name: ", ".join(sorted(whys)) for name, whys in sorted(found.items())}
 
 
+def listed(stopped: Mapping[str, str]) -> str:
+    """``name (why), ...`` of :func:`stopped_attacks`' answer, for one line."""
+    return ", ".join(f"{name} ({why})" for name, why in stopped.items())
+
+
 def _positive(value: object) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value > 0
 
