@@ -25,8 +25,9 @@ from omegaconf import DictConfig, OmegaConf
 
 from fdattack.errors import CheckpointError, FdattackError
 from fdattack.tracking import RunDirectory, atomic_write, attack_summary, to_jsonable
+from fdattack.tracking.folder_owner import run_results_in
 from fdattack.tracking.machine import machine_info
-from fdattack.tracking.results import read_result, stored_config
+from fdattack.tracking.results import read_result
 from fdattack.tracking.run_dir import refuse_matrix_root
 from fdattack.tracking.seed_aggregate import aggregate_metrics, aggregate_rounds, seeds_table
 
@@ -88,22 +89,17 @@ def check_seeds_folder(root: Path) -> None:
     results, which the aggregate's files would overwrite, nor a matrix's root.
 
     Raises:
-        CheckpointError: ``root`` is a file or a matrix's root, or holds a single run (checkpoints, or results whose ``config.yaml`` has no
-            ``seeds``).
+        CheckpointError: ``root`` is a file or a matrix's root, or holds a single run's results
+            (:func:`~fdattack.tracking.folder_owner.run_results_in`).
     """
     if root.exists() and not root.is_dir():
         raise CheckpointError(f"output_dir {root} exists and is not a folder; choose another output_dir")
     refuse_matrix_root(root)
-    if (root / "checkpoints").is_dir() or any((root / name).exists() for name in ("metrics.json", "config.yaml", "rounds.jsonl")):
-        try:
-            seeds = stored_config(root).get("seeds")
-        except CheckpointError:
-            seeds = None
-        if (root / "checkpoints").is_dir() or seeds is None:
-            raise CheckpointError(
-                f"output_dir {root} holds a single run's results, which the seeds' aggregate would overwrite; "
-                "choose another output_dir for the seeds"
-            )
+    if run_results_in(root) == "a run's results":
+        raise CheckpointError(
+            f"output_dir {root} holds a single run's results, which the seeds' aggregate would overwrite; "
+            "choose another output_dir for the seeds"
+        )
 
 
 def run_seeds(cfg: DictConfig, root: Path, run: RunOne) -> dict[str, float]:
