@@ -33,17 +33,18 @@ def _parser() -> argparse.ArgumentParser:
     run = sub.add_parser(
         "run",
         help="run one experiment",
-        description="Run one experiment. Tokens are an optional experiment YAML, then key=value overrides "
-        "(OmegaConf dotlist, e.g. protocol.num_clients=10) or group=name (loads conf/<group>/<name>.yaml).",
+        description="Run one experiment. Tokens are an optional experiment (a YAML's path, or the name of one in "
+        "conf/experiment/, e.g. pli_fedmd_digits), then key=value overrides (OmegaConf dotlist, e.g. protocol.num_clients=10) "
+        "or group=name (loads conf/<group>/<name>.yaml). Names are looked up in ./conf, then in fdattack's own.",
     )
-    run.add_argument("tokens", nargs="*", metavar="[EXPERIMENT.yaml] key=value", help="experiment file and overrides")
+    run.add_argument("tokens", nargs="*", metavar="[EXPERIMENT] key=value", help="experiment file or name, and overrides")
     run.add_argument("--help-config", action="store_true", help="print every config key with its default and meaning")
     run.add_argument("--print-config", action="store_true", help="print the composed config and exit")
     report = sub.add_parser("report", help="write a static HTML page of run directories (the offline dashboard)")
     report.add_argument("runs", nargs="+", help="run directories")
     report.add_argument("--out", required=True, help="folder for index.html and its plots")
     sweep = sub.add_parser("sweep", help="run a W&B sweep file locally with W&B's sweeps engine (no server needed)")
-    sweep.add_argument("file", help="sweep YAML (the same file `wandb sweep` takes)")
+    sweep.add_argument("file", help="sweep YAML (the same file `wandb sweep` takes), or the name of one in ./sweeps or fdattack's own")
     sweep.add_argument(
         "--count",
         type=int,
@@ -58,7 +59,7 @@ def _parser() -> argparse.ArgumentParser:
         description="Run a leakage matrix (conf/matrix/*.yaml): one simulation per (data, protocol, defense, seed), every applicable "
         "attack observing it; then matrix.json, matrix.csv, page/index.html and the tables. Running it again continues.",
     )
-    matrix.add_argument("file", help="matrix YAML (conf/matrix/small.yaml)")
+    matrix.add_argument("file", help="matrix YAML, or the name of a preset in ./conf/matrix or fdattack's own: small, gpu, paper")
     matrix.add_argument("--root", default=None, help="folder of the cells (default: runs/matrix/<name>)")
     matrix.add_argument("--jobs", type=int, default=1, help="simulations at once, each in its own process with its share of the cores")
     matrix.add_argument(
@@ -78,6 +79,13 @@ def _parser() -> argparse.ArgumentParser:
         help="where the attacks of every simulation run (isolation.mode; default: the file's). process: each in a sandboxed worker; "
         "its results are its own (the default root gets -process), never an in-process run's",
     )
+    init = sub.add_parser(
+        "init",
+        help="copy fdattack's configs (conf/) and sweep files (sweeps/) into a folder, to edit them or give them to `wandb sweep`",
+        description="Copy the configs and sweep files that fdattack ships into FOLDER/conf and FOLDER/sweeps. Files already there "
+        "are kept. From that folder, names (fdattack run NAME, group=name) find the copies first.",
+    )
+    init.add_argument("folder", nargs="?", default=".", help="where conf/ and sweeps/ go (default: the working folder)")
     return parser
 
 
@@ -133,12 +141,15 @@ def _command(args: argparse.Namespace) -> int:
         return _run(args)
     if args.command == "sweep":
         return _sweep(args)
+    if args.command == "init":
+        return _init(Path(args.folder))
     if args.command == "matrix":
+        from fdattack.config.packaged import matrix_file
         from fdattack.matrix.command import main as matrix_main
 
         root = Path(args.root) if args.root else None
         sweep_out = Path(args.sweep_file) if args.sweep_file else None
-        return matrix_main(Path(args.file), root, args.jobs, args.cell, args.list, sweep_out, args.decide, args.isolation)
+        return matrix_main(matrix_file(args.file), root, args.jobs, args.cell, args.list, sweep_out, args.decide, args.isolation)
     from fdattack.tracking.report import write_report
 
     print(f"fdattack: report in {write_report([Path(r) for r in args.runs], Path(args.out)).resolve()}")
@@ -200,11 +211,22 @@ def _run(args: argparse.Namespace) -> int:
 
 
 def _sweep(args: argparse.Namespace) -> int:
-    from pathlib import Path
-
+    from fdattack.config.packaged import sweep_file
     from fdattack.sweep import main as sweep_main
 
     if args.count is not None and args.count < 1:
         print("fdattack: error: --count must be >= 1", file=sys.stderr)
         return 2
-    return sweep_main(Path(args.file), args.count, Path(args.root), list(args.overrides))
+    return sweep_main(sweep_file(args.file), args.count, Path(args.root), list(args.overrides))
+
+
+def _init(folder: Path) -> int:
+    from fdattack.config.packaged import copy_packaged
+
+    written, kept = copy_packaged(folder)
+    where = folder.resolve()
+    kept_line = f"; kept {len(kept)} already there" if kept else ""
+    print(f"fdattack: {len(written)} files in {where / 'conf'} and {where / 'sweeps'}{kept_line}")
+    if written or kept:
+        print(f"fdattack: from {where}: fdattack run pli_fedmd_digits, wandb sweep sweeps/pli_tau_gamma.yaml")
+    return 0

@@ -91,7 +91,7 @@ def test_an_experiment_file_finds_its_defaults_beside_it_from_any_folder(tmp_pat
 
     import yaml
 
-    from fdattack.config import compose, composition
+    from fdattack.config import compose, packaged
     from fdattack.errors import ConfigError
 
     tree = tmp_path / "mine" / "conf"
@@ -100,7 +100,7 @@ def test_an_experiment_file_finds_its_defaults_beside_it_from_any_folder(tmp_pat
     digits.write_text(yaml.safe_dump({**yaml.safe_load(digits.read_text()), "max_per_class": 7}))  # its own copy is what is read
     (tmp_path / "empty").mkdir()
     monkeypatch.chdir(tmp_path / "empty")
-    monkeypatch.setattr(composition, "REPO_CONF_DIR", tmp_path / "no-conf-here")
+    monkeypatch.setattr(packaged, "PACKAGE_CONF_DIR", tmp_path / "no-conf-here")
     cfg = compose(str(tree / "experiment" / "dsfl_digits.yaml"), [])
     assert cfg.protocol.name == "dsfl" and cfg.data.max_per_class == 7
     with pytest.raises(ConfigError, match=r"protocol='dsfl': no file conf/protocol/dsfl.yaml; available: none"):

@@ -11,28 +11,32 @@ from omegaconf import OmegaConf
 
 from fdattack.cli import main
 from fdattack.config import compose
+from fdattack.config.packaged import PACKAGE_CONF_DIR, PACKAGE_SWEEPS_DIR, experiment_file
 from fdattack.sweep import command_tokens, format_value, load_sweep, trial_label
 from fdattack.tracking.report_runs import short_names
 from fdattack.tracking.run_dir import RunDirectory
-from tests.conftest import REPO, error_of
+from tests.conftest import REPO, SHARED_DATA, error_of
 
-SWEEPS = sorted((REPO / "sweeps").glob("*.yaml"))
+SWEEPS = sorted(PACKAGE_SWEEPS_DIR.glob("*.yaml"))
 
 
 @pytest.mark.parametrize("path", SWEEPS, ids=[p.stem for p in SWEEPS])
-def test_sweep_file_is_valid_and_maps_onto_config_keys(path: Path) -> None:
+def test_sweep_file_is_valid_and_maps_onto_config_keys(path: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """From any folder: the command names its experiment, found in the package's ``conf/experiment``."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("FDATTACK_DATA", str(SHARED_DATA))
     config = load_sweep(path)
     assert config["project"] == "fdattack"  # `wandb sweep` and `fdattack sweep` log the trials there
     assert config["command"][-1] == "${args_no_hyphens}" and "${program}" in config["command"] and config["program"] == "fdattack"
     experiment, fixed = command_tokens(config)
-    assert experiment is not None and (REPO / experiment).is_file()
-    cfg = compose(REPO / experiment, fixed)
+    assert experiment is not None and experiment_file(experiment) == PACKAGE_CONF_DIR / "experiment" / f"{experiment}.yaml"
+    cfg = compose(experiment, fixed)
     constants = [f"{key}={spec['value']}" for key, spec in config["parameters"].items() if "value" in spec]
     for key, spec in config["parameters"].items():
         assert OmegaConf.select(cfg, key, default="__missing__") != "__missing__", key
         for value in spec.get("values", []):
             # every grid point is a valid config, with the constants (interpolations included) resolved against it
-            point = compose(REPO / experiment, [*fixed, *constants, f"{key}={value}"])
+            point = compose(experiment, [*fixed, *constants, f"{key}={value}"])
             OmegaConf.to_container(point, resolve=True)
     metric = config["metric"]["name"]
     if metric.startswith("protocol/"):  # the protocol's utility, measured every round

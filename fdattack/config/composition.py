@@ -31,14 +31,13 @@ import yaml
 from omegaconf import DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
+from fdattack.config.packaged import conf_dirs, experiment_file, is_plain_name
 from fdattack.config.registries import registries
 from fdattack.config.schema import ExperimentConfig
 from fdattack.config.validation import validate
 from fdattack.errors import ConfigError
 from fdattack.plugins import check_module_name, load_plugins
 
-PACKAGE_ROOT = Path(__file__).resolve().parents[1]
-REPO_CONF_DIR = PACKAGE_ROOT.parent / "conf"
 GROUPS = ("data", "model", "protocol", "attack", "trainer", "logger")
 
 #: keys of the flat ``attack:`` node before each attack had its own, and where they went
@@ -112,22 +111,6 @@ def _load_yaml(path: Path, what: str) -> DictConfig:
     if not loaded:
         raise ConfigError(f"{path}: {what} file is empty (no config keys); give it key: value lines, or leave it out for the defaults")
     return loaded
-
-
-def conf_dirs(experiment: Path | None = None) -> list[Path]:
-    """Folders searched for group files, in turn: beside the experiment file (its own folder, and the config tree that
-    holds it where it lies in an ``experiment/`` folder), ``./conf``, then fdattack's own ``conf/``. An experiment file
-    given by its path so finds its ``defaults:`` from any working folder."""
-    beside = []
-    if experiment is not None:
-        beside = [experiment.parent, *([experiment.parent.parent] if experiment.parent.name == "experiment" else [])]
-    dirs = [d.absolute() for d in (*beside, Path.cwd() / "conf", REPO_CONF_DIR)]
-    return [d for i, d in enumerate(dirs) if d.is_dir() and d not in dirs[:i]]
-
-
-def is_plain_name(name: str) -> bool:
-    """Whether ``name`` is one path component: not empty, not ``.`` or ``..``, without ``/`` or ``\\``."""
-    return name not in ("", ".", "..") and not {"/", "\\", "\0"} & set(name)
 
 
 def _group_file(group: str, name: str, experiment: Path | None = None) -> Path:
@@ -218,7 +201,7 @@ def load_named_plugins(experiment: str | Path | None = None, overrides: list[str
     Raises:
         ConfigError: a ``plugins`` value that is not a list of module names, or a plugin that fails its checks.
     """
-    layers = [] if experiment is None else [(str(experiment), _load_yaml(Path(experiment), "experiment"))]
+    layers = [] if experiment is None else [(str(experiment), _load_yaml(experiment_file(experiment), "experiment"))]
     layers.append(("command line", _from_dotlist(_split_tokens(list(overrides or []))[1])))
     load_plugins(_plugins_of(layers))
 
@@ -232,7 +215,8 @@ def compose(experiment: str | Path | None = None, overrides: list[str] | None = 
     """Compose, type-check and range-check a run config.
 
     Args:
-        experiment: path to an experiment YAML, or None for the embedded default.
+        experiment: an experiment YAML's path or name (``pli_fedmd_digits``, :func:`~fdattack.config.packaged.experiment_file`),
+            or None for the embedded default.
         overrides: dotlist tokens ``key=value`` and group tokens ``group=name``.
 
     Returns:
@@ -258,9 +242,9 @@ def compose_unchecked(experiment: str | Path | None = None, overrides: list[str]
     group_tokens, dotlist = _split_tokens(overrides)
     layers: list[tuple[str, DictConfig]] = []
     exp_cfg: DictConfig | None = None
+    exp_path = experiment_file(experiment) if experiment is not None else None
     selected: dict[str, str] = {}  # group -> file name: the experiment's defaults, replaced by group tokens
-    if experiment is not None:
-        exp_path = Path(experiment)
+    if exp_path is not None:
         exp_cfg = _load_yaml(exp_path, "experiment")
         defaults = exp_cfg.pop("defaults", None)
         if defaults is not None:
@@ -277,10 +261,10 @@ def compose_unchecked(experiment: str | Path | None = None, overrides: list[str]
                 selected[str(group)] = str(name)
     selected.update(group_tokens)
     for group, name in selected.items():
-        path = _group_file(group, name, Path(experiment) if experiment is not None else None)
+        path = _group_file(group, name, exp_path)
         layers.append((str(path), OmegaConf.create({group: _load_yaml(path, group)})))
     if exp_cfg is not None:
-        layers.append((str(experiment), exp_cfg))
+        layers.append((str(exp_path), exp_cfg))
     layers.append(("command line", _from_dotlist(dotlist)))
 
     load_plugins(_plugins_of(layers))  # the registries, and so the schema, hold the plugins' components from here on

@@ -36,6 +36,10 @@ DATA_SOURCES = {
         "the MNIST IDX files (t10k-images-idx3-ubyte[.gz], t10k-labels-idx1-ubyte[.gz]) go in <folder>/mnist_t10k with "
         "FDATTACK_DATA=<folder> (or data.root=<their folder>), or data.download=true has torchvision fetch them"
     ),
+    "image_folder": (
+        "a face set of one folder per identity (LFW, LAG, FaceScrub) is not downloaded: put it under <folder> as its "
+        "conf/data file's first lines say and set FDATTACK_DATA=<folder> (or data.root=<its folder>)"
+    ),
 }
 OTHER_SOURCE = "give the folder holding the dataset's files as data.root, or data.download=true where torchvision can download it"
 
