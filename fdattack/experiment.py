@@ -12,6 +12,7 @@ import logging
 import secrets
 import tempfile
 import time
+import traceback
 from copy import deepcopy
 from dataclasses import dataclass
 from datetime import datetime
@@ -54,6 +55,9 @@ from fdattack.isolation import (
     in_process_state,
     worker_devices,
 )
+from fdattack.isolation.guard import GuardedAttack
+from fdattack.isolation.proxy import log_of
+from fdattack.plugins import plugin_components
 from fdattack.randomness import derive_seed, seed_everything_quietly
 from fdattack.seeds import run_seeds
 from fdattack.tracking import (
@@ -184,7 +188,7 @@ def build_attacks(
     root: int,
     engine: LocalTrainer | None = None,
     state_root: Path | None = None,
-) -> tuple[list[Attack], dict[str, Adversary]]:
+) -> tuple[list[Attack | GuardedAttack], dict[str, Adversary]]:
     """The attacks of ``cfg.attacks``, each built from its own copy of the attacker's view
     (:meth:`~fdattack.fd.threat.AttackerView.for_attack`), its own ``attack.<name>`` settings and a context; an attack
     that needs server powers gets an :class:`~fdattack.fd.adversary.Adversary` with exactly those.
@@ -198,10 +202,11 @@ def build_attacks(
             rounds of the ``keep_checkpoints`` newest checkpoints.
 
     Returns:
-        The attacks, and the adversaries granted, by attack name: the run's own references (an attack may replace
+        The attacks (a plugin's wrapped in a :class:`~fdattack.isolation.guard.GuardedAttack`), and the adversaries
+        granted, by attack name: the run's own references (an attack may replace
         the one its context holds; the run never calls into what an attack holds).
     """
-    attacks: list[Attack] = []
+    attacks: list[Attack | GuardedAttack] = []
     adversaries: dict[str, Adversary] = {}
     for name in cfg.attacks:
         _grant(name, declared[name], protocol, adversaries)
@@ -214,7 +219,12 @@ def build_attacks(
             cache=None if cfg.cache_dir is None else AttackCache(attack_cache(cfg, name), name, "in_process"),
         )
         cls = ATTACKS.get(name)
-        attacks.append(cls(view.for_attack(name, declared[name].reads), settings_of(cls, attack_settings(cfg, name)), context))
+        own_view, settings = view.for_attack(name, declared[name].reads), settings_of(cls, attack_settings(cfg, name))
+        if name in plugin_components("attack"):  # a plugin's failure costs its attack only (fdattack.isolation.guard)
+            log_path = log_of(state_root / name) if state_root is not None else None
+            attacks.append(GuardedAttack(name, partial(cls, own_view, settings, context), log_path))
+        else:
+            attacks.append(cls(own_view, settings, context))
     return attacks, adversaries
 
 
@@ -401,7 +411,7 @@ class Experiment:
         # only rank 0 writes the run directory; the other ranks keep their attack states in a scratch folder
         self._scratch = None if self.fabric.is_global_zero else tempfile.TemporaryDirectory(prefix="fdattack-attack-state-")
         state_root = self.output_dir / "attack_state" if self._scratch is None else Path(self._scratch.name)
-        self.attacks: list[Attack | IsolatedAttack] = []
+        self.attacks: list[Attack | IsolatedAttack | GuardedAttack] = []
         self.adversaries: dict[str, Adversary] = {}
         self._observers: list[Observer] = []  # added by :meth:`observe`, after the attacks
         self._state_root = state_root
@@ -516,6 +526,8 @@ class Experiment:
             final = without_stopped_scores(final)  # a stopped attack's scores of earlier rounds are not its answer
             run_dir.write_metrics(final)
             tracker.set_summary(final)
+            latest = run_dir.checkpoints.latest()
+            tracker.log_run_directory(self.output_dir, str(wandb_cfg.artifacts), None if latest is None else latest[1])
         if fabric.is_global_zero:
             table = attack_summary(final)
             if table:
@@ -585,15 +597,19 @@ class Experiment:
         return report.metrics
 
     def _score(self, report: Report, round_index: int, attack: Attack | IsolatedAttack, results: list) -> None:
-        """Score ``attack``'s results of the round into ``report`` (with why its worker stopped, if it did). An isolated
-        attack whose results cannot be scored (a type it does not declare, fields its scorer refuses) is stopped, and
-        the run goes on without it; in process such an error ends the run, as any attack's error does there."""
-        if isinstance(attack, IsolatedAttack):
+        """Score ``attack``'s results of the round into ``report`` (with why it was stopped, if it was). An isolated or a
+        plugin's attack whose results cannot be scored (a type it does not declare, fields its scorer refuses) is
+        stopped, and the run goes on without it; fdattack's own attack in process ends the run (fdattack's bug)."""
+        if isinstance(attack, (IsolatedAttack, GuardedAttack)):
             try:
                 self._check_declared(attack.name, results)
                 scored = self.evaluator.score(attack.name, results)
             except Exception as err:  # noqa: BLE001 - whatever its results make the scorers raise costs this attack only
-                attack.stop("failed", f"its results could not be scored ({type(err).__name__}: {err})")
+                line = f"its results could not be scored ({type(err).__name__}: {err})"
+                if isinstance(attack, IsolatedAttack):
+                    attack.stop("failed", line)
+                else:
+                    attack.stop(line, traceback.format_exc())
                 scored = Report()
             scored.metrics.update(attack.stopped_metrics())
         else:

@@ -39,8 +39,9 @@ ENTRY_POINT_GROUPS = ("fdattack.attacks", "fdattack.defenses", "fdattack.protoco
 #: Registry.register's refusal of a name taken: ``attack 'pli' is registered twice``
 TAKEN = re.compile(r"^(?P<kind>\w+) '(?P<name>[^']+)' is registered twice$")
 
-#: module name -> what its import registered (``attack 'myattack'``), for every plugin module loaded in this process
-_LOADED: dict[str, tuple[str, ...]] = {}
+#: module name -> what its import registered (kind, name: ``("attack", "myattack")``), for every plugin module loaded in
+#: this process
+_LOADED: dict[str, tuple[tuple[str, str], ...]] = {}
 _ENTRY_POINTS_LOADED = False
 
 
@@ -99,6 +100,12 @@ def plugin_roots(modules: Sequence[str]) -> list[Path]:
 def loaded_plugins() -> tuple[str, ...]:
     """The plugin modules this process has loaded, entry points' and the ``plugins`` key's, in load order."""
     return tuple(_LOADED)
+
+
+def plugin_components(kind: str) -> frozenset[str]:
+    """The names of the components of ``kind`` (``attack``, ``defense``, ``protocol``) that the plugins loaded in this
+    process registered."""
+    return frozenset(name for registered in _LOADED.values() for component, name in registered if component == kind)
 
 
 def check_module_name(name: Any) -> str:
@@ -164,7 +171,7 @@ def _load(module: str, where: str, load: Callable[[], object]) -> None:
             raise ConfigError(
                 f"{where} registers {kind} {name!r} without a Settings dataclass (the dataclass of its knobs; an empty @dataclass will do)"
             )
-    _LOADED[module] = tuple(f"{kind} {name!r}" for kind, name, _ in own)
+    _LOADED[module] = tuple((kind, name) for kind, name, _ in own)
 
 
 def _registries() -> tuple[Any, ...]:

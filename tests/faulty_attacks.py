@@ -18,3 +18,13 @@ class LDIAThatDies(LDIAAttack):
         if round >= 2:
             raise RuntimeError("this attack fails from its second round on")
         return super().on_round_end(round)
+
+
+@ATTACKS.register("ldia_unbuilt")
+class LDIAThatCannotBeBuilt(LDIAAttack):
+    """LDIA whose construction fails: in process, a plugin's attack is stopped before the first round."""
+
+    name = "ldia_unbuilt"
+
+    def __init__(self, *args: object) -> None:
+        raise ValueError("this attack cannot be built")

@@ -50,6 +50,8 @@ class Installed:
             key: value for key, value in os.environ.items() if not key.startswith(("PYTHON", "PYTEST", "VIRTUAL_ENV", "WANDB", "FDATTACK"))
         }
         env |= {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "FDATTACK_DATA": str(SHARED_DATA), "WANDB_SILENT": "true"}
+        env |= {f"WANDB_{kind}_DIR": str(self.work.parent / f"wandb-{kind.lower()}") for kind in ("CACHE", "CONFIG", "DATA")}
+        env["WANDB_DIR"] = str(self.work.parent / "wandb-dir")  # nothing written outside the test's folder
         env["PATH"] = f"{self.venv / 'bin'}{os.pathsep}{env.get('PATH', '')}"
         command = [str(self.venv / "bin" / "python"), "-m", "fdattack"] if module else [str(self.venv / "bin" / "fdattack")]
         return subprocess.run([*command, *argv], cwd=cwd or self.work, env=env, capture_output=True, text=True, timeout=600)
@@ -67,7 +69,18 @@ def installed(tmp_path_factory: pytest.TempPathFactory) -> Installed:
     shutil.copytree(REPO / "fdattack", source / "fdattack", ignore=shutil.ignore_patterns("__pycache__"))
     for name in ("pyproject.toml", "README.md", "LICENSE", "CHANGELOG.md"):
         shutil.copy(REPO / name, source / name)
-    wheel_cmd = [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "--no-index", "--quiet", "-w", str(root / "dist")]
+    wheel_cmd = [
+        sys.executable,
+        "-m",
+        "pip",
+        "wheel",
+        "--no-deps",
+        "--no-build-isolation",
+        "--no-index",
+        "--quiet",
+        "-w",
+        str(root / "dist"),
+    ]
     plugin = root / "fdattack-myattack"  # docs/plugins.md's package, installed beside fdattack as a user installs it
     (plugin / "fdattack_myattack").mkdir(parents=True)
     (plugin / "pyproject.toml").write_text(EXAMPLE["toml"])
@@ -82,7 +95,9 @@ def installed(tmp_path_factory: pytest.TempPathFactory) -> Installed:
     Path(purelib.stdout.strip(), "fdattack_test_dependencies.pth").write_text("\n".join(sites) + "\n")
     _check(subprocess.run([python, *PIP, *map(str, (root / "dist").glob("*.whl"))], capture_output=True, text=True, timeout=300))
     (root / "work").mkdir()
-    found = _check(subprocess.run([python, "-c", "import fdattack; print(fdattack.__file__)"], cwd=root / "work", capture_output=True, text=True))
+    found = _check(
+        subprocess.run([python, "-c", "import fdattack; print(fdattack.__file__)"], cwd=root / "work", capture_output=True, text=True)
+    )
     assert Path(found.stdout.strip()).is_relative_to(venv), found.stdout  # the wheel's copy, not the clone's
     return Installed(venv, root / "work")
 

@@ -5,6 +5,7 @@ warnings with a foreign prefix)."""
 from __future__ import annotations
 
 import logging
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -32,10 +33,31 @@ def test_a_batch_run_prints_its_steps_and_scores_after_opacus_configured_logging
     ]
     proc = subprocess.run([sys.executable, "-c", OPACUS_FIRST, *args], capture_output=True, text=True, timeout=600, cwd=REPO)
     assert proc.returncode == 0, proc.stderr[-2000:]
+    stamp = re.compile(r"^\[\d{2}:\d{2}:\d{2}\] ")  # no terminal: each line says when it ran (issue 58)
     lines = proc.stderr.splitlines()
-    assert "loading data (digits)" in lines and "round 1: attack ldia" in lines  # plain messages, no prefix
-    assert [line for line in lines if line.startswith("round 1  ldia: KL ")], lines
-    assert not [line for line in lines if line.startswith(("INFO", "WARNING")) or ":fdattack" in line]
+    assert all(stamp.match(line) for line in lines if not line.startswith("fdattack: results")), lines
+    messages = [stamp.sub("", line) for line in lines]
+    assert "loading data (digits)" in messages and "round 1: attack ldia" in messages  # our messages, no other prefix
+    assert [line for line in messages if line.startswith("round 1  ldia: KL ")], lines
+    assert not [line for line in messages if line.startswith(("INFO", "WARNING")) or ":fdattack" in line]
+
+
+def test_on_a_terminal_a_line_is_the_message_alone(monkeypatch: pytest.MonkeyPatch) -> None:
+    import io
+
+    class Terminal(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    try:
+        configure_logging("INFO")
+        for stream, expected in ((Terminal(), "a step\n"), (io.StringIO(), None)):
+            monkeypatch.setattr(sys, "stderr", stream)
+            LOGGER.info("a step")
+            written = stream.getvalue()
+            assert written == expected if expected else re.fullmatch(r"\[\d{2}:\d{2}:\d{2}\] a step\n", written), written
+    finally:
+        configure_logging("INFO")
 
 
 def test_configuring_twice_keeps_one_handler_and_the_latest_level() -> None:

@@ -44,13 +44,61 @@ def faulty_plugin(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     sys.modules.pop("tests.faulty_attacks", None)
 
 
-def test_a_run_that_stopped_an_attack_says_so_and_exits_3(tmp_path: Path, capsys: pytest.CaptureFixture[str], faulty_plugin: None) -> None:
-    overrides = ["protocol.rounds=2", "attacks=[ldia,ldia_dies]", "plugins=[tests.faulty_attacks]", "isolation.mode=process"]
+@pytest.mark.parametrize("mode", ["in_process", "process"])
+def test_a_run_that_stopped_an_attack_says_so_and_exits_3(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], faulty_plugin: None, mode: str
+) -> None:
+    """Issue 58: in process, a plugin's attack that raised ended the run with a traceback (exit 1, the round's other
+    results lost); isolated, the run said one line and exited 0. Both now stop that attack with one line and exit 3."""
+    overrides = ["protocol.rounds=2", "attacks=[ldia,ldia_dies]", "plugins=[tests.faulty_attacks]", f"isolation.mode={mode}"]
     assert main(["run", *tiny(tmp_path, *overrides, "evaluation.confidence_gap.enabled=false")]) == 3
     err = capsys.readouterr().err
     assert "fdattack: the run finished with 1 attack(s) stopped: ldia_dies (failed); their final scores are null" in err
+    assert "Traceback" not in err
     final = json.loads((tmp_path / "run" / "metrics.json").read_text())
     assert final["attack/ldia_dies/kl"] is None and isinstance(final["attack/ldia/kl"], float)
+    rounds = [json.loads(line) for line in (tmp_path / "run" / "rounds.jsonl").read_text().splitlines()]
+    assert isinstance(rounds[1]["attack/ldia_dies/kl"], float) and rounds[2]["attack/ldia_dies/stopped/failed"] == 1.0
+    assert "this attack fails from its second round on" in (tmp_path / "run" / "attack_state" / "ldia_dies.log").read_text()
+
+
+def test_a_plugin_s_attack_that_cannot_be_built_in_process_is_stopped(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, faulty_plugin: None
+) -> None:
+    overrides = ["attacks=[ldia,ldia_unbuilt]", "plugins=[tests.faulty_attacks]", "evaluation.confidence_gap.enabled=false"]
+    assert main(["run", *tiny(tmp_path, *overrides, "protocol.rounds=1")]) == 3
+    lines = [r.getMessage() for r in caplog.records if "ldia_unbuilt stopped" in r.getMessage()]
+    assert len(lines) == 1 and "it could not be built (ValueError: this attack cannot be built)" in lines[0]
+    rounds = [json.loads(line) for line in (tmp_path / "run" / "rounds.jsonl").read_text().splitlines()]
+    assert rounds[1]["attack/ldia_unbuilt/stopped/failed"] == 1.0 and isinstance(rounds[1]["attack/ldia/kl"], float)
+
+
+def test_a_plugin_s_attack_stopped_in_process_stays_stopped_on_resume(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, faulty_plugin: None
+) -> None:
+    overrides = ["attacks=[ldia,ldia_dies]", "plugins=[tests.faulty_attacks]", "evaluation.confidence_gap.enabled=false"]
+    args = ["run", *tiny(tmp_path, *overrides, "protocol.rounds=3", "keep_checkpoints=3")]
+    assert main(args) == 3
+    finished = [json.loads(line) for line in (tmp_path / "run" / "rounds.jsonl").read_text().splitlines()]
+    (tmp_path / "run" / "checkpoints" / "round_0003.pt").unlink()  # resumed after round 2, where it was stopped
+    caplog.clear()
+    assert main([*args, "resume=true"]) == 3
+    assert not [r for r in caplog.records if "ldia_dies stopped" in r.getMessage()]  # its checkpoint says so: not run again
+    rounds = [json.loads(line) for line in (tmp_path / "run" / "rounds.jsonl").read_text().splitlines()]
+    assert [row.get("attack/ldia_dies/stopped/failed") for row in rounds] == [None, None, 1.0, 1.0]
+    assert rounds[3]["attack/ldia/kl"] == finished[3]["attack/ldia/kl"]
+
+
+def test_fdattack_s_own_attack_failing_in_process_ends_the_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Not a plugin's: its error is fdattack's bug, and surfaces as such."""
+    from fdattack.attacks.ldia import LDIAAttack
+
+    def fails(self: LDIAAttack, round: int) -> list:
+        raise RuntimeError("fdattack's bug")
+
+    monkeypatch.setattr(LDIAAttack, "on_round_end", fails)
+    with pytest.raises(RuntimeError, match="fdattack's bug"):
+        main(["run", *tiny(tmp_path, "attacks=[ldia]", "protocol.rounds=1", "evaluation.confidence_gap.enabled=false")])
 
 
 def test_a_matrix_cell_with_a_stopped_attack_says_so_and_runs_it_again(

@@ -252,6 +252,34 @@ def test_offline_run_steps_are_rounds_with_group_job_type_tags_and_a_sync_hint(t
     assert (run.display_name, run.run_group, run.job_type, list(run.tags)) == (name, name, "run", ["fedmd", "digits"])
 
 
+@pytest.mark.parametrize("artifacts", ["all", "none"])
+def test_an_offline_run_holds_its_console_its_system_metrics_and_its_directory_as_artifacts(tmp_path: Path, artifacts: str) -> None:
+    """Issue 58: offline runs had the console log and system metrics off, and nothing of the run directory reached W&B.
+    A synced offline run now holds its console (``output.log``), a system-metrics sample, and the run directory's
+    results and last checkpoint as artifacts (``logger.wandb.artifacts=none`` opts out)."""
+    out = tmp_path / "run"
+    overrides = [
+        "logger.wandb.mode=offline",
+        "protocol.rounds=1",
+        "evaluation.confidence_gap.enabled=false",
+        f"logger.wandb.artifacts={artifacts}",
+    ]
+    assert main(["run", *tiny(tmp_path, *overrides)]) == 0
+    records = finished_records(out)
+    kinds = [r.WhichOneof("record_type") for r in records]
+    assert "output_raw" in kinds and "stats" in kinds
+    assert (next((out / "wandb").glob("offline-run-*")) / "files" / "output.log").is_file()
+    logged = {r.artifact.type: (r.artifact.name, sorted(m.path for m in r.artifact.manifest.contents)) for r in records if r.artifact.name}
+    if artifacts == "none":
+        assert logged == {}
+        return
+    run_id = next(r.run.run_id for r in records if r.WhichOneof("record_type") == "run")
+    assert logged == {
+        "fdattack-results": (f"results-{run_id}", ["config.yaml", "machine.json", "metrics.json", "partition.json", "rounds.jsonl"]),
+        "model": (f"checkpoint-{run_id}", ["round_0001.pt"]),
+    }
+
+
 def test_run_identity_defaults_and_overrides() -> None:
     config = {
         "name": "pli_fedmd_digits",

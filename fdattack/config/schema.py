@@ -161,6 +161,12 @@ class WandbMode(Choice):
     disabled = "disabled"
 
 
+class WandbArtifacts(Choice):
+    all = "all"
+    results = "results"
+    none = "none"
+
+
 @dataclass
 class WandbConfig:
     mode: WandbMode = knob(WandbMode.auto, "auto (online with credentials, else offline) | online | offline | disabled")
@@ -172,6 +178,11 @@ class WandbConfig:
     job_type: Optional[str] = knob(None, "W&B job type; null = run (sweep-trial in fdattack sweep)")
     init_timeout_s: float = knob(
         15.0, "seconds an online W&B start may take; then auto logs offline and online stops with an error", gt=0, finite=True
+    )
+    artifacts: WandbArtifacts = knob(
+        WandbArtifacts.all,
+        "the run directory as W&B artifacts at the end: all (results-<id>: config, partition, rounds, metrics, machine, "
+        "images; checkpoint-<id>: the last checkpoint) | results | none",
     )
 
 

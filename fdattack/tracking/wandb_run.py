@@ -32,6 +32,9 @@ from fdattack.errors import ConfigError
 log = logging.getLogger("fdattack")
 
 MODES = ("auto", "online", "offline", "disabled")
+#: the run directory's files in its ``results-<run id>`` artifact (:meth:`WandbRun.log_run_directory`), with ``images/``
+RESULT_FILES = ("config.yaml", "partition.json", "rounds.jsonl", "metrics.json", "machine.json")
+
 #: The values W&B itself accepts in the ``WANDB_MODE`` environment variable (``wandb.Settings.mode``).
 WANDB_ENV_MODES = ("online", "offline", "shared", "disabled", "dryrun", "run")
 
@@ -216,17 +219,13 @@ class WandbRun:
             **(identity or run_identity(cfg, config)),
         )
 
-        def init(run_mode: str) -> Any:
-            lean = run_mode == "offline"  # offline: skip console capture and system probes (start-up time)
+        def init(run_mode: str) -> Any:  # offline as online: the console log and system metrics, for `wandb sync`
             settings = wandb.Settings(
                 silent=True,
                 disable_git=True,
                 save_code=False,
                 x_save_requirements=False,
-                console="off" if lean else "auto",
-                x_disable_stats=lean,
-                x_disable_meta=lean,
-                x_disable_machine_info=lean,
+                console="auto",
                 init_timeout=timeout,
             )
             return wandb.init(mode=run_mode, settings=settings, **kwargs)
@@ -310,6 +309,30 @@ class WandbRun:
         row: dict[str, Any] = {key: wandb.Table(columns=list(columns), data=rows) for key, (columns, rows) in tables.items()}
         row.update({key: wandb.Image(str(path), caption=Path(path).stem) for key, path in (images or {}).items()})
         self._run.log(row)
+
+    def log_run_directory(self, run_dir: Path, what: str, checkpoint: Path | None) -> None:
+        """Upload the run directory as W&B artifacts (``logger.wandb.artifacts``; offline, with the run's ``wandb sync``).
+
+        Args:
+            run_dir: the run directory.
+            what: ``all`` (``results-<run id>``, type ``fdattack-results``: :data:`RESULT_FILES` and ``images/``; and
+                ``checkpoint-<run id>``, type ``model``: ``checkpoint``), ``results`` (the first only) or ``none``.
+            checkpoint: the run's last checkpoint file (None: none was written).
+        """
+        if self._run is None or what == "none":
+            return
+        wandb = _wandb()
+        results = wandb.Artifact(f"results-{self.run_id}", type="fdattack-results", metadata={"run_dir": str(run_dir)})
+        for name in RESULT_FILES:
+            if (run_dir / name).is_file():
+                results.add_file(str(run_dir / name), name=name)
+        if (run_dir / "images").is_dir() and any((run_dir / "images").iterdir()):
+            results.add_dir(str(run_dir / "images"), name="images")
+        self._run.log_artifact(results)
+        if what == "all" and checkpoint is not None and checkpoint.is_file():
+            model = wandb.Artifact(f"checkpoint-{self.run_id}", type="model", metadata={"file": checkpoint.name})
+            model.add_file(str(checkpoint), name=checkpoint.name)
+            self._run.log_artifact(model, aliases=["latest", checkpoint.stem.replace("_", "-")])
 
     def finish(self, exit_code: int = 0) -> None:
         """Finish the run (idempotent); an offline run then says where it is and how to upload it."""
