@@ -47,6 +47,22 @@ def test_without_the_sweeps_extra_a_sweep_file_is_one_line_naming_it(tmp_path: P
         load_sweep(tmp_path / "sweep.yaml")
 
 
+def test_without_the_dp_extra_dp_sgd_is_one_line_naming_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    """opacus is the ``dp`` extra: a run without DP-SGD needs none of it, one with DP-SGD is refused before it loads."""
+    import subprocess
+
+    from fdattack.config import compose
+    from fdattack.errors import ConfigError
+
+    fresh = "import sys; sys.modules['opacus'] = None; from fdattack.cli import main; sys.exit(main(['run', '--help-config']))"
+    proc = subprocess.run([sys.executable, "-c", fresh], capture_output=True, text=True, timeout=300, cwd=REPO)
+    assert proc.returncode == 0 and "defense.dpsgd.noise_multiplier" in proc.stdout, proc.stderr[-2000:]  # imports none of it
+    monkeypatch.setitem(sys.modules, "opacus", None)  # as if not installed
+    assert compose(None, ["attacks=[]"]).defenses == []
+    with pytest.raises(ConfigError, match=r"^defenses=\[dpsgd\] trains with opacus, which is not installed: pip install 'fdattack\[dp\]'$"):
+        compose(None, ["attacks=[]", "defenses=[dpsgd]"])
+
+
 def test_the_package_declares_what_it_imports() -> None:
     """Every third-party module fdattack imports is a declared dependency (PyYAML was imported and not declared)."""
     import tomllib

@@ -21,6 +21,7 @@ from fdattack.config.registries import registries
 from fdattack.config.schema import SEED_MAX
 from fdattack.data import partitions
 from fdattack.data.public import check_public_dataset
+from fdattack.defenses.dpsgd import require_opacus
 from fdattack.errors import ConfigError
 from fdattack.fd.evasion import evasive_clients
 from fdattack.fd.threat import CAPABILITY_TEXT, DATA_CAPABILITIES, Capability
@@ -57,6 +58,8 @@ def validate(cfg: DictConfig) -> None:
     check_vectorise(cfg)
     check_isolation(cfg)
     check_cache_dir(cfg)
+    if "dpsgd" in cfg.defenses:
+        require_opacus()  # the optional ``dp`` extra: one line before anything loads
     d = cfg.data
     if d.root is not None and d.name not in ("digits", "synthetic") and not d.download and not Path(d.root).expanduser().is_dir():
         raise ConfigError(f"data.root={d.root!r}: folder not found; {DATA_SOURCES.get(str(d.name), OTHER_SOURCE)} (docs/data.md)")

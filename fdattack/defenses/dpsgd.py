@@ -21,17 +21,13 @@ else: same ``state_dict`` keys, same checkpoints, same queries.
 from __future__ import annotations
 
 import functools
+import importlib.util
 import warnings
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
-from typing import Iterator
+from typing import TYPE_CHECKING, Iterator
 
 import torch
-from opacus import GradSampleModule
-from opacus.accountants import RDPAccountant
-from opacus.optimizers import DPOptimizer
-from opacus.utils.uniform_sampler import UniformWithReplacementSampler
-from opacus.validators import ModuleValidator
 from torch import Tensor, nn
 
 from fdattack.defenses.base import DEFENSES, TrainingDefense
@@ -40,6 +36,19 @@ from fdattack.errors import ConfigError
 from fdattack.knobs import Choice, knob
 from fdattack.models import CLASSIFIERS, build_classifier
 from fdattack.randomness import derive_seed
+
+if TYPE_CHECKING:  # opacus is the optional ``dp`` extra: imported where DP-SGD runs (require_opacus says what is missing)
+    from opacus.accountants import RDPAccountant
+
+
+def require_opacus() -> None:
+    """Check that opacus, which DP-SGD trains and accounts with, is installed (the ``dp`` extra).
+
+    Raises:
+        ConfigError: it is not, with the command that installs it.
+    """
+    if importlib.util.find_spec("opacus") is None:
+        raise ConfigError("defenses=[dpsgd] trains with opacus, which is not installed: pip install 'fdattack[dp]'")
 
 
 class DPPhase(Choice):
@@ -89,6 +98,8 @@ def sample_rate(n: int, batch_size: int) -> float:
 def poisson_batches(n: int, seed: int, batch_size: int) -> list[Tensor]:
     """One epoch of Poisson sampling, as opacus' ``DPDataLoader``: int(1/q) steps, each taking every row with
     probability q = B/n, independently (a step may be empty); seeded with ``seed``."""
+    from opacus.utils.uniform_sampler import UniformWithReplacementSampler
+
     sampler = UniformWithReplacementSampler(
         num_samples=n, sample_rate=sample_rate(n, batch_size), generator=torch.Generator().manual_seed(seed)
     )
@@ -97,6 +108,8 @@ def poisson_batches(n: int, seed: int, batch_size: int) -> list[Tensor]:
 
 def unsupported_layers(net: nn.Module) -> list[str]:
     """Layer types of ``net`` that opacus' validators refuse to train per sample (BatchNorm mixes the samples of a batch)."""
+    from opacus.validators import ModuleValidator
+
     validators = ModuleValidator.VALIDATORS
     return sorted({type(m).__name__ for m in net.modules() if type(m) in validators and validators[type(m)](m)})
 
@@ -119,6 +132,8 @@ def epsilon_of(history: tuple[tuple[float, float, int], ...], delta: float) -> f
     """opacus' RDP ε at ``delta`` of an accountant's history of (σ, q, steps) entries. Clients with the same schedule
     share one history, and each round asks again for the rounds before it; the RDP over every order is most of a
     DP-SGD run's accounting, so each history is computed once."""
+    from opacus.accountants import RDPAccountant
+
     accountant = RDPAccountant()
     accountant.history = [tuple(entry) for entry in history]
     return float(accountant.get_epsilon(delta=delta))
@@ -132,6 +147,9 @@ def private_steps(handle: ModelHandle, steps: PrivateSteps, *, rate: float, acco
     then the client's own optimizer on g̃; ``accountant`` records the step at sampling rate ``rate``. The noise is
     drawn from a generator seeded with ``steps.noise_seed``. On exit the hooks and opacus' attributes are removed.
     """
+    from opacus import GradSampleModule
+    from opacus.optimizers import DPOptimizer
+
     net = handle.module.net
     hooks = GradSampleModule(net, loss_reduction="mean")
     generator = torch.Generator(device=next(net.parameters()).device).manual_seed(steps.noise_seed)
@@ -169,6 +187,7 @@ class DPSGDDefense(TrainingDefense):
     Settings = DPSGDSettings
 
     def __init__(self, settings: DPSGDSettings, seed: int) -> None:
+        require_opacus()
         super().__init__(settings, seed)
         self.accountants: dict[int, RDPAccountant] = {}
 
@@ -185,6 +204,8 @@ class DPSGDDefense(TrainingDefense):
                 f"has {', '.join(layers)}, which DP-SGD cannot train per sample; choose a model without it: "
                 f"{', '.join(trainable_classifiers())}"
             )
+        from opacus.accountants import RDPAccountant
+
         self.accountants[client] = RDPAccountant()
         return net
 
