@@ -238,10 +238,12 @@ def test_the_docs_name_fdattack_run_lines() -> None:
 @pytest.mark.parametrize("run_line", RUN_LINES, ids=[r.where for r in RUN_LINES])
 def test_fdattack_run_line_composes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, run_line: RunLine) -> None:
     from fdattack.config import compose
+    from fdattack.config.packaged import is_plain_name
     from fdattack.errors import ConfigError
 
     monkeypatch.chdir(tmp_path)  # compose reads conf/ from the repository (cwd holds none) and writes nothing
-    experiment = None if run_line.experiment is None else REPO / run_line.experiment
+    given = run_line.experiment
+    experiment = None if given is None else given if is_plain_name(given) and not given.endswith(".yaml") else REPO / given
     try:
         compose(experiment, list(run_line.overrides))
     except ConfigError as err:

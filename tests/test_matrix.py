@@ -14,6 +14,7 @@ from conftest import REPO, error_of
 
 from fdattack.attacks.ldia import LDIAAttack
 from fdattack.cli import main
+from fdattack.config.packaged import PACKAGE_CONF_DIR, experiment_file
 from fdattack.fd.threat import Capability
 from fdattack.matrix import run as matrix_run
 from fdattack.matrix.plan import plan_cell, plan_cells
@@ -350,13 +351,13 @@ def test_the_w_and_b_summary_run_is_logged_once_per_new_state_of_the_matrix(tmp_
 
 @pytest.mark.parametrize("preset", ["small", "gpu", "paper"])
 def test_the_presets_read_and_name_what_exists(preset: str) -> None:
-    """The presets parse; every experiment file they name exists; small and gpu run every attack, 3 seeds, each defense
+    """The presets parse; every experiment they name is one of the package's; small and gpu run every attack, 3 seeds, each defense
     as a curve of several strengths (LabelAvg as a protocol row)."""
     spec = load_matrix(REPO / "conf" / "matrix" / f"{preset}.yaml")
     tokens = [t for axis in (spec.data, spec.protocols, spec.defenses) for overrides in axis.values() for t in overrides]
     for token in tokens:
         if token.startswith("experiment="):
-            assert (REPO / token.partition("=")[2]).is_file(), token
+            assert experiment_file(token.partition("=")[2]).resolve().parent == PACKAGE_CONF_DIR / "experiment", token  # by name
     assert spec.seeds == (0, 1, 2)
     if preset in ("small", "gpu"):
         from fdattack.attacks.base import ATTACKS

@@ -7,6 +7,7 @@ from __future__ import annotations
 import errno
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -98,7 +99,7 @@ def test_sigterm_while_the_run_is_set_up_is_recorded_and_said(tmp_path: Path) ->
     proc = subprocess.Popen([sys.executable, "-m", "fdattack", "run", *args], cwd=REPO, stderr=subprocess.PIPE, text=True)
     assert proc.stderr is not None
     for line in proc.stderr:
-        if line.startswith("training the evaluation classifier"):
+        if re.sub(r"^\[\d{2}:\d{2}:\d{2}\] ", "", line).startswith("training the evaluation classifier"):  # stamped: no terminal
             break
     else:
         pytest.fail(f"the run ended (exit {proc.wait()}) before its evaluation classifier trained")
