@@ -264,7 +264,7 @@ def test_an_offline_run_holds_its_console_its_system_metrics_and_its_directory_a
         "evaluation.confidence_gap.enabled=false",
         f"logger.wandb.artifacts={artifacts}",
     ]
-    assert main(["run", *tiny(tmp_path, *overrides)]) == 0
+    assert main(["run", *tiny(tmp_path, *overrides, "attacks=[public_mean]", "evaluation.epochs=1")]) == 0
     records = finished_records(out)
     kinds = [r.WhichOneof("record_type") for r in records]
     assert "output_raw" in kinds and "stats" in kinds
@@ -274,10 +274,11 @@ def test_an_offline_run_holds_its_console_its_system_metrics_and_its_directory_a
         assert logged == {}
         return
     run_id = next(r.run.run_id for r in records if r.WhichOneof("record_type") == "run")
-    assert logged == {
-        "fdattack-results": (f"results-{run_id}", ["config.yaml", "machine.json", "metrics.json", "partition.json", "rounds.jsonl"]),
-        "model": (f"checkpoint-{run_id}", ["round_0001.pt"]),
-    }
+    files = ["config.yaml", "machine.json", "metrics.json", "partition.json", "rounds.jsonl"]
+    files += [f"artifacts/{p.name}" for p in (out / "artifacts").glob("*_round_0001.pt")]  # the reconstructions, not the classifier
+    files += [f"images/{p.name}" for p in (out / "images").iterdir()]
+    assert any(name.startswith("artifacts/public_mean_") for name in files) and any(name.startswith("images/") for name in files)
+    assert logged == {"fdattack-results": (f"results-{run_id}", sorted(files)), "model": (f"checkpoint-{run_id}", ["round_0001.pt"])}
 
 
 def test_run_identity_defaults_and_overrides() -> None:

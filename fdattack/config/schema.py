@@ -182,7 +182,7 @@ class WandbConfig:
     artifacts: WandbArtifacts = knob(
         WandbArtifacts.all,
         "the run directory as W&B artifacts at the end: all (results-<id>: config, partition, rounds, metrics, machine, "
-        "images; checkpoint-<id>: the last checkpoint) | results | none",
+        "images, the rounds' reconstructions; checkpoint-<id>: the last checkpoint) | results | none",
     )
 
 

@@ -315,7 +315,8 @@ class WandbRun:
 
         Args:
             run_dir: the run directory.
-            what: ``all`` (``results-<run id>``, type ``fdattack-results``: :data:`RESULT_FILES` and ``images/``; and
+            what: ``all`` (``results-<run id>``, type ``fdattack-results``: :data:`RESULT_FILES`, ``images/`` and each
+                round's tensors in ``artifacts/``, the reconstructions; and
                 ``checkpoint-<run id>``, type ``model``: ``checkpoint``), ``results`` (the first only) or ``none``.
             checkpoint: the run's last checkpoint file (None: none was written).
         """
@@ -328,6 +329,8 @@ class WandbRun:
                 results.add_file(str(run_dir / name), name=name)
         if (run_dir / "images").is_dir() and any((run_dir / "images").iterdir()):
             results.add_dir(str(run_dir / "images"), name="images")
+        for tensors in sorted((run_dir / "artifacts").glob("*_round_[0-9][0-9][0-9][0-9].pt")):  # not the cached networks
+            results.add_file(str(tensors), name=f"artifacts/{tensors.name}")
         self._run.log_artifact(results)
         if what == "all" and checkpoint is not None and checkpoint.is_file():
             model = wandb.Artifact(f"checkpoint-{self.run_id}", type="model", metadata={"file": checkpoint.name})
