@@ -35,7 +35,7 @@ from fdattack.engine import LocalTrainer, make_fabric
 from fdattack.engine.cluster import check_launcher
 from fdattack.errors import CheckpointError, ConfigError, FdattackError, stop_if_terminated
 from fdattack.evaluation import SCORERS, ConfidenceGapDiagnostic, Evaluator, Oracle, Report, ScoringContext
-from fdattack.evaluation.membership import CandidatePool, candidate_pool
+from fdattack.evaluation.candidates import CandidatePool, candidate_pool
 from fdattack.fd import results as results_module
 from fdattack.fd.adversary import Adversary
 from fdattack.fd.observer import Observer

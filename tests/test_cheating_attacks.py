@@ -34,7 +34,7 @@ from fdattack.config import compose
 from fdattack.data.imageset import ImageSet
 from fdattack.defenses.base import Release
 from fdattack.defenses.laplace import laplace_noise
-from fdattack.evaluation.membership import candidate_pool
+from fdattack.evaluation.candidates import candidate_pool
 from fdattack.experiment import Experiment, membership_candidates
 from fdattack.fd.boundary import BoundaryError
 from fdattack.fd.record import QueryRefusedError, RoundRecord, StaleQueryError

@@ -13,8 +13,9 @@ from scipy import stats
 
 from fdattack.attacks.results import LabelDistributions, MembershipScores
 from fdattack.cli import main
+from fdattack.evaluation.candidates import CandidatePool
 from fdattack.evaluation.label_distribution import LabelDistributionScorer
-from fdattack.evaluation.membership import CandidatePool, MembershipScorer
+from fdattack.evaluation.membership import MembershipScorer
 from fdattack.functional.comparisons import holm, holm_adjusted, paired_difference
 from fdattack.functional.intervals import (
     STANDARD_ERROR_RESAMPLES,

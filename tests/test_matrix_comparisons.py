@@ -8,8 +8,9 @@ from pathlib import Path
 
 import pytest
 
+from fdattack.matrix.cell_result import CellResult
 from fdattack.matrix.comparisons import comparisons_summary, defense_comparisons
-from fdattack.matrix.outputs import CellResult, to_json
+from fdattack.matrix.outputs import to_json
 from fdattack.matrix.plan import Cell
 from fdattack.matrix.spec import MatrixSpec
 from fdattack.tracking.matrix_page import comparisons_html

@@ -15,8 +15,9 @@ from fdattack.attacks.results import LabelDistributions, MembershipScores
 from fdattack.data.federated import FederatedSplit
 from fdattack.data.imageset import ImageSet
 from fdattack.data.partitions import balanced_sample
+from fdattack.evaluation.candidates import NON_MEMBER, candidate_pool
 from fdattack.evaluation.label_distribution import LabelDistributionScorer
-from fdattack.evaluation.membership import NON_MEMBER, MembershipScorer, candidate_pool
+from fdattack.evaluation.membership import MembershipScorer
 from fdattack.functional.label_distribution import distances, estimate_from_outputs, label_proportions, random_distributions
 from fdattack.functional.membership_metrics import dense_ranks, membership_metrics
 from fdattack.tracking import attack_summary

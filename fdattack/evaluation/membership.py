@@ -12,14 +12,12 @@ drawn with replacement from the test candidates (the authors' protocol), compute
 from __future__ import annotations
 
 import io
-from dataclasses import dataclass
 
 import numpy as np
 import torch
 from torch import Tensor
 
-from fdattack.data.federated import FederatedSplit
-from fdattack.data.imageset import ImageSet
+from fdattack.evaluation.candidates import NON_MEMBER, CandidatePool
 from fdattack.evaluation.report import Report
 from fdattack.evaluation.scoring import SCORERS, ScoringContext
 from fdattack.fd.results import MembershipScores
@@ -27,41 +25,8 @@ from fdattack.functional.intervals import BOOTSTRAP_RESAMPLES, interval_keys
 from fdattack.functional.membership_bootstrap import ClientScores, membership_bootstrap
 from fdattack.functional.membership_metrics import FPR_LEVELS, membership_metrics, roc
 
-#: origin of a candidate that is nobody's member (a test sample)
-NON_MEMBER = -1
 #: the metrics of each client, in the order of :func:`~fdattack.functional.membership_bootstrap.membership_points`
 METRICS = (*FPR_LEVELS, "auc", "balanced_accuracy")
-
-
-@dataclass(frozen=True)
-class CandidatePool:
-    """The candidates, their labels, and whose private sample each is (:data:`NON_MEMBER` for test samples)."""
-
-    images: Tensor
-    labels: Tensor
-    origin: Tensor
-
-    def as_known(self) -> ImageSet:
-        """What the attacker holds: images and labels, nothing of their origin."""
-        n = len(self.labels)
-        return ImageSet(self.images, self.labels.clone(), torch.zeros(n, dtype=torch.long), torch.arange(n))
-
-
-def candidate_pool(split: FederatedSplit, max_candidates: int | None, seed: int) -> CandidatePool:
-    """Every private and test sample (or ``max_candidates`` of them, drawn uniformly), in a seeded random order."""
-    sets = [*split.private, split.test]
-    origin = torch.cat(
-        [torch.full((len(s),), k, dtype=torch.long) for k, s in enumerate(split.private)]
-        + [torch.full((len(split.test),), NON_MEMBER, dtype=torch.long)]
-    )
-    rng = np.random.default_rng(seed)
-    order = rng.permutation(len(origin))
-    if max_candidates is not None:
-        order = order[:max_candidates]
-    rows = torch.as_tensor(order, dtype=torch.long)
-    images = torch.cat([s.images for s in sets])[rows]
-    labels = torch.cat([s.labels for s in sets])[rows]
-    return CandidatePool(images, labels, origin[rows])
 
 
 class MembershipScorer:

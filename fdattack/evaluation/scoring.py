@@ -14,13 +14,13 @@ from typing import TYPE_CHECKING, Any, Callable, Iterator, Optional, Protocol, S
 
 from omegaconf import DictConfig
 
+from fdattack.evaluation.candidates import CandidatePool
 from fdattack.evaluation.oracle import Oracle
 from fdattack.evaluation.report import Report
 from fdattack.fd.results import Inversions, Reconstructions
 from fdattack.tracking.artifact_cache import ArtifactCache
 
 if TYPE_CHECKING:
-    from fdattack.evaluation.membership import CandidatePool
     from fdattack.tracking.progress import Progress
 
 

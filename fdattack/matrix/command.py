@@ -18,9 +18,10 @@ import yaml
 
 from fdattack.config.composition import compose_unchecked
 from fdattack.errors import ConfigError
+from fdattack.matrix.cell_result import CellResult
 from fdattack.matrix.comparisons import comparisons_summary
 from fdattack.matrix.decide import SeedState, affordable, batch_minutes, cells_to_extend, load_state, save_state, verdict_counts
-from fdattack.matrix.outputs import CellResult, summary_table, to_json, write_outputs
+from fdattack.matrix.outputs import summary_table, to_json, write_outputs
 from fdattack.matrix.plan import Cell, cell_folder, plan_cell, plan_cells
 from fdattack.matrix.run import (
     Unit,

@@ -16,15 +16,12 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass
-from typing import TYPE_CHECKING
 
 from fdattack.functional.comparisons import holm_adjusted, paired_difference
 from fdattack.functional.metric_kinds import metric_range
+from fdattack.matrix.cell_result import CellResult
 from fdattack.matrix.spec import CONTROL, MatrixSpec
 from fdattack.tracking.seed_aggregate import seed_within
-
-if TYPE_CHECKING:
-    from fdattack.matrix.outputs import CellResult
 
 #: the family-wise level of the surviving comparisons
 FAMILY_ALPHA = 0.05

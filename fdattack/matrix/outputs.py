@@ -14,18 +14,15 @@ import csv
 import io
 import json
 import math
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from fdattack.functional.intervals import HIGH, LOW
+from fdattack.matrix.cell_result import CellResult
 from fdattack.matrix.comparisons import baseline_defense, comparisons_json, defense_comparisons
 from fdattack.matrix.decide import SeedState
-from fdattack.matrix.plan import Cell
 from fdattack.matrix.spec import MatrixSpec
 from fdattack.tracking import atomic_write, to_jsonable
 from fdattack.tracking.matrix_answer import ALPHA
-from fdattack.tracking.seed_aggregate import SEED_STD, seed_within
 
 #: the attack metrics shown per attack (where it records them): its success and its distance to the truth
 HEADLINE = ("accuracy", "eval_top1", "top1", "kl", "auc", "tpr_at_1pct_fpr")
@@ -33,47 +30,7 @@ HEADLINE = ("accuracy", "eval_top1", "top1", "kl", "auc", "tpr_at_1pct_fpr")
 UTILITY = ("protocol/client_acc_mean", "protocol/server_acc", "comm/upload_bytes", "comm/download_bytes")
 #: the defenses' own budgets (ε of DP-SGD)
 BUDGETS = ("defense/dpsgd/epsilon",)
-#: metrics of no use across cells: wall time depends on the machine and the load
-LEFT_OUT = ("time/",)
 CSV_COLUMNS = ("data", "protocol", "defense", "metric", "mean", "ci_low", "ci_high", "seed_std", "seeds", "values", "status", "reason")
-
-
-@dataclass
-class CellResult:
-    """A cell's outcome: ``status`` is ``done`` (every seed finished), ``n/a`` (no simulation applies), ``failed`` (a
-    seed failed: ``reason``) or ``incomplete`` (seeds left to run, e.g. while W&B agents work through the cells).
-    ``stopped``: attack -> why, for each attack that a seed of a done cell stopped: it has no score there (its metrics
-    NaN at every seed) and its seeds run again at the next invocation."""
-
-    cell: Cell
-    status: str
-    reason: str | None = None
-    seeds: list[int] = field(default_factory=list)
-    per_seed: list[dict[str, float]] = field(default_factory=list)
-    aggregate: dict[str, float] = field(default_factory=dict)
-    images: dict[str, list[str]] = field(default_factory=dict)  # attack -> its last image per seed, relative to the root
-    stopped: dict[str, str] = field(default_factory=dict)
-
-    def metric(self, key: str) -> dict[str, Any] | None:
-        """``{"mean", "ci_low", "ci_high", "seed_std", "values", "within"}`` of ``key``, or None where no seed recorded
-        it; ``within`` holds each seed's within-run variance (:func:`~fdattack.tracking.seed_aggregate.seed_within`;
-        None where it has none)."""
-        if key not in self.aggregate:
-            return None
-        within = [seed_within(final, key) for final in self.per_seed]
-        return {
-            "mean": self.aggregate[key],
-            "ci_low": self.aggregate.get(key + LOW),
-            "ci_high": self.aggregate.get(key + HIGH),
-            "seed_std": self.aggregate.get(key + SEED_STD),
-            "values": [final.get(key) for final in self.per_seed],
-            "within": [v if math.isfinite(v) else None for v in within],
-        }
-
-    def metric_keys(self) -> list[str]:
-        """The cell's metrics (each once, without their interval and spread keys), in recorded order."""
-        suffixes = (LOW, HIGH, SEED_STD)
-        return [k for k in self.aggregate if not k.endswith(suffixes) and "/" in k and not k.startswith(LEFT_OUT) and k != "seeds/count"]
 
 
 def headline_metrics(results: list[CellResult], attack: str) -> list[str]:
