@@ -27,7 +27,7 @@ import yaml
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from fdattack.tracking.matrix_answer import answers, difference_text  # noqa: E402
+from fdattack.matrix.answer import answers, difference_text  # noqa: E402
 
 
 def undefended(preset: Path, folder: Path, data: list[str] | None, seeds: list[int] | None) -> Path:

@@ -46,8 +46,8 @@ from pathlib import Path
 
 from fdattack.functional.comparisons import Difference, holm_adjusted, paired_difference
 from fdattack.functional.decisions import Verdict
+from fdattack.matrix.answer import WORDS, answers, difference_text, per_defense, sentence
 from fdattack.matrix.comparisons import comparisons_summary
-from fdattack.tracking.matrix_answer import WORDS, answers, difference_text, per_defense, sentence
 
 REPO = Path(__file__).resolve().parents[1]
 #: the measured figures kept in the repository (see the module docstring)
@@ -302,7 +302,7 @@ MATRIX_TABLES = [
 def answer_table(matrix: dict) -> str:
     """docs/matrix.md's answer: one sentence per attack, then per attack and place its undefended value, its control
     (the attacker's best without the protocol), the paired per-seed difference, the verdict, the cheapest setting shown
-    to stop it and each defense's (:mod:`fdattack.tracking.matrix_answer`)."""
+    to stop it and each defense's (:mod:`fdattack.matrix.answer`)."""
     rows = answers(matrix)
     by_attack: dict[str, list] = {}
     for a in rows:

@@ -2,7 +2,7 @@
 
 The matrix's figures come from ``fdattack matrix conf/matrix/small.yaml --jobs 2 --decide`` (about two hours on 2
 cores, too long for the suite); its ``matrix.json`` keeps every cell's per-seed values, so each claim the pages make of it is checked
-here against what the verdict rule (:func:`fdattack.tracking.matrix_answer.answers`) decides from those seeds. A claim
+here against what the verdict rule (:func:`fdattack.matrix.answer.answers`) decides from those seeds. A claim
 whose cell stops deciding that way, or a count the pages quote that the kept results do not give, fails.
 """
 
@@ -15,10 +15,10 @@ from pathlib import Path
 import pytest
 
 from fdattack.functional.decisions import Verdict
+from fdattack.matrix.answer import Answer, answers
 from fdattack.matrix.comparisons import comparisons_summary
 from fdattack.matrix.decide import verdict_counts
 from fdattack.matrix.spec import load_matrix
-from fdattack.tracking.matrix_answer import Answer, answers
 
 REPO = Path(__file__).resolve().parents[1]
 KEPT = REPO / "results" / "matrix" / "small"

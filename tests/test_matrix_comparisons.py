@@ -11,9 +11,9 @@ import pytest
 from fdattack.matrix.cell_result import CellResult
 from fdattack.matrix.comparisons import comparisons_summary, defense_comparisons
 from fdattack.matrix.outputs import to_json
+from fdattack.matrix.page import comparisons_html
 from fdattack.matrix.plan import Cell
 from fdattack.matrix.spec import MatrixSpec
-from fdattack.tracking.matrix_page import comparisons_html
 
 KEY = "attack/ldia/kl"
 ACC = "protocol/client_acc_mean"

@@ -12,6 +12,7 @@ from conftest import error_of
 from test_matrix import matrix_file, run_matrix
 
 from fdattack.functional.decisions import Decision, Verdict
+from fdattack.matrix.answer import Answer, Control, Setting
 from fdattack.matrix.decide import (
     SEEDS_FILE,
     Design,
@@ -23,8 +24,7 @@ from fdattack.matrix.decide import (
     load_state,
     save_state,
 )
-from fdattack.tracking.matrix_answer import Answer, Control, Setting
-from fdattack.tracking.matrix_cells import Shown
+from fdattack.matrix.shown import Shown
 
 
 def test_the_design_plans_its_looks_and_spends_alpha_over_them() -> None:

@@ -20,9 +20,8 @@ from fdattack.config import WandbConfig
 from fdattack.errors import ConfigError
 from fdattack.functional.decisions import Verdict
 from fdattack.functional.intervals import wilson_interval, within_variance
-from fdattack.tracking.matrix_answer import answers, baseline_of, per_defense, sentence
-from fdattack.tracking.matrix_cells import Shown
-from fdattack.tracking.matrix_page import (
+from fdattack.matrix.answer import answers, baseline_of, per_defense, sentence
+from fdattack.matrix.page import (
     HEATMAP_PREFIX,
     MATRIX_COLUMNS,
     applicable_columns,
@@ -33,7 +32,8 @@ from fdattack.tracking.matrix_page import (
     tradeoff_points,
     write_matrix_page,
 )
-from fdattack.tracking.wandb_run import MATRIX_JOB_TYPE, log_matrix_summary
+from fdattack.matrix.shown import Shown
+from fdattack.matrix.wandb_summary import MATRIX_JOB_TYPE, log_matrix_summary
 from tests.test_report import chromium
 from tests.test_wandb import finished_records
 

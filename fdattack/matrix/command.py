@@ -2,7 +2,7 @@
 
 Plans the cells (:mod:`.plan`), runs what is not done (:mod:`.run`), aggregates each cell over its seeds
 (:func:`fdattack.seeds.write_aggregate`), writes ``matrix.json`` / ``matrix.csv`` (:mod:`.outputs`), the page
-(:mod:`fdattack.tracking.matrix_page`) and the W&B summary run, and prints the headline tables.
+(:mod:`fdattack.matrix.page`) and the W&B summary run, and prints the headline tables.
 """
 
 from __future__ import annotations
@@ -18,10 +18,12 @@ import yaml
 
 from fdattack.config.composition import compose_unchecked
 from fdattack.errors import ConfigError
+from fdattack.matrix.answer import answers
 from fdattack.matrix.cell_result import CellResult
 from fdattack.matrix.comparisons import comparisons_summary
 from fdattack.matrix.decide import SeedState, affordable, batch_minutes, cells_to_extend, load_state, save_state, verdict_counts
 from fdattack.matrix.outputs import summary_table, to_json, write_outputs
+from fdattack.matrix.page import HEATMAP_PREFIX, write_matrix_page
 from fdattack.matrix.plan import Cell, cell_folder, plan_cell, plan_cells
 from fdattack.matrix.run import (
     Unit,
@@ -40,12 +42,10 @@ from fdattack.matrix.run import (
 )
 from fdattack.matrix.spec import MatrixSpec, load_matrix
 from fdattack.matrix.stopping import MatrixStopped
+from fdattack.matrix.wandb_summary import log_matrix_summary
 from fdattack.seeds import write_aggregate
 from fdattack.tracking.folder_owner import mark_matrix_root, matrix_of, run_results_in
-from fdattack.tracking.matrix_answer import answers
-from fdattack.tracking.matrix_page import HEATMAP_PREFIX, write_matrix_page
 from fdattack.tracking.stopped_attacks import listed, stopped_in_any, without_scores_of
-from fdattack.tracking.wandb_run import log_matrix_summary
 
 
 def default_root(spec: MatrixSpec) -> Path:

@@ -1,5 +1,5 @@
 """Seeds until decided: ``fdattack matrix FILE --decide`` adds seeds, a batch at a time, to the cells whose verdict is
-undecided (:mod:`fdattack.tracking.matrix_answer`), until each is decided, has ``max_seeds``, or the time budget is
+undecided (:mod:`fdattack.matrix.answer`), until each is decided, has ``max_seeds``, or the time budget is
 spent.
 
 The design is fixed before the first simulation, from the matrix file's ``decide:`` (:class:`Design`): the first look
@@ -28,8 +28,8 @@ from typing import Any
 
 from fdattack.errors import ConfigError
 from fdattack.functional.decisions import Verdict, look_alpha
+from fdattack.matrix.answer import ALPHA, CONTROL, Answer
 from fdattack.tracking import atomic_write
-from fdattack.tracking.matrix_answer import ALPHA, CONTROL, Answer
 
 #: the file of a root's extended seeds
 SEEDS_FILE = "seeds.json"

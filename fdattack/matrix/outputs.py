@@ -17,12 +17,12 @@ import math
 from pathlib import Path
 from typing import Any
 
+from fdattack.matrix.answer import ALPHA
 from fdattack.matrix.cell_result import CellResult
 from fdattack.matrix.comparisons import baseline_defense, comparisons_json, defense_comparisons
 from fdattack.matrix.decide import SeedState
 from fdattack.matrix.spec import MatrixSpec
 from fdattack.tracking import atomic_write, to_jsonable
-from fdattack.tracking.matrix_answer import ALPHA
 
 #: the attack metrics shown per attack (where it records them): its success and its distance to the truth
 HEADLINE = ("accuracy", "eval_top1", "top1", "kl", "auc", "tpr_at_1pct_fpr")

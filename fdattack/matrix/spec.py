@@ -30,7 +30,7 @@ whose needs the cell's protocol and data offer runs on the cell's one simulation
 ``control`` adds a setting named ``control`` to the defenses of each data setting it names: the undefended simulation
 with the control's overrides instead, in which nothing of the clients' private data reaches what the protocol sends
 (the clients' learning rate at 1e-12: their networks stay at their initialisation). What an attack scores there is what
-it gets without the protocol's data, the baseline its leak is measured against (:mod:`fdattack.tracking.matrix_answer`).
+it gets without the protocol's data, the baseline its leak is measured against (:mod:`fdattack.matrix.answer`).
 ``margins`` sets, before the run, how close to its baseline an attack must be shown to be to count as stopped.
 """
 

@@ -16,8 +16,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from fdattack.tracking.matrix_answer import answer_html, baseline_of
-from fdattack.tracking.matrix_cells import Shown, cells_by_place, finite, lower_leaks, number, shown, utility_of
+from fdattack.matrix.answer import answer_html, baseline_of
+from fdattack.matrix.shown import Shown, cells_by_place, finite, lower_leaks, number, shown, utility_of
 from fdattack.tracking.report import BASE_STYLE, check_out, write_staged
 from fdattack.tracking.report_figures import run_style
 
@@ -265,7 +265,7 @@ def table_html(
 
 
 def data_baseline(matrix: dict, data: str, metric: str) -> float | None:
-    """The baseline of ``metric`` on ``data`` (:func:`~fdattack.tracking.matrix_answer.baseline_of`): that of the first
+    """The baseline of ``metric`` on ``data`` (:func:`~fdattack.matrix.answer.baseline_of`): that of the first
     of its cells that has one (chance depends on the data's targets, not on the protocol or the defense)."""
     cells = [c for (d, _, _), c in cells_by_place(matrix).items() if d == data]
     return next((b for b in (baseline_of(c, metric) for c in cells) if b is not None), None) if metric.startswith("attack/") else None

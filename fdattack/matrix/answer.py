@@ -31,7 +31,7 @@ from typing import Optional, Union
 
 from fdattack.functional.decisions import MARGINS, Decision, Verdict, decide
 from fdattack.functional.metric_kinds import metric_range
-from fdattack.tracking.matrix_cells import Shown, cells_by_place, finite, lower_leaks, number, shown, utility_of
+from fdattack.matrix.shown import Shown, cells_by_place, finite, lower_leaks, number, shown, utility_of
 
 #: decimals kept of a difference: metrics stored from float32 differ from equal float64 ones by about 1e-9, which
 #: must not read as a leak (0.05 against chance 0.05 at every seed)
