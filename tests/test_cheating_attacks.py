@@ -38,9 +38,10 @@ from fdattack.evaluation.candidates import candidate_pool
 from fdattack.experiment import Experiment, membership_candidates
 from fdattack.fd.boundary import BoundaryError
 from fdattack.fd.record import QueryRefusedError, RoundRecord, StaleQueryError
-from fdattack.fd.threat import SERVER_POWERS, Capability, Undeclared, UndeclaredPartError, ViewPart
+from fdattack.fd.threat import Capability, Undeclared, UndeclaredPartError, ViewPart
 from fdattack.fd.uploads import batch_key
 from fdattack.randomness import derive_seed
+from fdattack.vocabulary import SERVER_POWERS
 from tests.conftest import REPO, tiny
 from tests.object_graph import reachable
 

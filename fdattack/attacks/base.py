@@ -16,9 +16,10 @@ from fdattack.attacks.state_store import ClientStateStore
 from fdattack.engine import LocalTrainer
 from fdattack.fd.adversary import Adversary
 from fdattack.fd.observer import Observer
-from fdattack.fd.threat import SERVER_POWERS, AttackerView, Capability, ViewPart
+from fdattack.fd.threat import AttackerView, Capability, ViewPart
 from fdattack.registry import Registry
 from fdattack.tracking.artifact_cache import AttackCache
+from fdattack.vocabulary import SERVER_POWERS
 
 
 @dataclass

@@ -41,13 +41,14 @@ from fdattack.attacks.common import attack_engine, is_communication, new_student
 from fdattack.attacks.results import AttackResult, MembershipScores
 from fdattack.engine import FitJob, ModelHandle
 from fdattack.errors import ConfigError
-from fdattack.fd.record import PayloadKind, Reply, RoundRecord
+from fdattack.fd.record import Reply, RoundRecord
 from fdattack.fd.threat import AttackerView, Capability, ViewPart
 from fdattack.functional.information import kl_divergence
 from fdattack.functional.label_distribution import estimate_from_outputs
 from fdattack.functional.lira import offline_lira, offline_lira_float32_lambda, scaled_confidence, scaled_confidence_from_probs
 from fdattack.knobs import Choice, knob
 from fdattack.randomness import derive_seed
+from fdattack.vocabulary import PayloadKind
 
 log = logging.getLogger(__name__)
 

@@ -24,8 +24,9 @@ from fdattack.data.public import check_public_dataset
 from fdattack.defenses.dpsgd import require_opacus
 from fdattack.errors import ConfigError
 from fdattack.fd.evasion import evasive_clients
-from fdattack.fd.threat import CAPABILITY_TEXT, DATA_CAPABILITIES, Capability
+from fdattack.fd.threat import Capability
 from fdattack.knobs import check_ranges
+from fdattack.vocabulary import CAPABILITY_TEXT, DATA_CAPABILITIES
 
 #: where each dataset that is not downloaded comes from, for the line that says its folder is missing
 DATA_SOURCES = {

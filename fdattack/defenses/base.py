@@ -21,10 +21,9 @@ from typing import TYPE_CHECKING, Any, Callable, ClassVar
 import torch
 from torch import Tensor, nn
 
-from fdattack.fd.record import PayloadKind
-from fdattack.fd.threat import Capability
 from fdattack.lit.classifier import Objective
 from fdattack.registry import Registry
+from fdattack.vocabulary import Capability, PayloadKind
 
 if TYPE_CHECKING:
     from fdattack.engine import FitJob

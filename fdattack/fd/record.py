@@ -13,7 +13,7 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Callable, Literal, Mapping
+from typing import Callable, Mapping
 
 import numpy as np
 import torch
@@ -22,8 +22,8 @@ from torch import Tensor
 from fdattack.data.imageset import UNLABELED
 from fdattack.fd.answering import Desk, Line, Refusal
 from fdattack.fd.boundary import plain_tensor
+from fdattack.vocabulary import PayloadKind
 
-PayloadKind = Literal["logits", "probs", "weights"]
 #: the phase after which the round's uploads have crossed the wire; with the attack point, the only phase whose record
 #: opens queries (after the others a query would read model states that never cross the wire)
 UPLOAD_PHASE = "upload"

@@ -25,7 +25,8 @@ from fdattack.engine import predict_logits
 from fdattack.fd.adversary import checked_images
 from fdattack.fd.boundary import plain_tensor
 from fdattack.fd.evasion import Evasion, image_digests
-from fdattack.fd.record import PayloadKind, PublicBatch, QueryRefusedError, Reply, Upload, checked_model
+from fdattack.fd.record import PublicBatch, QueryRefusedError, Reply, Upload, checked_model
+from fdattack.vocabulary import PayloadKind
 
 
 def batch_key(batch: PublicBatch) -> bytes:

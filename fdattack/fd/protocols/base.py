@@ -29,13 +29,14 @@ from fdattack.fd.adversary import Adversary, ImageGrant, checked_aggregate, chec
 from fdattack.fd.answering import Desk, Refusal
 from fdattack.fd.evasion import Evasion, evasive_clients
 from fdattack.fd.protocols.settings import ProtocolSettings
-from fdattack.fd.record import PayloadKind, PublicBatch, PublicQuery, QueryRefusedError, StaleQueryError, Upload, open_query
+from fdattack.fd.record import PublicBatch, PublicQuery, QueryRefusedError, StaleQueryError, Upload, open_query
 from fdattack.fd.threat import Capability, ServerAggregation, ThreatModel
 from fdattack.fd.uploads import PublicDigests, QueryAnswerer, client_uploads
 from fdattack.lit.classifier import ClassifierLitModule, Objective, cross_entropy
 from fdattack.models import build_classifier
 from fdattack.randomness import GlobalStreams, derive_seed
 from fdattack.registry import Registry
+from fdattack.vocabulary import PayloadKind
 
 #: opens one attack's :class:`PublicQuery` for an open phase (by the attack's name): the query and the protocol's end of it
 QueryOpener = Callable[[str], tuple[PublicQuery, Desk]]

@@ -9,10 +9,10 @@ import torch
 from fdattack.fd.aggregation import robust_mean
 from fdattack.fd.protocols.base import PROTOCOLS, Phase, Protocol, RoundContext
 from fdattack.fd.protocols.settings import ProtocolSettings
-from fdattack.fd.record import PayloadKind
-from fdattack.fd.threat import SERVER_POWERS, ThreatModel
+from fdattack.fd.threat import ThreatModel
 from fdattack.knobs import knob
 from fdattack.lit.objectives import kl_to_probs, mixed_ce_kl
+from fdattack.vocabulary import SERVER_POWERS, PayloadKind
 
 
 @dataclass

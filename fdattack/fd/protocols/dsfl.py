@@ -9,10 +9,10 @@ import torch
 from fdattack.fd.aggregation import era
 from fdattack.fd.protocols.base import PROTOCOLS, Phase, Protocol, RoundContext
 from fdattack.fd.protocols.settings import ProtocolSettings
-from fdattack.fd.record import PayloadKind
-from fdattack.fd.threat import SERVER_POWERS, Capability, ThreatModel
+from fdattack.fd.threat import Capability, ThreatModel
 from fdattack.knobs import Choice, knob
 from fdattack.lit.objectives import soft_cross_entropy
+from fdattack.vocabulary import SERVER_POWERS, PayloadKind
 
 
 class DSFLUpload(Choice):

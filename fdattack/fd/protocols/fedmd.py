@@ -13,10 +13,11 @@ from fdattack.errors import ConfigError
 from fdattack.fd.aggregation import mean_logits
 from fdattack.fd.protocols.base import PROTOCOLS, Phase, Protocol, RoundContext
 from fdattack.fd.protocols.settings import ProtocolSettings
-from fdattack.fd.threat import SERVER_POWERS, Capability, ServerAggregation, ThreatModel
+from fdattack.fd.threat import Capability, ServerAggregation, ThreatModel
 from fdattack.knobs import knob
 from fdattack.lit.classifier import Objective
 from fdattack.lit.objectives import cross_entropy, l1_to_logits
+from fdattack.vocabulary import SERVER_POWERS
 
 log = logging.getLogger(__name__)
 

@@ -16,12 +16,12 @@ from fdattack.engine import LocalTrainer
 from fdattack.errors import ConfigError
 from fdattack.fd.protocols.base import PROTOCOLS
 from fdattack.fd.protocols.fedmd import FedMDProtocol, FedMDSettings
-from fdattack.fd.record import PayloadKind
-from fdattack.fd.threat import SERVER_POWERS, ServerAggregation, ThreatModel
+from fdattack.fd.threat import ServerAggregation, ThreatModel
 from fdattack.functional.label_avg import smooth_labels
 from fdattack.knobs import Choice, knob
 from fdattack.lit.classifier import Objective
 from fdattack.lit.objectives import soft_cross_entropy
+from fdattack.vocabulary import SERVER_POWERS, PayloadKind
 
 
 def vote_smoothing(
