@@ -28,6 +28,7 @@ import numpy as np
 import pytest
 import torch
 
+from fdattack.assembly import membership_candidates
 from fdattack.attacks import ATTACKS, Attack
 from fdattack.attacks.results import Reconstructions
 from fdattack.config import compose
@@ -35,7 +36,7 @@ from fdattack.data.imageset import ImageSet
 from fdattack.defenses.base import Release
 from fdattack.defenses.laplace import laplace_noise
 from fdattack.evaluation.candidates import candidate_pool
-from fdattack.experiment import Experiment, membership_candidates
+from fdattack.experiment import Experiment
 from fdattack.fd.boundary import BoundaryError
 from fdattack.fd.record import QueryRefusedError, RoundRecord, StaleQueryError
 from fdattack.fd.threat import Capability, Undeclared, UndeclaredPartError, ViewPart

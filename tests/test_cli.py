@@ -124,8 +124,8 @@ def test_group_token_that_is_a_path_reads_nothing_outside_conf(
 
 
 def test_default_name_is_derived_from_protocol_data_and_attacks(capsys: pytest.CaptureFixture[str]) -> None:
+    from fdattack.assembly import default_output_dir
     from fdattack.config import compose
-    from fdattack.experiment import default_output_dir
 
     cfg = compose(None, ["protocol=dsfl", "data=att_faces"])
     assert cfg.name == "dsfl_att_faces_pli-tbi-ldia"

@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 import torch
 
-from fdattack import experiment
+from fdattack import assembly, experiment
 from fdattack.cli import main
 from fdattack.errors import WorkerError
 from fdattack.isolation import Zygote, codec, seccomp, worker_devices
@@ -197,7 +197,8 @@ def test_isolated_attacks_give_the_in_process_results_and_resume_alike(tmp_path:
     in_process, isolated = tmp_path / "in_process", tmp_path / "isolated"
     assert main([*args, f"output_dir={in_process}"]) == 0
     overlap = [f"output_dir={isolated}", "isolation.mode=process", "isolation.overlap=true"]
-    monkeypatch.setattr(experiment, "concurrent_workers", lambda threads: 4)  # cores for all three beside the run's, anywhere
+    for module in (assembly, experiment):  # cores for all three beside the run's, anywhere
+        monkeypatch.setattr(module, "concurrent_workers", lambda threads: 4)
     assert main([*args, *overlap]) == 0
     assert _rows(isolated) == _rows(in_process) and _metrics(isolated) == _metrics(in_process)
     assert {p.name for p in (isolated / "attack_state").iterdir()} >= {"pli", "tbi", "ldia"}

@@ -27,7 +27,7 @@ class AttackContext:
     """What the run lends an attack besides its view and settings.
 
     Attributes:
-        seed: the attacker's seed (:func:`fdattack.experiment.attacker_seed`: derived from the run's ``attack_seed``,
+        seed: the attacker's seed (:func:`fdattack.assembly.attacker_seed`: derived from the run's ``attack_seed``,
             never the run seed, from which the run's secrets derive); each attack derives its own streams from it and its
             name, and attacks that train the same network (VMI trains GMI's prior) train it from the same seed.
         store: where per-client training state waits between rounds (memory by default).

@@ -355,7 +355,7 @@ def check_membership(cfg: DictConfig) -> None:
     """The membership attacks can score every client: each client's members are scored against label-matched
     non-members drawn from the test set (:mod:`fdattack.evaluation.membership`), so fewer than K + 1 candidates leave
     some client without a member or a non-member among them. (An empty test set, ``data.test_fraction=0`` where the
-    dataset brings none of its own, is refused once the split is cut: :func:`fdattack.experiment.membership_candidates`.)
+    dataset brings none of its own, is refused once the split is cut: :func:`fdattack.assembly.membership_candidates`.)
 
     Raises:
         ConfigError: ``evaluation.max_candidates=4 with attacks=[lira_coop]: ... so at least 5; ...``

@@ -1,7 +1,7 @@
 """The scorer registry: every result type of :mod:`fdattack.fd.results` has one scorer, ``scorer(attack, result) -> Report``.
 
 Each scorer's module registers a factory that builds it from a :class:`ScoringContext`; a run builds the scorers of the
-result types its attacks declare in ``produces`` (:func:`fdattack.experiment.build_evaluator`). A new result type: its
+result types its attacks declare in ``produces`` (:func:`fdattack.assembly.build_evaluator`). A new result type: its
 dataclass in ``fdattack/fd/results.py`` (listed in ``RESULT_TYPES``), one module here with its scorer and
 ``@SCORERS.register(NewResult)`` on a ``factory(context) -> scorer``, and one line importing that module in ``__init__.py``.
 """

@@ -55,7 +55,7 @@ class RoundOrchestrator:
         queriers: the observers (by name) whose records carry a query handle: the attacks that declare
             ``public_outputs`` (the run's own list, made when it built them); None = every observer.
         attack_root: the root of the streams of each call into an observer (the run's ``attack_seed``, resolved:
-            :func:`fdattack.experiment.attack_root`); None = the protocol's seed.
+            :func:`fdattack.assembly.attack_root`); None = the protocol's seed.
     """
 
     def __init__(

@@ -128,7 +128,7 @@ def _plain(value: Any, what: str) -> Any:
 
 
 def build_attack(brief: WorkerBrief, channel: Channel) -> tuple[Any, int]:
-    """The attack of ``brief``, as the run would build it in its own process (:func:`fdattack.experiment.build_attacks`):
+    """The attack of ``brief``, as the run would build it in its own process (:func:`fdattack.assembly.build_attacks`):
     the worker is confined first (:func:`~fdattack.isolation.sandbox.confine`, while it has one thread), then starts its
     threads and engine, imports the plugins and makes the attack's settings from their plain dict, so that no thread and
     no code of a plugin runs unconfined; and the Landlock ABI that confines it (0: none)."""

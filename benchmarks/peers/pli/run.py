@@ -44,6 +44,7 @@ import numpy as np
 import torch
 from omegaconf import DictConfig, OmegaConf
 
+from fdattack.assembly import attacker_seed, known_degradation
 from fdattack.attacks.pli import PLIAttack, select_reconstructions
 from fdattack.attacks.pli_inputs import optimal_inputs
 from fdattack.attacks.priors import build_prior
@@ -52,7 +53,6 @@ from fdattack.data.federated import FederatedSplit, build_split
 from fdattack.engine import LocalTrainer
 from fdattack.engine.trainer import make_fabric
 from fdattack.evaluation.reconstruction import ReconstructionScorer
-from fdattack.experiment import attacker_seed, known_degradation
 from fdattack.fd.protocols.base import PROTOCOLS
 from fdattack.fd.threat import attacker_view
 from fdattack.lit.inversion import InversionLitModule
