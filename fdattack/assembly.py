@@ -39,7 +39,7 @@ from fdattack.isolation import (
     worker_devices,
 )
 from fdattack.isolation.guard import GuardedAttack
-from fdattack.isolation.proxy import log_of
+from fdattack.isolation.processes import log_of
 from fdattack.plugins import plugin_components
 from fdattack.randomness import derive_seed
 from fdattack.tracking import (

@@ -26,7 +26,7 @@ from fdattack.cli import main
 from fdattack.errors import WorkerError
 from fdattack.isolation import Zygote, codec, seccomp, worker_devices
 from fdattack.isolation.framing import MessageError, MessageReader, read_message
-from fdattack.isolation.proxy import log_of
+from fdattack.isolation.processes import log_of
 from fdattack.isolation.sandbox import landlock_abi
 from fdattack.randomness import derive_seed
 from tests.conftest import REPO

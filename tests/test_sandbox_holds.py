@@ -192,7 +192,7 @@ def test_a_worker_s_memory_is_what_it_holds_alone(tmp_path: Path) -> None:
         tmp_path,
         """
         import mmap
-        from fdattack.isolation.proxy import resident_mb
+        from fdattack.isolation.budgets import resident_mb
 
         held = bytearray(b"\\x01") * (300 << 20)  # every page touched
         ready, go = os.pipe(), os.pipe()

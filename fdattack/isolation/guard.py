@@ -16,7 +16,7 @@ import traceback
 from pathlib import Path
 from typing import Any, Callable, Optional
 
-from fdattack.isolation.proxy import bounded_line
+from fdattack.isolation.processes import bounded_line
 
 log = logging.getLogger("fdattack")
 
