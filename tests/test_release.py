@@ -121,3 +121,20 @@ def test_an_experiment_file_finds_its_defaults_beside_it_from_any_folder(tmp_pat
     assert cfg.protocol.name == "dsfl" and cfg.data.max_per_class == 7
     with pytest.raises(ConfigError, match=r"protocol='dsfl': no file conf/protocol/dsfl.yaml; available: none"):
         compose(None, ["protocol=dsfl"])  # no experiment file, no ./conf: nothing to find it in
+
+
+def test_init_copies_the_shipped_files_once_and_says_in_one_line_where_it_cannot(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from fdattack.config.packaged import PACKAGE_CONF_DIR, PACKAGE_SWEEPS_DIR
+
+    shipped = len(list(PACKAGE_CONF_DIR.rglob("*.yaml"))) + len(list(PACKAGE_SWEEPS_DIR.glob("*.yaml")))
+    mine = tmp_path / "mine" / "conf" / "data" / "digits.yaml"
+    mine.parent.mkdir(parents=True)
+    mine.write_text("name: digits\n")
+    assert main(["init", str(tmp_path / "mine")]) == 0
+    assert f"{shipped - 1} files in" in capsys.readouterr().out and mine.read_text() == "name: digits\n"  # its own copy kept
+    (tmp_path / "a_file").write_text("")
+    assert main(["init", str(tmp_path / "a_file")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("fdattack: error: fdattack init: cannot write ") and len(err.splitlines()) == 1

@@ -83,6 +83,9 @@ def copy_packaged(folder: Path) -> tuple[list[Path], list[Path]]:
 
     Returns:
         The files written and the files kept, each relative to ``folder``.
+
+    Raises:
+        ConfigError: a file cannot be written there, in one line.
     """
     written: list[Path] = []
     kept: list[Path] = []
@@ -93,7 +96,12 @@ def copy_packaged(folder: Path) -> tuple[list[Path], list[Path]]:
             if target.exists():
                 kept.append(relative)
                 continue
-            target.parent.mkdir(parents=True, exist_ok=True)
-            shutil.copyfile(source, target)
+            try:
+                target.parent.mkdir(parents=True, exist_ok=True)
+                shutil.copyfile(source, target)
+            except OSError as err:  # a file where a folder goes, no permission, a full disk: one line, what was copied kept
+                raise ConfigError(
+                    f"fdattack init: cannot write {target} ({err.strerror or err}); {len(written)} files copied before it"
+                ) from None
             written.append(relative)
     return written, kept
