@@ -2,11 +2,11 @@
 
 Each table's rows are ``fdattack run ... seeds=[...]`` (a replica per seed and their aggregate, :mod:`fdattack.seeds`);
 the script prints each table in Markdown, every cell as ``mean [95 % interval across the seeds]`` (the interval that
-fits the metric's kind, :mod:`fdattack.functional.metric_kinds`) followed by each seed's value, then every comparison
+fits the metric's kind, :mod:`fdattack.statistics.kinds`) followed by each seed's value, then every comparison
 the pages quote: each row against its baselines and the rows of one group against each other, seed by seed (a seed
 fixes the partition, the targets and the public rounds, so the rows' per-seed values are paired): the mean of the
 per-seed differences, its t interval, and whether it survives Holm's correction over all the comparisons the table
-makes (:mod:`fdattack.functional.comparisons`; the family's size is printed with it).
+makes (:mod:`fdattack.statistics.paired`; the family's size is printed with it).
 
 Two figure sets come from their own scripts, which this one runs the same way: ``evasion`` (Co-op LiRA against
 evasive clients by decoy rate, ``benchmarks/evasion_decoys.py``) and ``matrix`` (the leakage matrix's small preset,
@@ -44,10 +44,10 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from fdattack.functional.comparisons import Difference, holm_adjusted, paired_difference
-from fdattack.functional.decisions import Verdict
 from fdattack.matrix.answer import WORDS, answers, difference_text, per_defense, sentence
 from fdattack.matrix.comparisons import comparisons_summary
+from fdattack.statistics.paired import Difference, holm_adjusted, paired_difference
+from fdattack.statistics.verdicts import Verdict
 
 REPO = Path(__file__).resolve().parents[1]
 #: the measured figures kept in the repository (see the module docstring)

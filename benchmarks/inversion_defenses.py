@@ -27,8 +27,8 @@ from pathlib import Path
 
 import numpy as np
 
-from fdattack.functional.comparisons import holm, paired_difference
-from fdattack.functional.intervals import mean_interval
+from fdattack.statistics.intervals import mean_interval
+from fdattack.statistics.paired import holm, paired_difference
 
 REPO = Path(__file__).resolve().parents[1]
 ATTACKS = ("kedmi", "gmi")

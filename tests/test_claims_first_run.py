@@ -1,6 +1,6 @@
 """The README's first run (``fdattack run`` with no arguments: FedMD on scikit-learn's digits, 4 clients, 5 rounds):
 its LDIA leaks, the KL of its estimate to each client's true label distribution below the uniform guess's, by the
-verdict rule of the leakage matrix (:func:`fdattack.functional.decisions.decide`) over seeds 42, 0 and 1, paired seed by
+verdict rule of the leakage matrix (:func:`fdattack.statistics.verdicts.decide`) over seeds 42, 0 and 1, paired seed by
 seed with the uniform guess, the attacker's best without the uploads.
 
 The default config itself with ``attacks=[ldia]``: LDIA is an observer of the uploads, so dropping PLI and TBI leaves
@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from fdattack.cli import main
-from fdattack.functional.decisions import MARGINS, Verdict, decide
+from fdattack.statistics.verdicts import MARGINS, Verdict, decide
 
 SEEDS = (42, 0, 1)
 KL, UNIFORM = "attack/ldia/kl", "attack/ldia/uniform_kl"

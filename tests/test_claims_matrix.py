@@ -14,11 +14,11 @@ from pathlib import Path
 
 import pytest
 
-from fdattack.functional.decisions import Verdict
 from fdattack.matrix.answer import Answer, answers
 from fdattack.matrix.comparisons import comparisons_summary
 from fdattack.matrix.decide import verdict_counts
 from fdattack.matrix.spec import load_matrix
+from fdattack.statistics.verdicts import Verdict
 
 REPO = Path(__file__).resolve().parents[1]
 KEPT = REPO / "results" / "matrix" / "small"

@@ -2,7 +2,7 @@
 configs give"; the README): PLI beats chance but is not shown to leak beyond what the attacker gets from public data
 alone (its learned prior, the public look), draws the faces closer than the public look does, and Laplace noise of
 scale 1 reduces it at each seed's own cost in utility of at most 0.03; on three seeds, paired seed by seed, by the
-verdict rule of the leakage matrix (:func:`fdattack.functional.decisions.decide`: each seed's within-run spread floors
+verdict rule of the leakage matrix (:func:`fdattack.statistics.verdicts.decide`: each seed's within-run spread floors
 the seeds' own).
 
 One simulation per (arm, seed), shared by the tests (:func:`tests.conftest.shared_runs`): conf/experiment/
@@ -24,8 +24,8 @@ import pytest
 
 from fdattack.config import compose
 from fdattack.experiment import Experiment
-from fdattack.functional.decisions import Verdict, decide
-from fdattack.tracking.seed_aggregate import seed_within
+from fdattack.statistics.across_seeds import seed_within
+from fdattack.statistics.verdicts import Verdict, decide
 from tests.conftest import REPO, SHARED_DATA, shared_runs
 
 ATT = SHARED_DATA / "att_faces"

@@ -13,8 +13,8 @@ from functools import cache
 import numpy as np
 import pytest
 
-from fdattack.functional.decisions import Verdict, decide, look_alpha
-from fdattack.functional.intervals import positive_interval, rate_interval, t_interval, wilson_interval, within_variance
+from fdattack.statistics.intervals import positive_interval, rate_interval, t_interval, wilson_interval, within_variance
+from fdattack.statistics.verdicts import Verdict, decide, look_alpha
 
 #: simulated matrices per case: a coverage of 0.95 is estimated to ±0.025 (two standard errors)
 REPEATS = 300

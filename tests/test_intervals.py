@@ -1,4 +1,4 @@
-"""95 % intervals (fdattack.functional.intervals, membership_bootstrap, comparisons) against hand-computed values and
+"""95 % intervals (fdattack.statistics.intervals, membership_bootstrap, comparisons) against hand-computed values and
 scipy, the metric-kind table, and every scorer logging them beside its metrics as ``<metric>_ci_low`` / ``_ci_high``."""
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ from fdattack.cli import main
 from fdattack.evaluation.candidates import CandidatePool
 from fdattack.evaluation.label_distribution import LabelDistributionScorer
 from fdattack.evaluation.membership import MembershipScorer
-from fdattack.functional.comparisons import holm, holm_adjusted, paired_difference
-from fdattack.functional.intervals import (
+from fdattack.functional.membership_metrics import FPR_LEVELS, membership_metrics
+from fdattack.statistics.intervals import (
     STANDARD_ERROR_RESAMPLES,
     mean_interval,
     positive_bootstrap_interval,
@@ -27,9 +27,9 @@ from fdattack.functional.intervals import (
     wilson_interval,
     within_variance,
 )
-from fdattack.functional.membership_bootstrap import ClientScores, membership_bootstrap, membership_points
-from fdattack.functional.membership_metrics import FPR_LEVELS, membership_metrics
-from fdattack.functional.metric_kinds import MetricKind, metric_kind
+from fdattack.statistics.kinds import MetricKind, metric_kind
+from fdattack.statistics.membership_bootstrap import ClientScores, membership_bootstrap, membership_points
+from fdattack.statistics.paired import holm, holm_adjusted, paired_difference
 from fdattack.tracking.seed_aggregate import aggregate_metrics
 from fdattack.tracking.summary import attack_summary, format_score
 from tests.conftest import error_of
@@ -496,8 +496,8 @@ def test_frechet_to_a_fixed_reference_equals_torchmetrics_fid(n: int, d: int) ->
 def test_the_distances_between_two_distributions_keep_their_interval_inside_0_1() -> None:
     """LDIA's Chebyshev and total-variation distances lie in [0, 1]; the default run's Chebyshev over 4 clients printed
     [0.328, 1.251] on the log scale. As rates their interval stays inside [0, 1]."""
-    from fdattack.functional.intervals import mean_interval
-    from fdattack.functional.metric_kinds import MetricKind, metric_kind
+    from fdattack.statistics.intervals import mean_interval
+    from fdattack.statistics.kinds import MetricKind, metric_kind
 
     values = [0.30, 0.45, 0.85, 0.89]
     for key in ("attack/ldia/chebyshev", "attack/ldia/tv", "attack/ldia/uniform_chebyshev"):

@@ -11,7 +11,6 @@ import pytest
 from conftest import error_of
 from test_matrix import matrix_file, run_matrix
 
-from fdattack.functional.decisions import Decision, Verdict
 from fdattack.matrix.answer import Answer, Control, Setting
 from fdattack.matrix.decide import (
     SEEDS_FILE,
@@ -25,6 +24,7 @@ from fdattack.matrix.decide import (
     save_state,
 )
 from fdattack.matrix.shown import Shown
+from fdattack.statistics.verdicts import Decision, Verdict
 
 
 def test_the_design_plans_its_looks_and_spends_alpha_over_them() -> None:

@@ -18,8 +18,6 @@ from PIL import Image
 
 from fdattack.config import WandbConfig
 from fdattack.errors import ConfigError
-from fdattack.functional.decisions import Verdict
-from fdattack.functional.intervals import wilson_interval, within_variance
 from fdattack.matrix.answer import answers, baseline_of, per_defense, sentence
 from fdattack.matrix.page import (
     HEATMAP_PREFIX,
@@ -34,6 +32,8 @@ from fdattack.matrix.page import (
 )
 from fdattack.matrix.shown import Shown
 from fdattack.matrix.wandb_summary import MATRIX_JOB_TYPE, log_matrix_summary
+from fdattack.statistics.intervals import wilson_interval, within_variance
+from fdattack.statistics.verdicts import Verdict
 from tests.test_report import chromium
 from tests.test_wandb import finished_records
 

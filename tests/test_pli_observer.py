@@ -20,7 +20,7 @@ from fdattack.data.imageset import ImageSet
 from fdattack.experiment import run
 from fdattack.fd.record import RoundRecord, open_query
 from fdattack.fd.threat import AttackerView, ThreatModel
-from fdattack.functional.decisions import Verdict, decide
+from fdattack.statistics.verdicts import Verdict, decide
 from tests.conftest import REPO, shared_runs, tiny
 
 NAIVE = PriorSettings(kind=PriorKind.naive)
@@ -297,7 +297,7 @@ def test_pli_beats_its_prior_where_the_public_look_hides_the_identities(blur32: 
 @pytest.mark.slow
 def test_pli_leaks_beyond_its_public_only_control_where_the_public_look_hides_the_identities(blur32: list[dict[str, float]]) -> None:
     """The README's "PLI leaks where the public look hides the identities", by the verdict rule of the leakage matrix
-    (:func:`fdattack.functional.decisions.decide`): PLI's accuracy against its control, at each seed the best of what
+    (:func:`fdattack.statistics.verdicts.decide`): PLI's accuracy against its control, at each seed the best of what
     the attacker gets without the uploads (its learned prior, the public look, chance), paired seed by seed; the margin
     is the accuracy kind's, one chance level. The public look of a face averaged over all 32 pixels names no identity
     (0 at every seed), so the control is the prior. Measured on a 2-core Intel Xeon @ 2.80 GHz, seeds 0 / 1 / 2 (about

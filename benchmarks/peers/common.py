@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
-from fdattack.functional.intervals import mean_interval, t_interval
+from fdattack.statistics.intervals import mean_interval, t_interval
 
 ONE_THREAD = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1"}
 SIDES = ("fdattack", "authors")
@@ -63,7 +63,7 @@ def checkout_commit(checkout: Path) -> str | None:
 
 def fmt(values: list[float], digits: int = 3, key: str | None = None) -> str:
     """``mean [low, high]`` over ``values`` (one per seed): the interval of metric ``key``'s kind
-    (:func:`~fdattack.functional.intervals.mean_interval`: Wilson-type for a rate, log scale for a positive quantity),
+    (:func:`~fdattack.statistics.intervals.mean_interval`: Wilson-type for a rate, log scale for a positive quantity),
     or Student's t without a key (a paired difference, a signed quantity)."""
     low, high = t_interval(values) if key is None else mean_interval(key, values)
     return f"{np.mean(values):.{digits}f} [{low:.{digits}f}, {high:.{digits}f}]"

@@ -12,8 +12,8 @@ from typing import Any, Optional, Union
 
 from fdattack.evaluation.confidence_gap import ConfidenceGapSettings
 from fdattack.evaluation.inversion_classifier import InversionEvaluationSettings
-from fdattack.functional.intervals import BOOTSTRAP_RESAMPLES_MAX
 from fdattack.knobs import Choice, knob
+from fdattack.statistics.intervals import BOOTSTRAP_RESAMPLES_MAX
 
 SEED_MAX = 2**32 - 1  # numpy (and Lightning's seed_everything) take seeds in [0, 2**32 - 1]
 MAX_IMAGE_SIZE = 1024  # side in pixels; a larger one is a typo that would allocate terabytes, not a run

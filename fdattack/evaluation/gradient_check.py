@@ -19,9 +19,9 @@ from fdattack.evaluation.oracle import Oracle
 from fdattack.evaluation.report import Report
 from fdattack.evaluation.scoring import SCORERS, ScoringContext
 from fdattack.fd.results import GradientProbe
-from fdattack.functional.intervals import interval_keys, mean_interval
 from fdattack.functional.losses import target_class_loss
 from fdattack.lit.modes import eval_mode
+from fdattack.statistics.intervals import interval_keys, mean_interval
 
 
 def true_gradient(net: nn.Module, points: Tensor, target: int, loss: str) -> Tensor:

@@ -28,17 +28,17 @@ Metrics, under ``attack/<name>/``:
   not the paper's ImageNet-pretrained VGG16 (pre-ReLU conv5_3): no pretrained network is downloaded, so the absolute
   values differ from the paper's and only generated ≫ noise is comparable.
 * ``eval_classifier_accuracy``: the classifier's own held-out top-1 (FedInverse's are about 98 %); and the attack's ``details`` as they are.
-* 95 % intervals (``<metric>_ci_low`` / ``_ci_high``, :mod:`fdattack.functional.intervals`). The independent unit is the
+* 95 % intervals (``<metric>_ci_low`` / ``_ci_high``, :mod:`fdattack.statistics.intervals`). The independent unit is the
   target label: a label's S inversions share its latent search (GMI's restarts share the label's difficulty, KED-MI's
   and VMI's S images are draws from the label's one learnt distribution), so they are no S independent trials. Each
   of ``top1``, ``top5``, ``knn_dist``, ``diversity``, ``diversity_real`` and the four feature cosines is a mean over
-  the labels of a per-label value, and takes :func:`~fdattack.functional.intervals.mean_interval` over the labels on
+  the labels of a per-label value, and takes :func:`~fdattack.statistics.intervals.mean_interval` over the labels on
   its kind's scale; with one label (the L-Attack's c*, one generator) there is none (NaN): the seeds are its interval.
   ``fid`` (and ``fid_inception``) compares the pooled inversions of the fixed set of labels with their private
   images: its interval comes from the standard error of the stratified bootstrap of the draws, each label's S
   inversions resampled apart, the private images fixed (each replicate by
   :class:`~fdattack.functional.frechet.FrechetToReference`), on the log scale
-  (:func:`~fdattack.functional.intervals.positive_bootstrap_interval`): the Monte-Carlo error of S draws per label,
+  (:func:`~fdattack.statistics.intervals.positive_bootstrap_interval`): the Monte-Carlo error of S draws per label,
   not the attack's run-to-run spread. ``eval_classifier_accuracy``: Wilson
   over the classifier's held-out images. ``top1_std``, ``top5_std`` (a spread), ``chance``, ``chance_top5`` and
   ``fid_images`` (fixed by the settings) carry none, nor do the attack's ``details`` (``target_top1``: the attack's
@@ -66,14 +66,6 @@ from fdattack.evaluation.report import Report
 from fdattack.evaluation.scoring import SCORERS, ScoringContext, check_labels
 from fdattack.fd.results import Inversions
 from fdattack.functional.frechet import FrechetToReference
-from fdattack.functional.intervals import (
-    NO_INTERVAL,
-    TRIALS,
-    interval_keys,
-    mean_interval,
-    positive_bootstrap_interval,
-    wilson_interval_of_rate,
-)
 from fdattack.functional.inversion_metrics import (
     feature_cosine_samples,
     feature_diversity,
@@ -83,6 +75,14 @@ from fdattack.functional.inversion_metrics import (
     topk_per_sample,
 )
 from fdattack.randomness import derive_seed
+from fdattack.statistics.intervals import (
+    NO_INTERVAL,
+    TRIALS,
+    interval_keys,
+    mean_interval,
+    positive_bootstrap_interval,
+    wilson_interval_of_rate,
+)
 from fdattack.tracking.artifact_cache import ArtifactCache
 
 #: private images per label over which ``diversity_real`` is measured (the first ones)
@@ -97,7 +97,7 @@ def _with_interval(key: str, value: float, interval: tuple[float, float]) -> dic
 
 def _interval_over_labels(key: str, per_label: Tensor, samples: int | None = None) -> dict[str, float]:
     """The interval keys of ``key``, a mean over target labels of ``per_label`` (T,) values: the labels are the units
-    (:func:`~fdattack.functional.intervals.mean_interval`; NaN with one label). A rate of hits over ``samples`` draws
+    (:func:`~fdattack.statistics.intervals.mean_interval`; NaN with one label). A rate of hits over ``samples`` draws
     per label counts them as its trials (never narrower than Wilson over all T · S draws; ``key_trials``)."""
     if samples is None:
         return interval_keys(key, mean_interval(key, per_label.double().numpy()))
@@ -178,7 +178,7 @@ class InversionScorer:
     def fid(self, images: Tensor, labels: Tensor, extractor: nn.Module) -> tuple[float, tuple[float, float]]:
         """FID in ``extractor``'s features between ``images`` (S, T, C, H, W), the S inversions of each of the T ``labels``,
         and the private images of ``labels`` (torchmetrics), and its interval from the stratified bootstrap's standard
-        error (:func:`~fdattack.functional.intervals.positive_bootstrap_interval`): each label's S inversions resampled
+        error (:func:`~fdattack.statistics.intervals.positive_bootstrap_interval`): each label's S inversions resampled
         apart, the private images fixed (:class:`~fdattack.functional.frechet.FrechetToReference`); NaN with fewer than
         two images on a side."""
         metric, reference = self._fid_metric(labels, extractor)

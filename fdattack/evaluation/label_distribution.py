@@ -2,7 +2,7 @@
 (Shi et al., PoPETs 2025, §4.1.3), with the Random and uniform-guess baselines.
 
 Each distance is computed per client and averaged over the clients, with the 95 % interval of that mean over the
-clients (the units) on the log scale of a non-negative quantity (:func:`~fdattack.functional.intervals.mean_interval`:
+clients (the units) on the log scale of a non-negative quantity (:func:`~fdattack.statistics.intervals.mean_interval`:
 the modified Cox interval, above 0, where Student's t would reach below 0). The baselines score guesses made without
 any attack: the Random baseline one normalised-uniform draw per client from a fixed seed (and the mean over
 1,000 such draws, steadier), the uniform guess p̂ = 1/M for every client (hard to beat for near-IID clients). They
@@ -18,8 +18,8 @@ from fdattack.data.federated import FederatedSplit
 from fdattack.evaluation.report import Report
 from fdattack.evaluation.scoring import SCORERS, ScoringContext
 from fdattack.fd.results import LabelDistributions
-from fdattack.functional.intervals import interval_keys, mean_interval
 from fdattack.functional.label_distribution import distances, label_proportions, random_distributions
+from fdattack.statistics.intervals import interval_keys, mean_interval
 
 #: draws averaged in the ``random_*_mean1000`` baselines
 RANDOM_DRAWS = 1000

@@ -21,11 +21,11 @@ from fdattack.evaluation.candidates import NON_MEMBER, CandidatePool
 from fdattack.evaluation.report import Report
 from fdattack.evaluation.scoring import SCORERS, ScoringContext
 from fdattack.fd.results import MembershipScores
-from fdattack.functional.intervals import BOOTSTRAP_RESAMPLES, interval_keys
-from fdattack.functional.membership_bootstrap import ClientScores, membership_bootstrap
 from fdattack.functional.membership_metrics import FPR_LEVELS, membership_metrics, roc
+from fdattack.statistics.intervals import BOOTSTRAP_RESAMPLES, interval_keys
+from fdattack.statistics.membership_bootstrap import ClientScores, membership_bootstrap
 
-#: the metrics of each client, in the order of :func:`~fdattack.functional.membership_bootstrap.membership_points`
+#: the metrics of each client, in the order of :func:`~fdattack.statistics.membership_bootstrap.membership_points`
 METRICS = (*FPR_LEVELS, "auc", "balanced_accuracy")
 
 
@@ -35,7 +35,7 @@ class MembershipScorer:
     Each metric (and each ``paper_`` one) comes with its 95 % interval (``_ci_low``, ``_ci_high``): the percentile
     bootstrap of the mean over clients that resamples the candidates, the independent units: each client's members
     apart, and the test candidates drawn as non-members once for all clients, within each label
-    (:func:`~fdattack.functional.membership_bootstrap.membership_bootstrap`).
+    (:func:`~fdattack.statistics.membership_bootstrap.membership_bootstrap`).
 
     Args:
         pool: the candidates and their origin.

@@ -15,8 +15,8 @@ from fdattack.evaluation.scoring import SCORERS, ScoringContext, check_labels
 from fdattack.fd.results import Reconstructions
 from fdattack.functional.attack_accuracy import attack_accuracy, class_means
 from fdattack.functional.image import standard_ssim
-from fdattack.functional.intervals import HIGH, LOW, TRIALS, interval_keys, mean_interval, wilson_interval, wilson_interval_of_rate
 from fdattack.randomness import derive_seed
+from fdattack.statistics.intervals import HIGH, LOW, TRIALS, interval_keys, mean_interval, wilson_interval, wilson_interval_of_rate
 
 #: the prior's scores worth a line of their own (Table S-3 and what an inversion must beat)
 PRIOR_METRICS = ("ssim", "accuracy", "eval_top1")

@@ -11,9 +11,9 @@ the same attack in the data setting's control run (``control:`` in the matrix fi
 private data learned). For a distance (LDIA's KL) the smallest. Taking the best of several is conservative: it can only
 shrink a leak.
 
-**The verdict** (:func:`fdattack.functional.decisions.decide`): *leaks* (the 95 % interval of the per-seed
+**The verdict** (:func:`fdattack.statistics.verdicts.decide`): *leaks* (the 95 % interval of the per-seed
 differences wholly above 0), *stopped* (its one-sided 95 % upper bound below the margin δ fixed before the run:
-:data:`~fdattack.functional.decisions.MARGINS`, or the matrix file's ``margins:``), *undecided* (neither), *unknown*
+:data:`~fdattack.statistics.verdicts.MARGINS`, or the matrix file's ``margins:``), *undecided* (neither), *unknown*
 (fewer than two seeds). A defense setting stops the attack only where its own verdict is *stopped*; the cheapest such
 setting is the one that costs the clients the least accuracy (the server's where the protocol has no client
 accuracy). A setting *reduces* the attack where its difference from no defense, seed by seed, survives Holm's
@@ -29,9 +29,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional, Union
 
-from fdattack.functional.decisions import MARGINS, Decision, Verdict, decide
-from fdattack.functional.metric_kinds import metric_range
 from fdattack.matrix.shown import Shown, cells_by_place, finite, lower_leaks, number, shown, utility_of
+from fdattack.statistics.kinds import metric_range
+from fdattack.statistics.verdicts import ALPHA, MARGINS, Decision, Verdict, decide, is_reduction
 
 #: decimals kept of a difference: metrics stored from float32 differ from equal float64 ones by about 1e-9, which
 #: must not read as a leak (0.05 against chance 0.05 at every seed)
@@ -50,8 +50,6 @@ BASELINES: dict[str, Union[str, float]] = {
     "auc": 0.5,
     "tpr_at_1pct_fpr": 0.01,
 }
-#: the error rate of each test of a verdict: a 95 % interval for a leak, a one-sided 95 % bound for a stop
-ALPHA = 0.05
 #: how a verdict reads in the answer table of the undefended cell
 WORDS = {Verdict.leaks: "leaks", Verdict.stopped: "no leak beyond δ", Verdict.undecided: "undecided", Verdict.unknown: "unknown"}
 
@@ -128,7 +126,7 @@ def control_of(cells: dict[tuple[str, str, str], dict], judged: Optional[dict], 
 
 
 def margin_of(matrix: dict, cell: Optional[dict], metric: str) -> Optional[float]:
-    """δ of ``metric``: the matrix file's ``margins:``, else :data:`~fdattack.functional.decisions.MARGINS` (a metric
+    """δ of ``metric``: the matrix file's ``margins:``, else :data:`~fdattack.statistics.verdicts.MARGINS` (a metric
     name there: that metric's mean in ``cell``, such as chance); None where there is none."""
     _, attack, name = metric.split("/", 2)
     given = (matrix.get("margins") or {}).get(name, MARGINS.get(name))
@@ -220,7 +218,7 @@ def _reductions(matrix: dict) -> set[tuple[str, str, str, str]]:
     return {
         (r["data"], r["protocol"], r["metric"], r["defense"])
         for r in rows
-        if r.get("survives") and ((r["mean"] > 0) if lower_leaks(r["metric"]) else (r["mean"] < 0))
+        if is_reduction(r["mean"], bool(r.get("survives")), lower_leaks(r["metric"]))
     }
 
 

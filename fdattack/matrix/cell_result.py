@@ -7,9 +7,9 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from fdattack.functional.intervals import HIGH, LOW
 from fdattack.matrix.plan import Cell
-from fdattack.tracking.seed_aggregate import SEED_STD, seed_within
+from fdattack.statistics.across_seeds import SEED_STD, seed_within
+from fdattack.statistics.intervals import HIGH, LOW
 
 #: metrics of no use across cells: wall time depends on the machine and the load
 LEFT_OUT = ("time/",)
@@ -33,7 +33,7 @@ class CellResult:
 
     def metric(self, key: str) -> dict[str, Any] | None:
         """``{"mean", "ci_low", "ci_high", "seed_std", "values", "within"}`` of ``key``, or None where no seed recorded
-        it; ``within`` holds each seed's within-run variance (:func:`~fdattack.tracking.seed_aggregate.seed_within`;
+        it; ``within`` holds each seed's within-run variance (:func:`~fdattack.statistics.across_seeds.seed_within`;
         None where it has none)."""
         if key not in self.aggregate:
             return None

@@ -3,9 +3,10 @@
 Two cells of one (data, protocol) that differ only by their defense share each seed's split, initialisation and
 public rounds, so their per-seed values are paired. For every such pair and every metric the page shows (each attack's
 headline metrics and the clients' accuracy), the comparison is the paired difference defended − undefended over the
-seeds both cells recorded (:func:`fdattack.functional.comparisons.paired_difference`: mean, 95 % t interval, p-value of
+seeds both cells recorded (:func:`fdattack.statistics.paired.paired_difference`: mean, 95 % t interval, p-value of
 the paired t test). A matrix makes many such comparisons at once, so which of them survive is decided by Holm's
-step-down correction over all of them (family-wise level 5 %), and the family's size is printed beside the result.
+step-down correction over all of them at the verdicts' α (5 %; α/K where ``--decide`` spent it over K looks: the
+cells' seeds then depend on what earlier looks saw), and the family's size is printed beside the result.
 The undefended cell is the defense whose overrides are empty (``none: []`` in the presets). Each seed's within-run
 spread (both cells') floors the seeds' spread, so a difference that is the same at every seed (a rate at the same count)
 is tested against the runs' own spread; one with no spread known at all (a metric no defense moves and nothing
@@ -17,14 +18,12 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass
 
-from fdattack.functional.comparisons import holm_adjusted, paired_difference
-from fdattack.functional.metric_kinds import metric_range
 from fdattack.matrix.cell_result import CellResult
 from fdattack.matrix.spec import CONTROL, MatrixSpec
-from fdattack.tracking.seed_aggregate import seed_within
-
-#: the family-wise level of the surviving comparisons
-FAMILY_ALPHA = 0.05
+from fdattack.statistics.across_seeds import seed_within
+from fdattack.statistics.kinds import metric_range
+from fdattack.statistics.paired import holm_adjusted, paired_difference
+from fdattack.statistics.verdicts import ALPHA
 
 
 @dataclass(frozen=True)
@@ -65,10 +64,11 @@ def _within(result: "CellResult", key: str) -> dict[int, float]:
     return {seed: seed_within(final, key) for seed, final in zip(result.seeds, result.per_seed)}
 
 
-def defense_comparisons(spec: MatrixSpec, results: list["CellResult"], metrics: list[str]) -> list[DefenseComparison]:
+def defense_comparisons(spec: MatrixSpec, results: list["CellResult"], metrics: list[str], alpha: float = ALPHA) -> list[DefenseComparison]:
     """Every defended cell against the undefended cell of its (data, protocol), for each of ``metrics`` both recorded,
-    with Holm's correction over those with a p-value (a comparison with fewer than two paired seeds, or whose per-seed
-    differences are all equal, has none: it is listed, left out of the family and never survives)."""
+    with Holm's correction at family-wise level ``alpha`` (the verdicts' α) over those with a p-value (a comparison with
+    fewer than two paired seeds, or whose per-seed differences are all equal, has none: it is listed, left out of the
+    family and never survives); each interval at 1 − ``alpha``."""
     baseline = baseline_defense(spec)
     if baseline is None:
         return []
@@ -92,7 +92,7 @@ def defense_comparisons(spec: MatrixSpec, results: list["CellResult"], metrics: 
                         wa, wb = _within(defended, metric), _within(reference, metric)
                         spreads.append([wa.get(s, math.nan) + wb.get(s, math.nan) for s in seeds])
     differences = [
-        paired_difference(values, reference, within=w, bounds=metric_range(metric))
+        paired_difference(values, reference, 1 - alpha, within=w, bounds=metric_range(metric))
         for (_, _, metric, *_, reference, values), w in zip(rows, spreads)
     ]
     tested = [i for i, d in enumerate(differences) if math.isfinite(d.p_value)]
@@ -100,16 +100,16 @@ def defense_comparisons(spec: MatrixSpec, results: list["CellResult"], metrics: 
     adjusted = [holm.get(i, math.nan) for i in range(len(rows))]
     return [
         DefenseComparison(
-            data, protocol, metric, defense, baseline, seeds, reference, values, d.mean, d.low, d.high, d.p_value, p, p <= FAMILY_ALPHA
+            data, protocol, metric, defense, baseline, seeds, reference, values, d.mean, d.low, d.high, d.p_value, p, p <= alpha
         )
         for (data, protocol, metric, defense, seeds, reference, values), d, p in zip(rows, differences, adjusted)
     ]
 
 
-def comparisons_json(comparisons: list[DefenseComparison]) -> dict:
+def comparisons_json(comparisons: list[DefenseComparison], alpha: float = ALPHA) -> dict:
     """``matrix.json``'s ``comparisons``: the family's size (the comparisons tested) and level, and every comparison."""
     tested = sum(math.isfinite(c.p_value) for c in comparisons)
-    return {"family_size": tested, "alpha": FAMILY_ALPHA, "rows": [asdict(c) for c in comparisons]}
+    return {"family_size": tested, "alpha": alpha, "rows": [asdict(c) for c in comparisons]}
 
 
 def comparison_line(row: dict) -> str:

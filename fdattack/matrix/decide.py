@@ -4,7 +4,7 @@ spent.
 
 The design is fixed before the first simulation, from the matrix file's ``decide:`` (:class:`Design`): the first look
 at the file's seeds, then a look after each batch, K looks in all. Each look tests at α/K (Bonferroni's spending of
-α over the looks, :func:`fdattack.functional.decisions.look_alpha`), so the chance of any false verdict about a cell
+α over the looks, :func:`fdattack.statistics.verdicts.look_alpha`), so the chance of any false verdict about a cell
 stays at most α whichever look it stops at: stopping a cell as soon as it is decided is then no bias. The verdicts of
 the whole matrix, whichever look they come from, are read at α/K, and a plain ``fdattack matrix`` run on a root that
 ``--decide`` extended reads them so too.
@@ -27,8 +27,8 @@ from pathlib import Path
 from typing import Any
 
 from fdattack.errors import ConfigError
-from fdattack.functional.decisions import Verdict, look_alpha
-from fdattack.matrix.answer import ALPHA, CONTROL, Answer
+from fdattack.matrix.answer import CONTROL, Answer
+from fdattack.statistics.verdicts import ALPHA, Verdict, look_alpha
 from fdattack.tracking import atomic_write
 
 #: the file of a root's extended seeds

@@ -1,7 +1,7 @@
 """The matrix's results: ``matrix.json`` (the cells, what ran in each and why not, every metric's mean and 95 %
 interval across the seeds), ``matrix.csv`` (one row per cell and metric) and the table printed at the end.
 
-Across seeds a metric's interval is the one that fits its kind (:mod:`fdattack.tracking.seed_aggregate`: a
+Across seeds a metric's interval is the one that fits its kind (:mod:`fdattack.statistics.across_seeds`: a
 Wilson-type interval for rates, Student's t joined with a log-scale one for distances, Student's t otherwise), each
 seed's own within-run spread a floor under the seeds' (``within`` in ``matrix.json``). ``comparisons`` holds each
 defense against no defense, seed by seed
@@ -17,11 +17,11 @@ import math
 from pathlib import Path
 from typing import Any
 
-from fdattack.matrix.answer import ALPHA
 from fdattack.matrix.cell_result import CellResult
 from fdattack.matrix.comparisons import baseline_defense, comparisons_json, defense_comparisons
 from fdattack.matrix.decide import SeedState
 from fdattack.matrix.spec import MatrixSpec
+from fdattack.statistics.verdicts import ALPHA
 from fdattack.tracking import atomic_write, to_jsonable
 
 #: the attack metrics shown per attack (where it records them): its success and its distance to the truth
@@ -45,7 +45,9 @@ def compared_metrics(spec: MatrixSpec, results: list[CellResult]) -> list[str]:
 
 
 def to_json(spec: MatrixSpec, results: list[CellResult], seeds: SeedState | None = None) -> dict[str, Any]:
-    """The content of ``matrix.json``; ``seeds``: what ``--decide`` did to the root (its design sets the verdicts' α)."""
+    """The content of ``matrix.json``; ``seeds``: what ``--decide`` did to the root (its design sets the α of the verdicts
+    and of the comparisons)."""
+    alpha = ALPHA if seeds is None else seeds.design.alpha
     return {
         "name": spec.name,
         "source": str(spec.source),
@@ -59,12 +61,12 @@ def to_json(spec: MatrixSpec, results: list[CellResult], seeds: SeedState | None
         "undefended": baseline_defense(spec),
         "control": {data: list(overrides) for data, overrides in spec.control.items()},
         "margins": dict(spec.margins),
-        "alpha": ALPHA if seeds is None else seeds.design.alpha,
+        "alpha": alpha,
         "decide": None if seeds is None else seeds.to_json(),
         "curves": {name: {"key": c.key, "settings": [list(point) for point in c.settings]} for name, c in spec.curves.items()},
         "headline": {attack: headline_metrics(results, attack) for attack in spec.attacks},
         "utility": [k for k in (*UTILITY, *BUDGETS) if any(k in r.aggregate for r in results)],
-        "comparisons": comparisons_json(defense_comparisons(spec, results, compared_metrics(spec, results))),
+        "comparisons": comparisons_json(defense_comparisons(spec, results, compared_metrics(spec, results), alpha), alpha),
         "cells": [
             {
                 "id": r.cell.id,

@@ -18,7 +18,7 @@
     skip: [mnist/dsfl/*, "att_faces/*/*/lira_*"]   # cells not to run (data/protocol/defense), or attacks left out of
                                                    # cells (data/protocol/defense/attack); each part a shell pattern
     control: {mnist_gan: [protocol.optim.lr=1.0e-12]}  # per data setting, the overrides of its control run
-    margins: {accuracy: 0.05}    # the equivalence margin δ of a headline metric (defaults: fdattack.functional.decisions)
+    margins: {accuracy: 0.05}    # the equivalence margin δ of a headline metric (defaults: fdattack.statistics.verdicts)
     decide: {max_seeds: 10, batch: 2, budget_minutes: 120}   # --decide: seeds until decided (fdattack.matrix.decide)
 
 Each axis maps a setting's name (it names folders and table rows) to the overrides that make it, the tokens of
@@ -48,8 +48,8 @@ from fdattack.config.registries import registries
 from fdattack.config.schema import SEED_MAX
 from fdattack.config.yaml_files import quote, read_yaml_file
 from fdattack.errors import ConfigError
-from fdattack.functional.decisions import MARGINS
 from fdattack.matrix.decide import Design, design_of
+from fdattack.statistics.verdicts import MARGINS
 
 #: the axes a matrix crosses, in the order of a cell's folder ``<data>/<protocol>/<defense>``
 AXES = ("data", "protocols", "defenses")

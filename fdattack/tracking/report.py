@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterable
 
 from fdattack.errors import ConfigError
-from fdattack.functional.intervals import HIGH, LOW
+from fdattack.statistics.intervals import HIGH, LOW
 from fdattack.tracking.report_figures import DEFAULT_NOTE, NOTES, copy_grid, grid_html, latest_grids, plot_metric, run_style
 from fdattack.tracking.report_runs import Run, Section, format_value, label_keys, load_runs, sections
 from fdattack.tracking.summary import CHANCE, TABLES

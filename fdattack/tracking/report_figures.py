@@ -17,7 +17,7 @@ import torch
 from PIL import Image
 
 from fdattack.errors import CheckpointError, DataError
-from fdattack.functional.intervals import HIGH, LOW
+from fdattack.statistics.intervals import HIGH, LOW
 from fdattack.tracking.checkpoint import load_checkpoint
 from fdattack.tracking.report_runs import Run
 

@@ -20,8 +20,9 @@ from typing import Any
 from omegaconf import OmegaConf
 
 from fdattack.errors import DataError
-from fdattack.functional.intervals import is_interval_key
-from fdattack.tracking.seed_aggregate import SEED_STD, SEEDS_KEY, aggregate_metrics, aggregate_rounds
+from fdattack.statistics.across_seeds import SEED_STD, SEEDS_KEY
+from fdattack.statistics.intervals import is_interval_key
+from fdattack.tracking.seed_aggregate import aggregate_metrics, aggregate_rounds
 from fdattack.tracking.stopped_attacks import without_stopped_scores
 from fdattack.tracking.summary import CHANCE
 

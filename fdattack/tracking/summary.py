@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import math
 
-from fdattack.functional.intervals import HIGH, LOW
+from fdattack.statistics.intervals import HIGH, LOW
 from fdattack.tracking.stopped_attacks import stopped_attacks
 
 #: per kind of attack: (metric suffix under ``attack/<name>/``, column title, format); an attack is listed in the

@@ -47,7 +47,7 @@ METRICS = {
     "FID": "attack/lattack/fid",
     "client acc.": "protocol/client_acc_mean",
 }
-#: the metric whose kind sets each column's interval (fdattack/functional/metric_kinds.py)
+#: the metric whose kind sets each column's interval (fdattack/statistics/kinds.py)
 KINDS = {**METRICS, "wall s": "wall_s", "peak RSS MiB": "peak_rss_mib"}
 
 

@@ -13,7 +13,7 @@ For each seed the driver
 4. scores both sides' LDIA estimates with fdattack's metric (``fdattack.functional.label_distribution.distances``:
    KL(p ‖ p̂), the direction of the authors' ``F.kl_div(log p̂, p, reduction="sum")``) against the split's true
    distributions, and with the authors' ``ldia.py`` (run as a script), and prints a table over the seeds with
-   95 % intervals of each metric's kind (``fdattack.functional.intervals.mean_interval``) and the per-seed paired
+   95 % intervals of each metric's kind (``fdattack.statistics.intervals.mean_interval``) and the per-seed paired
    difference with its t interval.
 
 The two sides run one after the other, never at once, each with ``OMP_NUM_THREADS=1`` and one torch thread; wall

@@ -17,7 +17,7 @@ For each seed the driver
    (``ReconstructionScorer.measure``: the paper's SSIM nearest-mean attack accuracy, pli.md §10), and reads each side's
    per-client candidates to say how often Eq. 11 picked the label's owner and how well the owners' candidates score.
    It prints a table over the seeds with 95 % intervals of each metric's kind
-   (``fdattack.functional.intervals.mean_interval``) and the per-seed paired differences with their t intervals.
+   (``fdattack.statistics.intervals.mean_interval``) and the per-seed paired differences with their t intervals.
 
 The two sides run one after the other, never at once, each with ``OMP_NUM_THREADS=1`` and one torch thread; wall
 time and peak RSS are those of each side's process (``os.wait4``).
@@ -342,7 +342,7 @@ COLUMNS = (
     ("wall_s", "wall s", 0),
     ("peak_rss_mib", "peak RSS MiB", 0),
 )
-#: the fdattack metric whose kind sets a column's interval, where the column's key is not one (metric_kinds.py)
+#: the fdattack metric whose kind sets a column's interval, where the column's key is not one (fdattack/statistics/kinds.py)
 KINDS = {"owner_pick": "accuracy", "owner_accuracy": "accuracy", "client_acc": "client_acc_mean"}
 #: (result key, title) of the per-seed rows and the paired differences
 PAIRED = (("accuracy", "attack acc"), ("ssim", "SSIM"), ("owner_pick", "owner pick"), ("client_acc", "client acc"))

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from fdattack.functional.intervals import BOOTSTRAP_RESAMPLES, CONFIDENCE, NO_INTERVAL, Interval, scipy_bootstrap
+from fdattack.statistics.intervals import BOOTSTRAP_RESAMPLES, CONFIDENCE, NO_INTERVAL, Interval, scipy_bootstrap
 
 
 @dataclass(frozen=True)

@@ -1,5 +1,5 @@
 """The kind of every metric fdattack logs, the one table that picks its interval's scale
-(:func:`fdattack.functional.intervals.mean_interval`), within a run and across seeds.
+(:func:`fdattack.statistics.intervals.mean_interval`), within a run and across seeds.
 
 * ``rate``: a proportion in [0, 1] (accuracy, top-k, AUC, TPR, balanced accuracy, test accuracy), or a mean of values
   bounded by [0, 1] (the Chebyshev and total-variation distances between two label distributions);

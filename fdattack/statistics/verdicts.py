@@ -3,7 +3,7 @@ from the per-seed differences between the attack and its control (the attacker's
 
 With e_s the difference on the leaky side at seed s (the attack's value less the control's, or the control's less the
 attack's for a distance such as LDIA's KL, lower where it leaks), its mean ē and the standard error se of
-:func:`~fdattack.functional.intervals.standard_error` (the seeds' spread, floored by each seed's own within-run
+:func:`~fdattack.statistics.intervals.standard_error` (the seeds' spread, floored by each seed's own within-run
 variance, so three seeds that agree keep the binomial spread of their targets), t = t_{n−1}:
 
 * **leaks** where the two-sided 1 − α interval lies wholly above 0: ē − t_{1−α/2} · se > 0;
@@ -17,9 +17,12 @@ variance, so three seeds that agree keep the binomial spread of their targets), 
 * **unknown** with fewer than two finite seeds, or where the differences are one constant with no within-run spread
   known (nothing to scale a test by: an old ``matrix.json`` without ``within``).
 
-The interval is cut to the range the mean difference can take (a rate's difference from a control c̄ lies in
-[−c̄, 1 − c̄]). ``alpha`` is the error rate of each of the two tests; a sequential design that looks K times spends
-α/K at each look (:func:`look_alpha`), so its error rate holds under optional stopping.
+The difference, its interval and its standard error are the paired difference of
+:func:`~fdattack.statistics.paired.paired_difference` (the one rule for two settings on the same seeds, which the
+matrix's defense comparisons use too), cut to the range the mean difference can take (a rate's difference from a
+control c̄ lies in [−c̄, 1 − c̄]). ``alpha`` is the error rate of each of the two tests, and the family-wise level of
+the comparisons that say a defense *reduces* an attack (:func:`is_reduction`); a sequential design that looks K times
+spends α/K at each look (:func:`look_alpha`), so its error rate holds under optional stopping.
 """
 
 from __future__ import annotations
@@ -32,11 +35,11 @@ from enum import Enum
 import numpy as np
 from scipy import stats
 
-from fdattack.functional.intervals import CONFIDENCE, standard_error
+from fdattack.statistics.paired import paired_difference
 
-#: differences that agree to this (relative) tolerance are one: 0.35 − 0.30 and 0.45 − 0.40 differ in the 17th digit,
-#: which must not read as a spread to scale a test by
-SPREAD_TOLERANCE = 1e-9
+#: the error rate of each test of a verdict (a 95 % interval for a leak, a one-sided 95 % bound for a stop) and the
+#: family-wise level of the matrix's comparisons; ``--decide`` spends it over its looks (:func:`look_alpha`)
+ALPHA = 0.05
 #: the default equivalence margin δ of each headline metric, fixed before any run: one chance level of an accuracy or
 #: top-1 (the string names the cell's metric that holds it: 1/T for T targets), 0.02 of an AUC, 1 % of a TPR at 1 % FPR
 #: (its own baseline), 0.1 nats of LDIA's KL (a twentieth of the uniform guess's on 10 classes)
@@ -83,14 +86,6 @@ class Decision:
     alpha: float
 
 
-def leak_side_differences(values: Sequence[float], controls: Sequence[float], lower_leaks: bool) -> np.ndarray:
-    """e_s per seed: value − control, or control − value where lower values leak; NaN where either is missing."""
-    v, c = np.asarray(values, dtype=np.float64), np.asarray(controls, dtype=np.float64)
-    if v.shape != c.shape or v.ndim != 1:
-        raise ValueError(f"one value and one control per seed, got shapes {v.shape} and {c.shape}")
-    return c - v if lower_leaks else v - c
-
-
 def decide(
     values: Sequence[float],
     controls: Sequence[float],
@@ -99,9 +94,11 @@ def decide(
     lower_leaks: bool = False,
     within: Sequence[float] | None = None,
     bounds: tuple[float, float] = (-math.inf, math.inf),
-    alpha: float = 1 - CONFIDENCE,
+    alpha: float = ALPHA,
 ) -> Decision:
-    """The verdict on an attack's per-seed ``values`` against its per-seed ``controls`` (paired by position).
+    """The verdict on an attack's per-seed ``values`` against its per-seed ``controls`` (paired by position), from
+    their paired difference (:func:`~fdattack.statistics.paired.paired_difference`, the control the reference) turned
+    to the leaky side.
 
     Args:
         margin: δ > 0, on the metric's own scale.
@@ -112,38 +109,35 @@ def decide(
     """
     if not margin > 0:
         raise ValueError(f"the equivalence margin must be positive, got {margin}")
-    e = leak_side_differences(values, controls, lower_leaks)
-    w = np.full(len(e), math.nan) if within is None else np.asarray(within, dtype=np.float64)
-    kept = np.isfinite(e)
-    e, w = e[kept], w[kept]
-    n = len(e)
-    if n and float(np.ptp(e)) <= SPREAD_TOLERANCE * max(1.0, float(np.abs(e).max())):
-        e = np.full(n, float(e.mean()))  # one difference up to rounding: no spread between the seeds
-    if n < 2:
-        mean = float(e.mean()) if n else math.nan
-        return Decision(Verdict.unknown, mean, math.nan, math.nan, math.nan, margin, n, alpha)
-    mean, se = float(e.mean()), standard_error(e, w)
-    if se == 0.0:
-        return Decision(Verdict.unknown, mean, math.nan, math.nan, math.nan, margin, n, alpha)
-    control_mean = float(np.asarray(controls, dtype=np.float64)[kept].mean())
-    lowest, highest = _difference_range(bounds, control_mean, lower_leaks)
-    two_sided, one_sided = (float(stats.t.ppf(q, n - 1)) for q in (1 - alpha / 2, 1 - alpha))
-    low, high = max(lowest, mean - two_sided * se), min(highest, mean + two_sided * se)
-    upper = min(highest, mean + one_sided * se)
+    d = paired_difference(values, controls, 1 - alpha, within=within, bounds=bounds)
+    sign = -1.0 if lower_leaks else 1.0
+    mean = sign * d.mean
+    if d.n < 2 or d.standard_error == 0.0:
+        return Decision(Verdict.unknown, mean, math.nan, math.nan, math.nan, margin, d.n, alpha)
+    low, high = (-d.high, -d.low) if lower_leaks else (d.low, d.high)
+    kept = np.isfinite(np.asarray(values, dtype=np.float64)) & np.isfinite(np.asarray(controls, dtype=np.float64))
+    highest = _highest_difference(bounds, float(np.asarray(controls, dtype=np.float64)[kept].mean()), lower_leaks)
+    upper = min(highest, mean + float(stats.t.ppf(1 - alpha, d.n - 1)) * d.standard_error)
     if upper < margin:
         verdict = Verdict.stopped
     elif low > 0:
         verdict = Verdict.leaks
     else:
         verdict = Verdict.undecided
-    return Decision(verdict, mean, low, high, upper, margin, n, alpha)
+    return Decision(verdict, mean, low, high, upper, margin, d.n, alpha)
 
 
-def _difference_range(bounds: tuple[float, float], control_mean: float, lower_leaks: bool) -> tuple[float, float]:
-    """Where the mean leak-side difference can lie when the metric lies in ``bounds`` and the controls average
+def _highest_difference(bounds: tuple[float, float], control_mean: float, lower_leaks: bool) -> float:
+    """The largest the mean leak-side difference can be when the metric lies in ``bounds`` and the controls average
     ``control_mean``."""
-    low, high = bounds
-    return (control_mean - high, control_mean - low) if lower_leaks else (low - control_mean, high - control_mean)
+    return control_mean - bounds[0] if lower_leaks else bounds[1] - control_mean
+
+
+def is_reduction(difference: float, survives: bool, lower_leaks: bool) -> bool:
+    """Whether a defense *reduces* an attack: its paired difference from no defense (defended − undefended) survives
+    Holm's correction over the matrix's comparisons (:func:`~fdattack.statistics.paired.holm_adjusted`, at the
+    verdicts' α) and lies on the side where less leaks (below 0; above 0 for a distance)."""
+    return survives and (difference > 0 if lower_leaks else difference < 0)
 
 
 def look_alpha(alpha: float, looks: int) -> float:

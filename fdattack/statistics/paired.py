@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import numpy as np
 from scipy import stats
 
-from fdattack.functional.intervals import CONFIDENCE, standard_error, t_interval
+from fdattack.statistics.intervals import CONFIDENCE, standard_error, t_interval
 
 
 @dataclass(frozen=True)
@@ -33,6 +33,8 @@ class Difference:
         p_value: two-sided p-value of the one-sample t test of mean difference 0 (its standard error floored by the
             runs' own spread where given); NaN where there is no spread to scale by or fewer than two seeds are paired.
         n: the number of paired seeds.
+        standard_error: the standard error of ``mean`` (:func:`~fdattack.statistics.intervals.standard_error`); 0
+            where there is no spread to scale by or fewer than two seeds are paired.
     """
 
     mean: float
@@ -40,6 +42,7 @@ class Difference:
     high: float
     p_value: float
     n: int
+    standard_error: float = 0.0
 
 
 def paired_difference(
@@ -51,7 +54,7 @@ def paired_difference(
 ) -> Difference:
     """The difference a − b of two settings' values on the same seeds (position s of each is seed s); a seed where
     either value is NaN is left out of both. ``within``: each seed's within-run variance of its difference (a's plus
-    b's), the floor under the seeds' spread (:func:`~fdattack.functional.intervals.standard_error`): with it, a
+    b's), the floor under the seeds' spread (:func:`~fdattack.statistics.intervals.standard_error`): with it, a
     difference that is the same at every seed has a test too, scaled by the runs' own spread. ``bounds``: the range of
     the metric itself; the interval is cut to where the mean difference can lie (a − b̄ for a in the range)."""
     a, b = np.asarray(a_per_seed, dtype=np.float64), np.asarray(b_per_seed, dtype=np.float64)
@@ -67,7 +70,7 @@ def paired_difference(
     low, high = t_interval(d, confidence, within=w, bounds=(bounds[0] - reference, bounds[1] - reference))
     se = standard_error(d, w) if len(d) >= 2 else 0.0
     p_value = float(2 * stats.t.sf(abs(mean) / se, len(d) - 1)) if se > 0 else math.nan
-    return Difference(mean, low, high, p_value, len(d))
+    return Difference(mean, low, high, p_value, len(d), se)
 
 
 def _constant(d: np.ndarray) -> bool:

@@ -2,7 +2,7 @@
 keeps it inside the metric's range (docs/intervals.md has the table of metric -> method -> unit).
 
 * The mean of a handful of independent units (seeds, targets, clients, probe points): :func:`mean_interval`, on the
-  scale of the metric's kind (:func:`~fdattack.functional.metric_kinds.metric_kind`):
+  scale of the metric's kind (:func:`~fdattack.statistics.kinds.metric_kind`):
 
   - ``rate`` (in [0, 1]): :func:`rate_interval`, the Wilson interval with the effective number of trials
     n* = p̄(1 − p̄) / se² and Student's t quantile (Korn & Graubard, Survey Methodology 1998; Dean & Pagano, J. Survey
@@ -17,7 +17,7 @@ keeps it inside the metric's range (docs/intervals.md has the table of metric ->
   :func:`wilson_interval`.
 * A positive statistic that is not a mean of units (the FID of inversions): :func:`positive_bootstrap_interval`, from
   the standard error of ``scipy.stats.bootstrap``'s replicates (each stratum resampled apart) on the log scale.
-* Membership metrics: :mod:`fdattack.functional.membership_bootstrap` (the percentile bootstrap of the candidates).
+* Membership metrics: :mod:`fdattack.statistics.membership_bootstrap` (the percentile bootstrap of the candidates).
 
 Every interval is (low, high): (v, v) only where all units agree and none has a spread of its own (a constant, such
 as chance), (NaN, NaN) where there is too little to say (fewer than two units). Bootstraps are seeded, so a run scored
@@ -34,7 +34,7 @@ from typing import Any
 import numpy as np
 from scipy import stats
 
-from fdattack.functional.metric_kinds import MetricKind, metric_kind, metric_range
+from fdattack.statistics.kinds import MetricKind, metric_kind, metric_range
 
 #: the confidence level of every interval fdattack reports
 CONFIDENCE = 0.95
@@ -243,9 +243,9 @@ def mean_interval(
     trials: Sequence[float] | np.ndarray | None = None,
 ) -> Interval:
     """The interval of the mean of ``values``, one per independent unit (a seed, a target, a client), on the scale of
-    ``key``'s kind (:func:`~fdattack.functional.metric_kinds.metric_kind`): :func:`rate_interval`,
+    ``key``'s kind (:func:`~fdattack.statistics.kinds.metric_kind`): :func:`rate_interval`,
     :func:`positive_interval` or :func:`t_interval` cut to the metric's range
-    (:func:`~fdattack.functional.metric_kinds.metric_range`: an SSIM or a cosine in [−1, 1]). ``within``: each unit's
+    (:func:`~fdattack.statistics.kinds.metric_range`: an SSIM or a cosine in [−1, 1]). ``within``: each unit's
     own within-run variance (:func:`within_variance`); ``trials``: each unit's count of independent trials, for a rate.
     Values outside the kind's range (a detail of an attack that shares a name in the table, such as VMI's ``kl`` loss
     term, a Monte-Carlo estimate that can be negative) take the plain :func:`t_interval`; NaNs are left out."""
