@@ -91,3 +91,25 @@ def test_a_matrix_without_an_undefended_setting_compares_nothing() -> None:
     spec = _spec()
     spec.defenses.pop("none")
     assert defense_comparisons(spec, [_result("lap", [1, 2, 3], [0.8] * 3)], [KEY]) == []
+
+
+def test_after_decide_the_comparisons_are_tested_and_drawn_at_the_verdicts_alpha() -> None:
+    from scipy import stats
+
+    from fdattack.matrix.decide import Design, SeedState
+
+    results = [
+        _result("none", [1.0, 1.2, 1.4], [0.80, 0.82, 0.84]),
+        _result("lap", [2.0, 2.3, 2.5], [0.80, 0.82, 0.84]),
+        _result("topk", [1.1, 1.0, 1.7], [0.70, 0.72, 0.73]),
+    ]
+    design = Design((0, 1, 2), max_seeds=20, batch=1)  # 18 looks: each test at 0.05 / 18 = 0.00278
+    matrix = to_json(_spec(), results, SeedState(design))
+    alpha = 0.05 / 18
+    assert matrix["alpha"] == matrix["comparisons"]["alpha"] == pytest.approx(alpha)
+    rows = {(r["defense"], r["metric"]): r for r in matrix["comparisons"]["rows"]}
+    lap = rows["lap", KEY]
+    # Holm's p is 3 × 0.000975 = 0.0029 as at 0.05, where it survives; at α/K it does not
+    assert lap["p_holm"] == pytest.approx(3 * (1 - 32 / (32**2 + 2) ** 0.5), rel=1e-6) and not lap["survives"]
+    # the interval at 1 − α/K: t(1 − α/2K, 2) × sem 0.0333333
+    assert lap["ci_high"] - lap["mean"] == pytest.approx(float(stats.t.ppf(1 - alpha / 2, 2)) * 0.1 / 3, rel=1e-6)
