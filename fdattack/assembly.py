@@ -1,19 +1,22 @@
-"""What a run's config builds, before its first round: the output folder, the attacks' declarations, settings, seeds
-and views, the membership candidates, the defenses, the attacks (in process, a plugin's guarded; or isolated in
-sandboxed workers) and the evaluator. :class:`fdattack.experiment.Experiment` assembles a run from these and drives its
-loop (rounds, records, checkpoints, scoring).
+"""What a run's config builds, before its first round (:func:`assemble`): the data, the protocol, the evaluator's oracle,
+the attacks' declarations, settings, seeds and views, the membership candidates, the defenses, the attacks (in process,
+a plugin's guarded; isolated ones start in sandboxed workers once the run directory is laid out) and the evaluator.
+:class:`fdattack.experiment.Experiment` drives the loop (rounds, records, checkpoints, scoring) of what this builds.
 """
 
 from __future__ import annotations
 
 import logging
 import secrets
+import tempfile
+from dataclasses import dataclass
 from datetime import datetime
 from functools import partial
 from pathlib import Path
 from typing import Sequence
 
 import torch
+from lightning.fabric import Fabric
 from omegaconf import DictConfig, OmegaConf
 
 from fdattack.attacks import ATTACKS, Attack, AttackContext
@@ -22,13 +25,14 @@ from fdattack.attacks.state_store import ClientStateStore
 from fdattack.data.domains import DOMAIN_TRANSFORMS
 from fdattack.data.federated import FederatedData
 from fdattack.defenses import DEFENSES, Defense
-from fdattack.engine import LocalTrainer
+from fdattack.engine import LocalTrainer, make_fabric
 from fdattack.errors import ConfigError
 from fdattack.evaluation import SCORERS, ConfidenceGapDiagnostic, Evaluator, Oracle, ScoringContext
 from fdattack.evaluation.candidates import CandidatePool, candidate_pool
 from fdattack.fd.adversary import Adversary
+from fdattack.fd.protocols import PROTOCOLS
 from fdattack.fd.protocols.base import Protocol
-from fdattack.fd.threat import AttackerView, Degradation, ViewPart, attacker_view
+from fdattack.fd.threat import AttackerView, Capability, Degradation, ViewPart, attacker_view
 from fdattack.isolation import (
     AdversaryShape,
     Budget,
@@ -41,10 +45,8 @@ from fdattack.isolation import (
 from fdattack.isolation.guard import GuardedAttack
 from fdattack.isolation.processes import log_of
 from fdattack.plugins import plugin_components
-from fdattack.randomness import derive_seed
-from fdattack.tracking import (
-    Progress,
-)
+from fdattack.randomness import derive_seed, seed_everything_quietly
+from fdattack.tracking import Progress
 from fdattack.tracking.artifact_cache import AttackCache
 
 log = logging.getLogger("fdattack")
@@ -297,3 +299,99 @@ def build_evaluator(
     produced = set().union(*(d.produces for d in declared.values()))
     context = ScoringContext(cfg, oracle, derive_seed(cfg.seed, "evaluation"), progress, candidates, cache_dir)
     return Evaluator(oracle, {t: SCORERS.get(t)(context) for t in sorted(produced, key=lambda t: t.__name__)}, diagnostics)
+
+
+@dataclass
+class Assembly:
+    """Everything a run's config builds before its first round.
+
+    Attributes:
+        data: the federated split (the evaluator's ground truth among it).
+        engine: the protocol's trainer.
+        protocol: the clients and the server, their defenses applied.
+        oracle: the ground truth the evaluator alone holds.
+        declared: each attack's declaration (reads, needs, produces), from its class or its worker.
+        attack_root: the attacks' seed root.
+        view: what the attacker is granted (:class:`~fdattack.fd.threat.AttackerView`).
+        state_root: where the attacks keep their states (a scratch folder on the ranks that write nothing).
+        scratch: that scratch folder, removed with it (None on rank 0).
+        attacks: the attacks built in process (none under ``isolation.mode=process``: their workers start later).
+        adversaries: the adversaries the attacks hold, by attack.
+        queriers: the attacks whose records carry a query handle.
+        evaluator: the scorers of the attacks' result types and the diagnostics.
+        zygote: the isolated workers' parent process (``isolation.mode=process``), else None.
+    """
+
+    data: FederatedData
+    engine: LocalTrainer
+    protocol: Protocol
+    oracle: Oracle
+    declared: dict[str, Declaration]
+    attack_root: int
+    candidates: CandidatePool | None
+    view: AttackerView
+    state_root: Path
+    scratch: tempfile.TemporaryDirectory | None
+    attacks: list[Attack | GuardedAttack]
+    adversaries: dict[str, Adversary]
+    queriers: frozenset[str]
+    evaluator: Evaluator
+    zygote: Zygote | None
+
+
+def assemble(cfg: DictConfig, fabric: Fabric, output_dir: Path, progress: Progress) -> Assembly:
+    """Build a run from ``cfg`` on ``fabric``: data, protocol, attacker view, in-process attacks and evaluator (the
+    evaluation classifier trains here); the isolated workers' zygote starts first, importing while the rest builds,
+    and is closed again if building fails."""
+    t = cfg.trainer
+    zygote = Zygote(list(cfg.plugins)) if cfg.isolation.mode == "process" and cfg.attacks else None
+    try:
+        seed_everything_quietly(cfg.seed)
+        progress.activity(f"loading data ({cfg.data.name})")
+        data = FederatedData(cfg.data, cfg.protocol.num_clients, cfg.seed)
+        data.setup()
+        progress.activity(f"building {cfg.protocol.name} with {cfg.protocol.num_clients} clients")
+        engine = LocalTrainer(fabric, batch_size=cfg.protocol.optim.batch_size, vectorise=t.vectorise)
+        protocol = PROTOCOLS.get(cfg.protocol.name)(cfg.protocol, cfg.model, data.split, engine, cfg.seed, build_defenses(cfg))
+        oracle = Oracle(data.split, engine, tuple(protocol.clients), protocol.server, protocol.client_accuracy)
+        declared = declare_attacks(cfg, zygote)
+        root = attack_root(cfg)  # isolated, a resumed run goes on with its checkpoint's (Experiment.run)
+        candidates = membership_candidates(cfg, data, declared)
+        view = view_for(cfg, protocol, data, candidates)
+        # only rank 0 writes the run directory; the other ranks keep their attack states in a scratch folder
+        scratch = None if fabric.is_global_zero else tempfile.TemporaryDirectory(prefix="fdattack-attack-state-")
+        state_root = output_dir / "attack_state" if scratch is None else Path(scratch.name)
+        attacks: list[Attack | GuardedAttack] = []
+        adversaries: dict[str, Adversary] = {}
+        if cfg.isolation.mode != "process":
+            # the attacks' own Fabric on the same devices: the run's Fabric lists every client module it set up
+            attack_engine = LocalTrainer(
+                make_fabric(t.accelerator, t.devices, t.strategy, t.num_nodes, t.precision),
+                batch_size=cfg.protocol.optim.batch_size,
+                vectorise=t.vectorise,
+            )
+            attacks, adversaries = build_attacks(cfg, view, protocol, declared, root, attack_engine, state_root)
+        queriers = frozenset(name for name in cfg.attacks if Capability.public_outputs in declared[name].needs)
+        evaluation_cache = Path(cfg.cache_dir) / "evaluation" if cfg.cache_dir else output_dir / "artifacts"
+        evaluator = build_evaluator(cfg, oracle, declared, progress, candidates, evaluation_cache)
+    except BaseException:
+        if zygote is not None:
+            zygote.close()
+        raise
+    return Assembly(
+        data,
+        engine,
+        protocol,
+        oracle,
+        declared,
+        root,
+        candidates,
+        view,
+        state_root,
+        scratch,
+        attacks,
+        adversaries,
+        queriers,
+        evaluator,
+        zygote,
+    )

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import logging
-import tempfile
 import time
 import traceback
 from copy import deepcopy
@@ -21,41 +20,28 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 from torchvision.utils import save_image
 
-from fdattack.assembly import (
-    attack_root,
-    build_attacks,
-    build_defenses,
-    build_evaluator,
-    declare_attacks,
-    default_output_dir,
-    membership_candidates,
-    say_what_overlaps,
-    start_isolated_attacks,
-    view_for,
-)
+from fdattack.assembly import assemble, attack_root, default_output_dir, say_what_overlaps, start_isolated_attacks
 from fdattack.attacks import Attack
 from fdattack.config.validation import check_names
 from fdattack.data.federated import FederatedData
 from fdattack.engine import LocalTrainer, make_fabric
 from fdattack.engine.cluster import check_launcher
 from fdattack.errors import CheckpointError, FdattackError, stop_if_terminated
-from fdattack.evaluation import Oracle, Report
+from fdattack.evaluation import Evaluator, Oracle, Report
 from fdattack.fd import results as results_module
 from fdattack.fd.adversary import Adversary
 from fdattack.fd.observer import Observer
 from fdattack.fd.orchestrator import RoundOrchestrator
-from fdattack.fd.protocols import PROTOCOLS
-from fdattack.fd.threat import Capability
+from fdattack.fd.protocols.base import Protocol
+from fdattack.fd.threat import AttackerView
 from fdattack.isolation import (
     IsolatedAttack,
     MemoryWatch,
-    Zygote,
     collect_round_ends,
     concurrent_workers,
     in_process_state,
 )
 from fdattack.isolation.guard import GuardedAttack
-from fdattack.randomness import seed_everything_quietly
 from fdattack.seeds import run_seeds
 from fdattack.tracking import (
     Progress,
@@ -94,7 +80,8 @@ def _flat_config(cfg: DictConfig) -> dict:
 
 
 class Experiment:
-    """A built run: Fabric, data, protocol, attacks, evaluator. ``Experiment(cfg).run()`` is :func:`run`.
+    """A run's loop over what its config built (:attr:`assembly`, :func:`~fdattack.assembly.assemble`): the rounds, their
+    records, checkpoints and resume, and the scoring of each attack's results. ``Experiment(cfg).run()`` is :func:`run`.
 
     The three sides stay apart: the protocol (clients and server), the attacks (built from
     :attr:`view` alone, fed the round records) and the evaluator (the only holder of :attr:`oracle`).
@@ -103,7 +90,8 @@ class Experiment:
     directory and, on resume, the stored config) and locks the run directory for the whole run; only
     then are the data, the protocol, the attacks and the evaluation classifier built. Building
     launches the DDP ranks when ``trainer.strategy=ddp`` asks for them, so everything after
-    construction runs on every rank.
+    construction runs on every rank. :attr:`data`, :attr:`engine`, :attr:`protocol`, :attr:`oracle`, :attr:`view` and
+    :attr:`evaluator` are the assembly's.
     """
 
     def __init__(self, cfg: DictConfig) -> None:
@@ -135,47 +123,39 @@ class Experiment:
         self.run_dir.claim(self.cfg)
 
     def _build(self) -> None:
-        """Data, protocol, attacker view, attacks and evaluator (the evaluation classifier trains here)."""
-        cfg, t = self.cfg, self.cfg.trainer
-        # the workers' zygote imports what they need while the run builds (isolation.mode=process)
-        self._zygote = Zygote(list(cfg.plugins)) if cfg.isolation.mode == "process" and cfg.attacks else None
-        seed_everything_quietly(cfg.seed)
-        self.progress.activity(f"loading data ({cfg.data.name})")
-        self.data = FederatedData(cfg.data, cfg.protocol.num_clients, cfg.seed)
-        self.data.setup()
-        self.progress.activity(f"building {cfg.protocol.name} with {cfg.protocol.num_clients} clients")
-        self.engine = LocalTrainer(self.fabric, batch_size=cfg.protocol.optim.batch_size, vectorise=t.vectorise)
-        self.protocol = PROTOCOLS.get(cfg.protocol.name)(
-            cfg.protocol, cfg.model, self.data.split, self.engine, cfg.seed, build_defenses(cfg)
-        )
-        self.oracle = Oracle(
-            self.data.split, self.engine, tuple(self.protocol.clients), self.protocol.server, self.protocol.client_accuracy
-        )
-        self.declared = declare_attacks(cfg, self._zygote)
-        self._attack_root = attack_root(cfg)  # isolated, a resumed run goes on with its checkpoint's (run())
-        candidates = membership_candidates(cfg, self.data, self.declared)
-        self.view = view_for(cfg, self.protocol, self.data, candidates)
-        # only rank 0 writes the run directory; the other ranks keep their attack states in a scratch folder
-        self._scratch = None if self.fabric.is_global_zero else tempfile.TemporaryDirectory(prefix="fdattack-attack-state-")
-        state_root = self.output_dir / "attack_state" if self._scratch is None else Path(self._scratch.name)
-        self.attacks: list[Attack | IsolatedAttack | GuardedAttack] = []
-        self.adversaries: dict[str, Adversary] = {}
+        """What the config builds (:func:`~fdattack.assembly.assemble`); the attacks' list, their adversaries and the
+        attacks that query are the loop's from here on (observers join, isolated workers replace the empty list)."""
+        self.assembly = assemble(self.cfg, self.fabric, self.output_dir, self.progress)
+        self._zygote = self.assembly.zygote
+        self.attacks: list[Attack | IsolatedAttack | GuardedAttack] = list(self.assembly.attacks)
+        self.adversaries: dict[str, Adversary] = dict(self.assembly.adversaries)
+        self._queriers = self.assembly.queriers
+        self._attack_root = self.assembly.attack_root
         self._observers: list[Observer] = []  # added by :meth:`observe`, after the attacks
-        self._state_root = state_root
-        # the attacks whose records carry a query handle, from their declarations
-        self._queriers = frozenset(name for name in cfg.attacks if Capability.public_outputs in self.declared[name].needs)
-        if cfg.isolation.mode != "process":  # workers start in run(), once the run directory is laid out
-            # the attacks' own Fabric on the same devices: the run's Fabric lists every client module it set up
-            attack_engine = LocalTrainer(
-                make_fabric(t.accelerator, t.devices, t.strategy, t.num_nodes, t.precision),
-                batch_size=cfg.protocol.optim.batch_size,
-                vectorise=t.vectorise,
-            )
-            self.attacks, self.adversaries = build_attacks(
-                cfg, self.view, self.protocol, self.declared, self._attack_root, attack_engine, state_root
-            )
-        evaluation_cache = Path(cfg.cache_dir) / "evaluation" if cfg.cache_dir else self.output_dir / "artifacts"
-        self.evaluator = build_evaluator(cfg, self.oracle, self.declared, self.progress, candidates, evaluation_cache)
+
+    @property
+    def data(self) -> FederatedData:
+        return self.assembly.data
+
+    @property
+    def engine(self) -> LocalTrainer:
+        return self.assembly.engine
+
+    @property
+    def protocol(self) -> Protocol:
+        return self.assembly.protocol
+
+    @property
+    def oracle(self) -> Oracle:
+        return self.assembly.oracle
+
+    @property
+    def view(self) -> AttackerView:
+        return self.assembly.view
+
+    @property
+    def evaluator(self) -> Evaluator:
+        return self.assembly.evaluator
 
     def observe(self, observer: Observer, query: bool = False) -> None:
         """Hand ``observer`` (a probe, a logger of one's own) every round record after the attacks, and end its rounds
@@ -217,7 +197,7 @@ class Experiment:
             self._attack_root = attack_root(cfg, None if state is None else state.get("attack_seed"))
             progress.activity(f"starting {len(cfg.attacks)} attack worker(s)")
             workers, self.adversaries = start_isolated_attacks(
-                cfg, self.view, self.protocol, self.declared, self._attack_root, self._state_root, self._zygote
+                cfg, self.view, self.protocol, self.assembly.declared, self._attack_root, self.assembly.state_root, self._zygote
             )
             self.attacks = [*workers, *self._observers]  # type: ignore[list-item]
             self._memory_watch = MemoryWatch(workers) if cfg.isolation.memory_mb is not None else None
@@ -370,7 +350,7 @@ class Experiment:
         attack's declaring it built its scorer; an observer of :meth:`observe` declares nothing and is not checked).
         Types are compared by identity, which runs no code of theirs; what is not a result type at all is the
         evaluator's to refuse (:func:`~fdattack.fd.boundary.plain_result`)."""
-        declared = self.declared.get(name)
+        declared = self.assembly.declared.get(name)
         if declared is None:
             return
         for kind in (type(r) for r in results):

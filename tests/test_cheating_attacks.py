@@ -317,7 +317,7 @@ def test_the_attack_holds_no_run_seed_to_rebuild_the_runs_secrets_from(tmp_path:
     held = int(cheater.outcome["seed"])  # type: ignore[call-overload]
     assert held != 1234 and "1234" not in cheater.outcome["environment"].values()  # type: ignore[union-attr]
     assert cheater.outcome["initial"] != 1234
-    real = membership_candidates(exp.cfg, exp.data, exp.declared)
+    real = membership_candidates(exp.cfg, exp.data, exp.assembly.declared)
     assert real is not None
     rebuilt = {seed: candidate_pool(exp.data.split, None, derive_seed(seed, "membership_candidates")).origin for seed in (1234, held)}
     assert torch.equal(rebuilt[1234], real.origin)  # the rebuilding works, given the run seed
