@@ -46,8 +46,8 @@ def test_kedmi_inversions_are_their_labels_to_the_attacked_model_on_mnist(tmp_pa
     1.0 / 0.99 / 1.0, the SCNN's top-1 on them 0.58 / 0.31 / 0.54 (chance 0.2; with the GAN 15 epochs and the SCNN 5,
     0.92 / 0.81 / 0.51). Margins asserted: server accuracy above 0.65 (0.24 at the worst seed, spread 0.07), SCNN
     accuracy above 0.85 (0.08, spread 0.03), attacked-model top-1 at least 0.9 (0.09, spread 0.01).
-    Not asserted: "most private digits recovered" by the independent SCNN (0.6, the former bound, fails at seeds 0 and
-    1), or any SCNN top-1 bound over chance (worst margin 0.11 against a spread of 0.27; 0.31 against 0.41 with the
+    Not asserted: "most private digits recovered" by the independent SCNN (0.6, the former bound, fails at every seed
+    here), or any SCNN top-1 bound over chance (worst margin 0.11 against a spread of 0.27; 0.31 against 0.41 with the
     longer training). At this scale (one round, 16 px) KED-MI reliably fools the model it attacks but recovers
     recognisable digits on some seeds only. GMI and VMI are no steadier through the evaluation classifier: GMI 0.94 /
     0.04 / 0.36 at seeds 0 / 1 / 2 with the GAN 15 epochs and the SCNN 5 (``benchmarks/inversion_defenses.py``), VMI
