@@ -110,11 +110,10 @@ def decide(
     if not margin > 0:
         raise ValueError(f"the equivalence margin must be positive, got {margin}")
     d = paired_difference(values, controls, 1 - alpha, within=within, bounds=bounds)
-    sign = -1.0 if lower_leaks else 1.0
-    mean = sign * d.mean
+    mean = 0.0 - d.mean if lower_leaks else d.mean  # 0.0 − x: no −0.0 where nothing differs
     if d.n < 2 or d.standard_error == 0.0:
         return Decision(Verdict.unknown, mean, math.nan, math.nan, math.nan, margin, d.n, alpha)
-    low, high = (-d.high, -d.low) if lower_leaks else (d.low, d.high)
+    low, high = (0.0 - d.high, 0.0 - d.low) if lower_leaks else (d.low, d.high)
     kept = np.isfinite(np.asarray(values, dtype=np.float64)) & np.isfinite(np.asarray(controls, dtype=np.float64))
     highest = _highest_difference(bounds, float(np.asarray(controls, dtype=np.float64)[kept].mean()), lower_leaks)
     upper = min(highest, mean + float(stats.t.ppf(1 - alpha, d.n - 1)) * d.standard_error)
