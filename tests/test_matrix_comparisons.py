@@ -113,3 +113,4 @@ def test_after_decide_the_comparisons_are_tested_and_drawn_at_the_verdicts_alpha
     assert lap["p_holm"] == pytest.approx(3 * (1 - 32 / (32**2 + 2) ** 0.5), rel=1e-6) and not lap["survives"]
     # the interval at 1 − α/K: t(1 − α/2K, 2) × sem 0.0333333
     assert lap["ci_high"] - lap["mean"] == pytest.approx(float(stats.t.ppf(1 - alpha / 2, 2)) * 0.1 / 3, rel=1e-6)
+    assert "its 99.72 % t interval" in comparisons_html(matrix) and "family-wise 0.00277778" in comparisons_html(matrix)

@@ -387,9 +387,9 @@ def comparisons_html(matrix: dict) -> str:
     head = (
         f"<h2>Against no defense, seed by seed</h2><p class='note'>Each defended cell against the undefended cell "
         f"(<code>{html.escape(rows[0]['baseline'])}</code>) of its data and protocol: the mean of the per-seed differences, "
-        f"its 95 % t interval and each seed's two values. {len(surviving)} of the {comparisons['family_size']} comparisons "
-        f"made survive Holm's correction at a family-wise {comparisons['alpha']:g} (the rest are in "
-        "<code>matrix.json</code>).</p>"
+        f"its {100 * (1 - comparisons['alpha']):.4g} % t interval and each seed's two values. {len(surviving)} of the "
+        f"{comparisons['family_size']} comparisons made survive Holm's correction at a family-wise {comparisons['alpha']:g} "
+        "(the rest are in <code>matrix.json</code>).</p>"
     )
     if not surviving:
         return head
