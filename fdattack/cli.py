@@ -150,7 +150,7 @@ def _command(args: argparse.Namespace) -> int:
         root = Path(args.root) if args.root else None
         sweep_out = Path(args.sweep_file) if args.sweep_file else None
         return matrix_main(matrix_file(args.file), root, args.jobs, args.cell, args.list, sweep_out, args.decide, args.isolation)
-    from fdattack.tracking.report import write_report
+    from fdattack.report.page import write_report
 
     print(f"fdattack: report in {write_report([Path(r) for r in args.runs], Path(args.out)).resolve()}")
     return 0

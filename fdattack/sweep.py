@@ -32,7 +32,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from fdattack.config.yaml_files import quote, read_yaml_file
 from fdattack.errors import ConfigError, DataError, FdattackError
-from fdattack.tracking.report_runs import short_names
+from fdattack.report.runs import short_names
 from fdattack.tracking.results import first_difference, read_result, result_tree, shown
 
 log = logging.getLogger("fdattack")

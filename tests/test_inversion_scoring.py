@@ -33,9 +33,9 @@ from fdattack.fd.record import RoundRecord
 from fdattack.fd.threat import Capability, ViewPart
 from fdattack.functional.inversion_metrics import feature_cosine, feature_diversity, inversion_grid, topk_per_sample
 from fdattack.knobs import knob
+from fdattack.report.page import write_report
 from fdattack.statistics.intervals import rate_interval, wilson_interval
 from fdattack.tracking.artifact_cache import ArtifactCache
-from fdattack.tracking.report import write_report
 from fdattack.tracking.summary import attack_summary
 from tests.conftest import error_of, tiny
 from tests.object_graph import reachable

@@ -18,8 +18,8 @@ from omegaconf import OmegaConf
 from PIL import Image
 
 from fdattack.cli import main
+from fdattack.report.runs import load_runs
 from fdattack.tracking import attack_summary
-from fdattack.tracking.report_runs import load_runs
 from tests.conftest import REPO, error_of, own_messages, tiny
 from tests.report_runs import TARGETS, fake_run
 

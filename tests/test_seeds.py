@@ -12,9 +12,9 @@ import pytest
 from omegaconf import OmegaConf
 
 from fdattack.cli import main
+from fdattack.report.runs import load_runs
 from fdattack.statistics.across_seeds import seed_within
 from fdattack.statistics.intervals import rate_interval, t_interval
-from fdattack.tracking.report_runs import load_runs
 from tests.conftest import error_of, tiny
 from tests.report_runs import fake_run
 

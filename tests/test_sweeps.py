@@ -12,8 +12,8 @@ from omegaconf import OmegaConf
 from fdattack.cli import main
 from fdattack.config import compose
 from fdattack.config.packaged import PACKAGE_CONF_DIR, PACKAGE_SWEEPS_DIR, experiment_file
+from fdattack.report.runs import short_names
 from fdattack.sweep import command_tokens, format_value, load_sweep, trial_label
-from fdattack.tracking.report_runs import short_names
 from fdattack.tracking.run_dir import RunDirectory
 from tests.conftest import REPO, SHARED_DATA, error_of
 

@@ -5,7 +5,7 @@ attack headline metric (rows: protocols, columns: defenses; each cell the mean o
 across them, on the scale of the metric's kind), the same numbers as a table, the utility metrics as tables, and per
 protocol a privacy–utility plot (one point per defense, a line along a defense given at several strengths). Last,
 every cell or attack that did not run, with its reason. The page is built in a temporary folder and installed whole
-(:func:`fdattack.tracking.report.write_staged`); it loads nothing from the network.
+(:func:`fdattack.report.page.write_staged`); it loads nothing from the network.
 """
 
 from __future__ import annotations
@@ -18,8 +18,8 @@ from typing import Any
 
 from fdattack.matrix.answer import answer_html, baseline_of
 from fdattack.matrix.shown import Shown, cells_by_place, finite, lower_leaks, number, shown, utility_of
-from fdattack.tracking.report import BASE_STYLE, check_out, write_staged
-from fdattack.tracking.report_figures import run_style
+from fdattack.report.figures import run_style
+from fdattack.report.page import BASE_STYLE, check_out, write_staged
 
 #: What the page writes into its folder: name -> whether it is a folder.
 WRITTEN = {"plots": True, "index.html": False}

@@ -19,7 +19,7 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 from fdattack.errors import CheckpointError, DataError
-from fdattack.tracking.report_runs import read_metrics
+from fdattack.tracking.run_records import read_metrics
 
 #: Top-level config keys that change no result: a result made with other values of them is still this config's
 #: (``plugins`` only makes names known; the names a run uses are in ``attacks``, ``defenses`` and ``protocol.name``).

@@ -19,7 +19,7 @@ from PIL import Image
 from fdattack.errors import CheckpointError, DataError
 from fdattack.statistics.intervals import HIGH, LOW
 from fdattack.tracking.checkpoint import load_checkpoint
-from fdattack.tracking.report_runs import Run
+from fdattack.tracking.run_records import Run
 
 LINESTYLES = ("-", "--", ":", "-.")
 #: Smallest displayed side of one reconstruction tile, in CSS pixels (tiles scale up by whole factors).

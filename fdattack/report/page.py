@@ -20,9 +20,10 @@ from pathlib import Path
 from typing import Any, Callable, Iterable
 
 from fdattack.errors import ConfigError
+from fdattack.report.figures import DEFAULT_NOTE, NOTES, copy_grid, grid_html, latest_grids, plot_metric, run_style
+from fdattack.report.runs import Section, format_value, label_keys, load_runs, sections
 from fdattack.statistics.intervals import HIGH, LOW
-from fdattack.tracking.report_figures import DEFAULT_NOTE, NOTES, copy_grid, grid_html, latest_grids, plot_metric, run_style
-from fdattack.tracking.report_runs import Run, Section, format_value, label_keys, load_runs, sections
+from fdattack.tracking.run_records import Run
 from fdattack.tracking.summary import CHANCE, TABLES
 
 #: What the report writes into ``--out``: name -> whether it is a folder.
@@ -325,7 +326,7 @@ def write_report(run_dirs: list[Path], out: Path) -> Path:
 
     ``out`` and every run directory are checked first, and the page is built in a temporary folder and copied into
     ``out`` once whole, so a bad input leaves ``out`` as it was. A torn last line of a ``rounds.jsonl`` (a run killed
-    while writing a round) is skipped with a warning (:func:`~fdattack.tracking.report_runs.read_rounds`).
+    while writing a round) is skipped with a warning (:func:`~fdattack.tracking.run_records.read_rounds`).
 
     Raises:
         ConfigError: ``out`` cannot take the report (:func:`check_out`).
