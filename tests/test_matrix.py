@@ -6,6 +6,7 @@ from __future__ import annotations
 import csv
 import json
 import re
+from multiprocessing.context import SpawnProcess
 from pathlib import Path
 
 import pytest
@@ -225,7 +226,8 @@ def test_an_isolated_matrix_runs_its_attacks_in_workers_and_reuses_no_in_process
     """``--isolation process``: each simulation runs in a fresh process (which composes its config, reading its attacks'
     declarations, before any data is there) and its attacks in sandboxed workers (their logs beside their folders), a
     simulation an in-process matrix ran in the same root is stale, not reused (an in-process attack could have read the
-    run), and the sweep's agents run isolated too."""
+    run), and the sweep's agents run isolated too. Exactly one process is started per simulation (a pool that replaced
+    each worker that ended started one more, for nothing, and waited for it)."""
     path = matrix_file(tmp_path, protocols={"fedmd": ["protocol=fedmd"]}, defenses={"none": []}, seeds=[0])
     root = tmp_path / "root"
     assert run_matrix(path, root) == 0
@@ -237,7 +239,16 @@ def test_an_isolated_matrix_runs_its_attacks_in_workers_and_reuses_no_in_process
     assert "were made with other settings" in err and "isolation.mode" in err, err
     isolated = tmp_path / "isolated"
     monkeypatch.setattr(matrix_run, "_run_here", None)  # not in this process: each simulation in a fresh one
+    started: list[int] = []
+    start = SpawnProcess.start
+
+    def counted_start(process: SpawnProcess) -> None:
+        start(process)
+        started.append(process.pid)
+
+    monkeypatch.setattr(SpawnProcess, "start", counted_start)
     assert run_matrix(path, isolated, "--isolation", "process") == 0
+    assert len(started) == 1, started  # one process for the one simulation: no replacement started for nothing
     worker_logs = sorted(p.name for p in (isolated / "digits/fedmd/none/seed_0/attack_state").glob("*.log"))
     assert worker_logs == ["ldia.log", "public_mean.log"]
     assert "mode: process" in (isolated / "digits/fedmd/none/seed_0/config.yaml").read_text()

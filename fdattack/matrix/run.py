@@ -17,7 +17,7 @@ import logging
 import multiprocessing
 import os
 import time
-from concurrent.futures import ProcessPoolExecutor, as_completed
+from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
 from pathlib import Path
@@ -257,34 +257,67 @@ def _run_here(spec: MatrixSpec, todo: list[Unit], root: Path, failures: dict[str
 
 
 def _run_in_pool(spec: MatrixSpec, todo: list[Unit], root: Path, jobs: int, failures: dict[str, str]) -> None:
-    """Run ``todo`` in a pool of ``jobs`` worker processes, each failure into ``failures``; a stop is forwarded to the
-    workers, and raised again once they have exited."""
+    """Run ``todo`` in ``jobs`` worker processes, each failure into ``failures``; a stop is forwarded to the workers,
+    and raised again once they have exited. An :func:`isolated` matrix's simulations each get a one-worker pool of
+    their own, at most ``jobs`` at once (a shared pool given ``max_tasks_per_child=1`` starts a replacement for every
+    worker that ends, the last ones too: an interpreter importing torch for nothing, which its shutdown waits for; and
+    Python 3.10 has no such argument)."""
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
     context = multiprocessing.get_context("spawn")  # not fork: torch's threads and the parent's state stay out
-    one_each = 1 if isolated(spec) else None
-    pool = ProcessPoolExecutor(
-        jobs, mp_context=context, initializer=_start_worker, initargs=(max(1, cores // jobs), os.getpid()), max_tasks_per_child=one_each
-    )
-    started = time.monotonic()
-    try:
+    threads = max(1, cores // jobs)
+
+    def pool_of(workers: int) -> ProcessPoolExecutor:
+        return ProcessPoolExecutor(workers, mp_context=context, initializer=_start_worker, initargs=(threads, os.getpid()))
+
+    pools: list[ProcessPoolExecutor] = []
+    submitted: dict[Future, tuple[Unit, ProcessPoolExecutor]] = {}
+    waiting = list(todo)
+
+    def submit(pool: ProcessPoolExecutor, unit: Unit) -> None:
         with workers_born_blocked():
-            submitted = {pool.submit(stoppable, _timed_run, spec, unit, root): unit for unit in todo}
-        for index, future in enumerate(as_completed(submitted), 1):
-            unit = submitted[future]
-            try:
-                error, seconds = future.result()
-            except WorkerStopped as stopped:  # a signal to that worker alone
-                error, seconds = str(stopped), 0.0
-            except BrokenProcessPool:
-                error, seconds = "its worker process died (killed or out of memory); run the matrix again to retry it", 0.0
-            if error:
-                failures[unit.id] = error
-            _say(index, len(todo), unit, root, error, seconds, started)
+            submitted[pool.submit(stoppable, _timed_run, spec, unit, root)] = (unit, pool)
+
+    started, ended = time.monotonic(), 0
+    try:
+        if isolated(spec):
+            while waiting and len(submitted) < jobs:
+                pools.append(pool_of(1))
+                submit(pools[-1], waiting.pop(0))
+        else:
+            pools.append(pool_of(jobs))
+            while waiting:
+                submit(pools[0], waiting.pop(0))
+        while submitted:
+            done, _ = wait(submitted, return_when=FIRST_COMPLETED)
+            for future in done:
+                unit, pool = submitted.pop(future)
+                ended += 1
+                error, seconds = _outcome(future)
+                if error:
+                    failures[unit.id] = error
+                _say(ended, len(todo), unit, root, error, seconds, started)
+                if isolated(spec):
+                    pool.shutdown(wait=True)
+                    pools.remove(pool)
+                    if waiting:
+                        pools.append(pool_of(1))
+                        submit(pools[-1], waiting.pop(0))
     except Terminated as stop:
-        stop_workers(pool, stop)
+        stop_workers(pools, stop)
         raise
     finally:
-        pool.shutdown(wait=True)
+        for pool in pools:
+            pool.shutdown(wait=True)
+
+
+def _outcome(future: Future) -> tuple[str | None, float]:
+    """A finished simulation's one-line error (None: it ran) and its seconds."""
+    try:
+        return future.result()
+    except WorkerStopped as stopped:  # a signal to that worker alone
+        return str(stopped), 0.0
+    except BrokenProcessPool:
+        return "its worker process died (killed or out of memory); run the matrix again to retry it", 0.0
 
 
 def read_final(cell_cfg: DictConfig, root: Path, unit: Unit, group: str) -> dict[str, float]:

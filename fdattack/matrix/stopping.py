@@ -7,7 +7,7 @@ How, with ``--jobs N`` > 1 (a pool of spawned worker processes):
 
 - The matrix process decides. While its simulations run, the first SIGTERM or SIGINT raises :class:`Terminated` in it
   (:func:`stops_raise`), and it ignores any further one until its workers are gone; it forwards the signal to each worker
-  and shuts the pool down, queued simulations cancelled (:func:`stop_workers`).
+  and shuts the pools down, queued simulations cancelled (:func:`stop_workers`).
 - A worker acts on the first stop it receives, from the matrix process or from the terminal (Ctrl-C reaches the whole
   group, so each worker gets the signal twice), and ignores the rest: a second one would cut the first's unwinding short
   (``exit.json``, the W&B run's end). Workers do not ignore SIGINT: whichever copy comes first acts, so a stop needs no
@@ -37,7 +37,7 @@ import time
 from concurrent.futures import Executor
 from contextlib import contextmanager
 from types import FrameType
-from typing import Callable, Iterator, TypeVar
+from typing import Callable, Iterator, Sequence, TypeVar
 
 from fdattack import lifetime
 from fdattack.errors import Terminated, forget_terminated, raise_terminated
@@ -105,12 +105,13 @@ def workers_born_blocked() -> Iterator[None]:
         signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
 
 
-def stop_workers(pool: Executor, stop: Terminated) -> None:
-    """Forward ``stop``'s signal to the pool's workers (this process's only children) and shut the pool down, the queued
-    simulations cancelled; returns once every worker has exited."""
+def stop_workers(pools: Sequence[Executor], stop: Terminated) -> None:
+    """Forward ``stop``'s signal to the pools' workers (this process's only children) and shut the pools down, the
+    queued simulations cancelled; returns once every worker has exited."""
     for worker in multiprocessing.active_children():
         os.kill(worker.pid, signal.Signals[stop.signal_name])  # type: ignore[arg-type]
-    pool.shutdown(wait=True, cancel_futures=True)
+    for pool in pools:
+        pool.shutdown(wait=True, cancel_futures=True)
 
 
 # ---------------------------------------------------------------------------------------------- a pool worker
