@@ -215,9 +215,10 @@ def run_units(spec: MatrixSpec, units: list[Unit], root: Path, jobs: int) -> dic
     """Run every unit not done yet, ``jobs`` at a time (1: in this process), printing a line as each ends.
 
     With ``jobs`` > 1 the units go to a pool of ``jobs`` spawned worker processes with ``cores // jobs`` threads each
-    (an :func:`isolated` matrix's, at any ``jobs``, each in a process of its own);
-    a worker that dies (killed, out of memory) fails its unit and the units still queued, with that reason. A SIGTERM or
-    SIGINT ends the running units at their next safe point and starts no other (:mod:`.stopping`).
+    (an :func:`isolated` matrix's, at any ``jobs``, each in a process of its own); a worker that dies (killed, out of
+    memory) fails its unit and the units still queued in its pool (an isolated simulation's pool holds it alone), with
+    that reason. A SIGTERM or SIGINT ends the running units at their next safe point and starts no other
+    (:mod:`.stopping`).
 
     Returns:
         unit id -> its one-line error, for those that failed (the others ran or were done before).
